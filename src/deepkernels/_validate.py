@@ -1,0 +1,44 @@
+"""Argument checks for public ops: every failure names the argument, what was seen and what was expected."""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+__all__ = ["check_tensor", "check_dtype", "check_shape", "check_same_device"]
+
+
+def check_tensor(name: str, t, *, ndim: int | Sequence[int] | None = None,
+                 dtype: torch.dtype | Iterable[torch.dtype] | None = None) -> torch.Tensor:
+    """Raise TypeError unless ``t`` is a tensor of the given rank(s) and dtype(s); return it."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None:
+        ndims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if t.dim() not in ndims:
+            raise ValueError(f"{name} must have {' or '.join(map(str, ndims))} dims, got shape {tuple(t.shape)}")
+    if dtype is not None:
+        check_dtype(name, t, dtype)
+    return t
+
+
+def check_dtype(name: str, t: torch.Tensor, dtype) -> None:
+    dtypes = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {' or '.join(map(str, dtypes))}, got {t.dtype} "
+                        f"(shape {tuple(t.shape)})")
+
+
+def check_shape(name: str, t: torch.Tensor, expected: Sequence[int | None]) -> None:
+    """``expected`` may hold None for 'any size' in a dim."""
+    ok = t.dim() == len(expected) and all(e is None or e == s for e, s in zip(expected, t.shape))
+    if not ok:
+        exp = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
+        raise ValueError(f"{name} must have shape {exp}, got {list(t.shape)}")
+
+
+def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
+    devs = {k: v.device for k, v in tensors.items() if v is not None}
+    if len(set(devs.values())) > 1:
+        raise ValueError("tensors must be on one device, got " + ", ".join(f"{k}: {d}" for k, d in devs.items()))
+    return next(iter(devs.values())) if devs else torch.device("cpu")

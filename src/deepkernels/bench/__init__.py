@@ -1,0 +1,1 @@
+"""deepkernels.bench (see DESIGN.md)."""

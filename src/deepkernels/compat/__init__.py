@@ -1,0 +1,1 @@
+"""deepkernels.compat (see DESIGN.md)."""

@@ -1,0 +1,2 @@
+"""deepkernels.gemm (see DESIGN.md)."""
+__all__: list[str] = []

@@ -1,0 +1,2 @@
+"""deepkernels.mla (see DESIGN.md)."""
+__all__: list[str] = []

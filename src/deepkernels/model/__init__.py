@@ -1,0 +1,1 @@
+"""deepkernels.model (see DESIGN.md)."""

@@ -1,0 +1,2 @@
+"""deepkernels.quant (see DESIGN.md)."""
+__all__: list[str] = []

@@ -1,0 +1,1 @@
+"""deepkernels.rails (see DESIGN.md)."""

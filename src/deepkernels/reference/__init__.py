@@ -1,0 +1,1 @@
+"""deepkernels.reference (see DESIGN.md)."""
