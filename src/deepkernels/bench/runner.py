@@ -1,0 +1,103 @@
+"""Runs benchmark cases: check first, then time ours and the in-run anchors (GPU only)."""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import traceback
+
+import torch
+
+from .cases import Case
+from .roofline import H200, roofline_time_us
+
+__all__ = ["run_case", "provenance", "analytical_rows"]
+
+
+def _time_us(fn) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e3
+
+
+def _row(case: Case, provider: str, kind: str, status: str, metric: str = "", us: float | None = None) -> dict:
+    row = dict(suite=case.suite, name=case.name, provider=provider, provider_kind=kind, status=status,
+               metric=metric, flops=case.flops, bytes=case.nbytes, target=case.target, us=us)
+    if us:
+        row["tflops"] = case.flops / (us * 1e-6) / 1e12
+        row["gbps"] = case.nbytes / (us * 1e-6) / 1e9
+        row["pct_roofline"] = 100.0 * roofline_time_us(case.flops, case.nbytes, case.mma) / us
+    return row
+
+
+def run_case(case: Case, timed: bool) -> list[dict]:
+    """One row for ours (PASS/FAIL with the check's metric, and µs when timed) and one per anchor when timed."""
+    try:
+        t = case.setup()
+        out = case.ours(t)
+        if timed:
+            torch.cuda.synchronize()
+        ok, metric = case.check(t, out)
+    except Exception as e:  # a crash of ours is a FAIL row, not an abort of the whole bench
+        return [_row(case, "deepkernels", "ours", "FAIL", f"{type(e).__name__}: {e}".splitlines()[0][:160])]
+    if not ok or not timed:
+        return [_row(case, "deepkernels", "ours", "PASS" if ok else "FAIL", metric)]
+    rows = [_row(case, "deepkernels", "ours", "PASS", metric, _time_us(lambda: case.ours(t)))]
+    for name, fn in case.anchors.items():
+        try:
+            fn(t)
+            rows.append(_row(case, name, "anchor", "ok", "", _time_us(lambda: fn(t))))
+        except Exception as e:
+            rows.append(_row(case, name, "anchor", "refused", f"{type(e).__name__}: {e}".splitlines()[0][:120]))
+    ours_us = rows[0]["us"]
+    for r in rows[1:]:
+        if r.get("us"):
+            rows[0].setdefault("ratio_vs", {})[r["provider"]] = r["us"] / ours_us
+    return rows
+
+
+def analytical_rows(cases: list[Case]) -> list[dict]:
+    """H200 roofline lower bounds for production shapes: analytical, never measured."""
+    out = []
+    for c in cases:
+        us = roofline_time_us(c.flops, c.nbytes, c.mma)
+        bound = "compute" if c.flops / (H200.peak_tflops(c.mma) * 1e12) > c.nbytes / (H200.hbm_gbps * 1e9) else "memory"
+        out.append(dict(suite=c.suite, name=c.name, roofline_us=us, bound=bound, flops=c.flops, bytes=c.nbytes,
+                        target=c.target, kind="analytical"))
+    return out
+
+
+def _git_sha() -> str:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
+                              text=True, timeout=5).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+def provenance() -> dict:
+    import triton
+
+    import deepkernels
+
+    p = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+             deepkernels=deepkernels.__version__, git_sha=_git_sha(), torch=torch.__version__,
+             triton=triton.__version__, python=platform.python_version(), host=platform.node())
+    if torch.cuda.is_available():
+        p["gpu"] = torch.cuda.get_device_name()
+        p["sm_count"] = torch.cuda.get_device_properties(0).multi_processor_count
+        p["cuda"] = torch.version.cuda
+        try:
+            p["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                         capture_output=True, text=True, timeout=10).stdout.strip()
+        except Exception:
+            p["driver"] = "unknown"
+    else:
+        p["gpu"] = None
+    return p
+
+
+def format_exc() -> str:
+    return traceback.format_exc()
