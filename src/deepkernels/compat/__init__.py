@@ -1,1 +1,42 @@
-"""deepkernels.compat (see DESIGN.md)."""
+"""Drop-in modules under the upstream names, so serving code written for DeepGEMM / FlashMLA runs unchanged.
+
+    import deepkernels.compat
+    deepkernels.compat.install()      # now `import deep_gemm` and `import flash_mla` resolve to deepkernels
+    import deep_gemm, flash_mla
+
+`install()` refuses to shadow a real, already-imported `deep_gemm`/`flash_mla` unless ``force=True``.
+"""
+from __future__ import annotations
+
+import sys
+
+__all__ = ["install", "uninstall"]
+
+_NAMES = {"deep_gemm": "deepkernels.compat.deep_gemm", "flash_mla": "deepkernels.compat.flash_mla"}
+
+
+def install(force: bool = False) -> None:
+    """Register ``deep_gemm`` and ``flash_mla`` in ``sys.modules`` as the deepkernels compat modules.
+
+    Raises RuntimeError if a different module of that name is already imported and ``force`` is False.
+    """
+    import importlib
+
+    for name, target in _NAMES.items():
+        mod = importlib.import_module(target)
+        cur = sys.modules.get(name)
+        if cur is not None and cur is not mod and not force:
+            raise RuntimeError(f"a module named {name!r} is already imported from "
+                               f"{getattr(cur, '__file__', '?')}; pass force=True to replace it")
+        sys.modules[name] = mod
+        if name == "flash_mla":
+            sys.modules["flash_mla.flash_mla_interface"] = mod
+
+
+def uninstall() -> None:
+    """Undo :func:`install` (only entries that point at the compat modules are removed)."""
+    for name, target in _NAMES.items():
+        for key in (name, f"{name}.flash_mla_interface"):
+            m = sys.modules.get(key)
+            if m is not None and getattr(m, "__name__", "") == target:
+                del sys.modules[key]

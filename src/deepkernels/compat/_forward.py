@@ -1,0 +1,20 @@
+"""Lazy forwarding of upstream names to deepkernels functions (module-level ``__getattr__``)."""
+from __future__ import annotations
+
+import importlib
+
+
+def make_getattr(module_name: str, upstream: str, mapping: dict[str, str]):
+    """``mapping``: upstream name -> 'module:attr' inside deepkernels. Missing ones raise AttributeError
+    saying the op is not implemented by deepkernels (rather than a confusing ImportError at import time)."""
+
+    def __getattr__(name: str):
+        if name not in mapping:
+            raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
+        mod, _, attr = mapping[name].partition(":")
+        try:
+            return getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError) as e:
+            raise AttributeError(f"{upstream}.{name} is not implemented by deepkernels yet ({e})") from None
+
+    return __getattr__

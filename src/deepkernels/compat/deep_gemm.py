@@ -1,0 +1,46 @@
+"""`deep_gemm`-named module: DeepGEMM's Python API (spec/gemm.md §1, §7) served by deepkernels.
+
+Names are resolved lazily; an upstream name deepkernels does not implement raises AttributeError saying so.
+"""
+from ._forward import make_getattr
+
+__version__ = "2.6.1"  # the DeepGEMM API revision these signatures follow (54e2261)
+
+_DK = "deepkernels"
+_MAP = {n: f"{_DK}:{n}" for n in [
+    # dense
+    "fp8_gemm_nt", "fp8_gemm_nn", "fp8_gemm_tn", "fp8_gemm_tt",
+    "bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt",
+    # grouped
+    "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nn_contiguous", "m_grouped_fp8_gemm_nt_masked",
+    "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nn_contiguous", "m_grouped_bf16_gemm_nt_masked",
+    "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous", "k_grouped_bf16_gemm_tn_contiguous",
+    # layout utilities and knobs
+    "transform_sf_into_required_layout", "get_tma_aligned_size", "get_mn_major_tma_aligned_tensor",
+    "get_mn_major_tma_aligned_packed_ue8m0_tensor", "get_mk_alignment_for_contiguous_layout",
+    "set_mk_alignment_for_contiguous_layout", "get_theoretical_mk_alignment_for_contiguous_layout",
+    "set_num_sms", "get_num_sms",
+]}
+# upstream aliases
+_MAP.update({
+    "fp8_fp4_gemm_nt": f"{_DK}:fp8_gemm_nt", "fp8_fp4_gemm_nn": f"{_DK}:fp8_gemm_nn",
+    "fp8_fp4_gemm_tn": f"{_DK}:fp8_gemm_tn", "fp8_fp4_gemm_tt": f"{_DK}:fp8_gemm_tt",
+    "m_grouped_fp8_fp4_gemm_nt_contiguous": f"{_DK}:m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_fp4_gemm_nn_contiguous": f"{_DK}:m_grouped_fp8_gemm_nn_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_masked": f"{_DK}:m_grouped_fp8_gemm_nt_masked",
+    "fp8_m_grouped_gemm_nt_masked": f"{_DK}:m_grouped_fp8_gemm_nt_masked",
+    "bf16_m_grouped_gemm_nt_masked": f"{_DK}:m_grouped_bf16_gemm_nt_masked",
+    "get_m_alignment_for_contiguous_layout": f"{_DK}:get_mk_alignment_for_contiguous_layout",
+    "get_k_alignment_for_contiguous_layout": f"{_DK}:get_mk_alignment_for_contiguous_layout",
+    "get_col_major_tma_aligned_tensor": f"{_DK}:get_mn_major_tma_aligned_tensor",
+    "calc_diff": f"{_DK}.testing:calc_diff",
+    "ceil_div": f"{_DK}.compat._util:ceil_div",
+    "align": f"{_DK}.compat._util:align",
+})
+# the test utilities DeepGEMM ships in deep_gemm.utils
+for _n in ["per_token_cast_to_fp8", "per_channel_cast_to_fp8", "per_block_cast_to_fp8", "cast_back_from_fp8",
+           "ceil_to_ue8m0"]:
+    _MAP[_n] = f"{_DK}:{_n}"
+
+__all__ = sorted(_MAP)
+__getattr__ = make_getattr(__name__, "deep_gemm", _MAP)
