@@ -1,4 +1,289 @@
-"""Dense MHA-mode prefill: flash_attn_varlen_func & co. (FlashMLA SM100 surface, on Hopper)."""
+"""Dense MHA-mode varlen prefill on Hopper: ``flash_attn_varlen_func`` & co.
+
+Upstream FlashMLA offers this surface only on SM100 (CUTLASS FMHA, ``csrc/sm100/prefill/dense``); here it is
+a FlashAttention-2-style Triton forward for sm90: one program per (128-row query block, sequence, head),
+K/V streamed in ``BLOCK_N`` tiles with software pipelining, online softmax in base 2 with the running max in
+raw-score units (the max element always gives ``exp2(0) = 1``), causal (bottom-right aligned) blocks
+skipped entirely and only the diagonal blocks masked. d_qk = 192 is split into a 128 + 64 tile (Triton
+block shapes are powers of two). GQA maps query head j to kv head ``j // (h / h_k)``.
+"""
 from __future__ import annotations
 
-__all__: list[str] = []
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .._backend import device_of, interpret_mode, use_kernels
+from .._validate import check_tensor
+from ..reference.mla_prefill import dense_prefill_ref
+
+__all__ = ["flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func"]
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _dense_prefill_block(acc, m_i, l_i, q1, q2, k_base, v_base, stride_kt, stride_vt, start, end, s_k, diag,
+                         scale_log2, offs_m,
+                         D1: tl.constexpr, D2: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
+                         MASK: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+                         NUM_STAGES: tl.constexpr):
+    offs_d1 = tl.arange(0, D1)
+    offs_dv = tl.arange(0, DV)
+    for n0 in tl.range(start, end, BLOCK_N, num_stages=NUM_STAGES):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        k_rows = k_base + offs_n[:, None].to(tl.int64) * stride_kt
+        v_rows = v_base + offs_n[:, None].to(tl.int64) * stride_vt
+        if MASK:
+            kmask = offs_n < s_k
+            k1 = tl.load(k_rows + offs_d1[None, :], mask=kmask[:, None], other=0.0)
+        else:
+            k1 = tl.load(k_rows + offs_d1[None, :])
+        if UPCAST:
+            k1 = k1.to(tl.float32)
+        s = tl.dot(q1, tl.trans(k1))
+        if D2 > 0:
+            offs_d2 = tl.arange(0, D2)
+            if MASK:
+                k2 = tl.load(k_rows + D1 + offs_d2[None, :], mask=kmask[:, None], other=0.0)
+            else:
+                k2 = tl.load(k_rows + D1 + offs_d2[None, :])
+            if UPCAST:
+                k2 = k2.to(tl.float32)
+            s = tl.dot(q2, tl.trans(k2), s)
+        if MASK:
+            ok = kmask[None, :]
+            if CAUSAL:
+                ok = ok & (offs_n[None, :] <= offs_m[:, None] + diag)
+            s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MASK:
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_safe = m_new
+        alpha = tl.exp2((m_i - m_safe) * scale_log2)
+        p = tl.exp2((s - m_safe[:, None]) * scale_log2)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASK:
+            v = tl.load(v_rows + offs_dv[None, :], mask=kmask[:, None], other=0.0)
+        else:
+            v = tl.load(v_rows + offs_dv[None, :])
+        if UPCAST:
+            pv = tl.dot(p.to(tl.bfloat16).to(tl.float32), v.to(tl.float32))
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _dense_prefill_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
+    sm_scale, scale_log2, n_m_blocks, total_q,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    H: tl.constexpr, GROUP: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    # consecutive programs share (sequence, head), so K/V tiles are reused from L2; within a head the
+    # longest causal blocks run first
+    m_block = n_m_blocks - 1 - pid % n_m_blocks
+    bh = pid // n_m_blocks
+    b = bh // H
+    h = bh % H
+    q0 = tl.load(cu_q_ptr + b)
+    s_q = tl.load(cu_q_ptr + b + 1) - q0
+    k0 = tl.load(cu_k_ptr + b)
+    s_k = tl.load(cu_k_ptr + b + 1) - k0
+    if m_block * BLOCK_M >= s_q:
+        return
+    kh = h // GROUP
+    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < s_q
+    tok = q0.to(tl.int64) + offs_m
+    q_rows = q_ptr + tok[:, None] * stride_qt + h.to(tl.int64) * stride_qh
+    offs_d1 = tl.arange(0, D1)
+    q1 = tl.load(q_rows + offs_d1[None, :], mask=row_ok[:, None], other=0.0)
+    if UPCAST:
+        q1 = q1.to(tl.float32)
+    q2 = q1
+    if D2 > 0:
+        offs_d2 = tl.arange(0, D2)
+        q2 = tl.load(q_rows + D1 + offs_d2[None, :], mask=row_ok[:, None], other=0.0)
+        if UPCAST:
+            q2 = q2.to(tl.float32)
+    k_base = k_ptr + k0.to(tl.int64) * stride_kt + kh.to(tl.int64) * stride_kh
+    v_base = v_ptr + k0.to(tl.int64) * stride_vt + kh.to(tl.int64) * stride_vh
+
+    diag = s_k - s_q                      # bottom-right aligned: row i sees keys j <= i + diag
+    if CAUSAL:
+        row_end = tl.minimum((m_block + 1) * BLOCK_M, s_q)
+        hi = tl.minimum(tl.maximum(row_end + diag, 0), s_k)
+        free = tl.minimum(tl.maximum(m_block * BLOCK_M + diag + 1, 0), hi)   # keys every row sees
+    else:
+        hi = s_k
+        free = s_k
+    n_full = (free // BLOCK_N) * BLOCK_N
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, DV], tl.float32)
+    acc, m_i, l_i = _dense_prefill_block(acc, m_i, l_i, q1, q2, k_base, v_base, stride_kt, stride_vt,
+                                         0, n_full, s_k, diag, scale_log2, offs_m, D1, D2, DV, BLOCK_N,
+                                         False, CAUSAL, UPCAST, NUM_STAGES)
+    acc, m_i, l_i = _dense_prefill_block(acc, m_i, l_i, q1, q2, k_base, v_base, stride_kt, stride_vt,
+                                         n_full, hi, s_k, diag, scale_log2, offs_m, D1, D2, DV, BLOCK_N,
+                                         True, CAUSAL, UPCAST, NUM_STAGES)
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc * tl.where(empty, 0.0, 1.0 / l_safe)[:, None]
+    offs_dv = tl.arange(0, DV)
+    o_rows = out_ptr + tok[:, None] * stride_ot + h.to(tl.int64) * stride_oh
+    tl.store(o_rows + offs_dv[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    lse = tl.where(empty, float("inf"), m_i * sm_scale + tl.log(l_safe))
+    tl.store(lse_ptr + h.to(tl.int64) * total_q + tok, lse, mask=row_ok)
+
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) by d_qk. 8 warps put two warpgroups on the 128 query rows
+# (Triton assigns all warps to M for chained dots). Chosen by benchmarks/mla_prefill.py --sweep.
+DENSE_CONFIGS = {
+    192: (128, 64, 8, 2),
+    128: (128, 128, 8, 2),
+}
+DENSE_CANDIDATES = {
+    192: [(128, 64, 8, 2), (128, 128, 8, 2), (128, 64, 8, 3), (64, 64, 4, 3)],
+    128: [(128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 3)],
+}
+
+
+def _launch_dense_prefill(out, lse_hm, q, k, v, cu_q, cu_k, max_seqlen_q, softmax_scale, causal, config=None):
+    """Out-parameter launcher: ``out [total_q, h, d_v]`` (last dim contiguous), ``lse_hm [h, total_q]``
+    contiguous fp32. Inputs validated by the public op."""
+    total_q, h, d_qk = q.shape
+    b = cu_q.shape[0] - 1
+    if total_q == 0 or b == 0 or max_seqlen_q == 0:
+        return
+    block_m, block_n, num_warps, num_stages = config or DENSE_CONFIGS[d_qk]
+    d1 = 128
+    n_m = triton.cdiv(max_seqlen_q, block_m)
+    grid = (n_m * b * h,)
+    _dense_prefill_fwd_kernel[grid](
+        q, k, v, out, lse_hm, cu_q, cu_k,
+        float(softmax_scale), float(softmax_scale) * _LOG2E, n_m, total_q,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        H=h, GROUP=h // k.shape[1], D1=d1, D2=d_qk - d1, DV=v.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n,
+        CAUSAL=bool(causal), UPCAST=interpret_mode(), NUM_STAGES=num_stages,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+
+
+def _fix_last(t):
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv, dropout_p=0.0,
+                           softmax_scale=None, causal=False, deterministic=False, is_varlen=True):
+    """Dense MHA-mode varlen attention forward (FlashMLA ``flash_attn_varlen_func``, SM100 FMHA semantics).
+
+    Args:
+        q: ``[total_q, h, d_qk]`` bf16 or fp16, d_qk in {192, 128}; any strides (last dim ideally contiguous).
+        k: ``[total_k, h_k, d_qk]``, v: ``[total_k, h_k, 128]``, same dtype as q; ``h % h_k == 0`` (GQA).
+        cu_seqlens_qo, cu_seqlens_kv: ``[b + 1]`` int32 prefix sums of the per-sequence lengths
+            (non-decreasing, starting at 0, ending at total_q / total_k; zero-length sequences allowed).
+        max_seqlen_qo: int >= every query length (sizes the grid); max_seqlen_kv: accepted, unused.
+        dropout_p: must be 0. softmax_scale: default ``d_qk ** -0.5``. causal: bottom-right aligned, row i of
+            a sequence sees keys ``j <= i + s_k - s_q``. deterministic: must be False (the forward is
+            deterministic anyway). is_varlen: accepted for compatibility.
+
+    Returns:
+        ``(out [total_q, h, 128] in q's dtype, lse [total_q, h] fp32 natural log)``; ``lse`` is the transposed
+        view of a contiguous ``[h, total_q]`` buffer, as upstream. Rows that see no key: out 0, lse +inf.
+
+    Raises:
+        TypeError / ValueError naming the argument for bad dtypes, shapes, devices, head dims, dropout, or
+        a ``max_seqlen_qo`` smaller than a sequence (checked on CPU inputs; on CUDA it is checked only
+        when ``cu_seqlens_qo`` is on the host, to avoid a device sync).
+
+    CUDA tensors (or any under ``TRITON_INTERPRET=1``) run the Triton kernel; CPU tensors run
+    :func:`deepkernels.reference.mla_prefill.dense_prefill_ref`. Forward only (no autograd).
+    """
+    check_tensor("q", q, ndim=3, dtype=(torch.bfloat16, torch.float16))
+    check_tensor("k", k, ndim=3, dtype=q.dtype)
+    check_tensor("v", v, ndim=3, dtype=q.dtype)
+    check_tensor("cu_seqlens_qo", cu_seqlens_qo, ndim=1, dtype=torch.int32)
+    check_tensor("cu_seqlens_kv", cu_seqlens_kv, ndim=1, dtype=torch.int32)
+    total_q, h, d_qk = q.shape
+    total_k, h_k, _ = k.shape
+    if (d_qk, v.shape[-1]) not in ((192, 128), (128, 128)):
+        raise ValueError(f"(d_qk, d_v) must be (192, 128) or (128, 128), got q {list(q.shape)}, v {list(v.shape)}")
+    if k.shape[2] != d_qk or v.shape[0] != total_k or v.shape[1] != h_k:
+        raise ValueError(f"k must be [total_k, h_k, {d_qk}] and v [total_k, h_k, 128]; got k {list(k.shape)}, "
+                         f"v {list(v.shape)}")
+    if h_k == 0 or h % h_k != 0:
+        raise ValueError(f"h ({h}) must be a multiple of h_k ({h_k}); q {list(q.shape)}, k {list(k.shape)}")
+    if cu_seqlens_qo.shape != cu_seqlens_kv.shape or cu_seqlens_qo.shape[0] < 1:
+        raise ValueError(f"cu_seqlens_qo and cu_seqlens_kv must both be [b + 1], got "
+                         f"{list(cu_seqlens_qo.shape)} and {list(cu_seqlens_kv.shape)}")
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p must be 0.0, got {dropout_p}")
+    if deterministic:
+        raise ValueError("deterministic=True is not supported (upstream asserts it is False)")
+    max_seqlen_qo = int(max_seqlen_qo)
+    if max_seqlen_qo < 0:
+        raise ValueError(f"max_seqlen_qo must be >= 0, got {max_seqlen_qo}")
+    if softmax_scale is None:
+        softmax_scale = d_qk ** -0.5
+    softmax_scale = float(softmax_scale)
+    if not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale must be a positive finite float, got {softmax_scale}")
+    dev = device_of(q, k, v, cu_seqlens_qo, cu_seqlens_kv)
+    if cu_seqlens_qo.device.type == "cpu":
+        cq, ck = cu_seqlens_qo.tolist(), cu_seqlens_kv.tolist()
+        lq = [b - a for a, b in zip(cq, cq[1:])]
+        lk = [b - a for a, b in zip(ck, ck[1:])]
+        if cq[0] != 0 or min(lq, default=0) < 0 or cq[-1] != total_q:
+            raise ValueError(f"cu_seqlens_qo must be non-decreasing from 0 to total_q={total_q}, got {cq}")
+        if ck[0] != 0 or min(lk, default=0) < 0 or ck[-1] != total_k:
+            raise ValueError(f"cu_seqlens_kv must be non-decreasing from 0 to total_k={total_k}, got {ck}")
+        if max(lq, default=0) > max_seqlen_qo:
+            raise ValueError(f"max_seqlen_qo={max_seqlen_qo} is smaller than a query length ({max(lq)})")
+
+    if not use_kernels(q, k, v, cu_seqlens_qo, cu_seqlens_kv):
+        o, lse = dense_prefill_ref(q, k, v, cu_seqlens_qo, cu_seqlens_kv, softmax_scale, causal)
+        return o.to(q.dtype), lse.t().contiguous().t()
+
+    out = torch.empty(total_q, h, v.shape[-1], dtype=q.dtype, device=dev)
+    lse_hm = torch.empty(h, total_q, dtype=torch.float32, device=dev)
+    _launch_dense_prefill(out, lse_hm, _fix_last(q), _fix_last(k), _fix_last(v), cu_seqlens_qo.contiguous(),
+                          cu_seqlens_kv.contiguous(), max_seqlen_qo, softmax_scale, causal)
+    return out, lse_hm.t()
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, head_dim_qk, dropout_p=0.0, softmax_scale=None,
+                                     causal=False, deterministic=False, is_varlen=True):
+    """Packed variant (FlashMLA): ``qkv [total, h, 2*head_dim_qk + d_v]`` split along the **last** dim as
+    ``q = [..., :d]``, ``k = [..., d:2d]``, ``v = [..., 2d:]`` (views, no copy); same cu_seqlens for q and k.
+    Returns ``(out, lse)`` as :func:`flash_attn_varlen_func`."""
+    check_tensor("qkv", qkv, ndim=3)
+    d = int(head_dim_qk)
+    if qkv.shape[-1] <= 2 * d:
+        raise ValueError(f"qkv last dim must exceed 2*head_dim_qk={2 * d}, got shape {list(qkv.shape)}")
+    return flash_attn_varlen_func(qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:], cu_seqlens, cu_seqlens,
+                                  max_seqlen, max_seqlen, dropout_p, softmax_scale, causal, deterministic, is_varlen)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo, max_seqlen_kv, head_dim_qk,
+                                    dropout_p=0.0, softmax_scale=None, causal=False, deterministic=False,
+                                    is_varlen=True):
+    """Packed-KV variant (FlashMLA): ``kv [total_k, h_k, head_dim_qk + d_v]`` split along the last dim as
+    ``k = [..., :d]``, ``v = [..., d:]`` (views). Returns ``(out, lse)`` as :func:`flash_attn_varlen_func`."""
+    check_tensor("kv", kv, ndim=3)
+    d = int(head_dim_qk)
+    if kv.shape[-1] <= d:
+        raise ValueError(f"kv last dim must exceed head_dim_qk={d}, got shape {list(kv.shape)}")
+    return flash_attn_varlen_func(q, kv[..., :d], kv[..., d:], cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
+                                  max_seqlen_kv, dropout_p, softmax_scale, causal, deterministic, is_varlen)

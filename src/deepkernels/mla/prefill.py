@@ -127,13 +127,21 @@ def _sparse_prefill_fwd_kernel(
 
 
 # Config table: (BLOCK_H, BLOCK_N, num_warps, num_stages, TRANS_S) by h_q. BLOCK_H = 64 keeps the [64, 512] fp32
-# accumulator at 128 registers/thread over two warpgroups (FlashMLA's split of V into 2 x 256). The
-# defaults below were chosen by benchmarks/mla_prefill.py --sweep (see benchmarks/notes/mla_prefill.md).
+# accumulator at 128 registers/thread over two warpgroups (FlashMLA's split of V into 2 x 256), but Triton
+# puts all 8 warps on M for the chained QK dot, so with 64 heads both warpgroups compute the same S
+# (QK work doubled). TRANS_S=True (S^T, 128 tokens on M) avoids that but its 147 KB K tile leaves room for
+# one stage only. The candidates are timed by benchmarks/mla_prefill.py --sweep (notes/mla_prefill.md).
+SPARSE_CANDIDATES = [
+    (64, 64, 8, 2, False),
+    (64, 32, 8, 3, False),
+    (64, 128, 8, 1, True),
+    (64, 64, 8, 2, True),
+]
 SPARSE_CONFIGS = {
     16: (16, 64, 4, 2, False),
     32: (32, 64, 4, 2, False),
-    64: (64, 128, 8, 1, True),
-    128: (64, 128, 8, 1, True),
+    64: (64, 64, 8, 2, False),
+    128: (64, 64, 8, 2, False),
 }
 
 
