@@ -1,4 +1,348 @@
-"""FP8 and BF16 dense GEMMs (DeepGEMM fp8_gemm_nt & co., bf16_gemm_nt & co., runtime knobs)."""
+"""FP8 and BF16 dense GEMMs (DeepGEMM ``fp8_gemm_{nt,nn,tn,tt}``, ``bf16_gemm_{nt,nn,tn,tt}``) and the
+``set_num_sms`` / ``get_num_sms`` runtime knobs.
+
+Semantics (spec/gemm.md §1.1-1.4, §7): ``D = C + op(A) @ op(B)`` written in place into ``d``; the functions
+return None. ``nn/tn/tt`` are transposed views onto the NT core (for FP8 the scale tensor is transposed
+together with its data). CUDA tensors run the Triton kernels of ``_fp8_kernels.py`` / ``_bf16_kernels.py``;
+CPU tensors run :mod:`deepkernels.reference.gemm` (or the kernels under ``TRITON_INTERPRET=1``).
+
+Documented superset of upstream SM90 (which asserts instead): FP8 operands may be MN-major (copied to
+K-major first, one extra pass); the FP8 recipes may be combined with either output dtype and with or
+without ``c``; N need not be a multiple of 8; an odd ``set_num_sms`` value is accepted.
+"""
 from __future__ import annotations
 
-__all__: list[str] = []
+import torch
+import triton
+
+from .._backend import ensure_tma_allocator, interpret_mode, use_kernels
+from .._validate import check_tensor
+from ..reference import gemm as _ref
+from ._bf16_kernels import _bf16_gemm_nt_kernel
+from ._configs import GemmConfig, select_bf16_config, select_fp8_config
+from ._fp8_kernels import _fp8_gemm_nt_kernel, _gemm_splitk_reduce_kernel
+
+__all__ = [
+    "fp8_gemm_nt", "fp8_gemm_nn", "fp8_gemm_tn", "fp8_gemm_tt",
+    "fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
+    "bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt",
+    "set_num_sms", "get_num_sms",
+]
+
+_NUM_SMS = 0  # 0: use the device's SM count
+
+
+def _device_sm_count() -> int | None:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return None
+
+
+def set_num_sms(num_sms: int) -> None:
+    """Limit the persistent GEMM grids to ``num_sms`` SMs (DeepGEMM ``set_num_sms``).
+
+    ``0 <= num_sms <= device SM count`` (on a machine without CUDA: ``<= 1024``); 0 restores the device count.
+    Raises TypeError for a non-integer, ValueError for an out-of-range value.
+    """
+    global _NUM_SMS
+    if isinstance(num_sms, bool) or not isinstance(num_sms, int):
+        raise TypeError(f"num_sms must be an int, got {type(num_sms).__name__}")
+    limit = _device_sm_count() or 1024
+    if not 0 <= num_sms <= limit:
+        raise ValueError(f"num_sms must be in [0, {limit}] (the device SM count), got {num_sms}")
+    _NUM_SMS = num_sms
+
+
+def get_num_sms() -> int:
+    """SMs the GEMMs use: the ``set_num_sms`` value, else the device SM count (132 on H200; 132 without CUDA)."""
+    return _NUM_SMS or _device_sm_count() or 132
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --------------------------------------------------------------------------------------------- validation
+def _check_compiled_dims(compiled_dims) -> None:
+    if not isinstance(compiled_dims, str) or any(ch not in "mnk" for ch in compiled_dims):
+        raise ValueError(f"compiled_dims must be a string of 'm', 'n', 'k', got {compiled_dims!r}")
+
+
+def _check_out(d, c, m: int, n: int, dtypes) -> None:
+    check_tensor("d", d, ndim=2, dtype=dtypes)
+    if tuple(d.shape) != (m, n):
+        raise ValueError(f"d must have shape [{m}, {n}] (M = a rows, N = b rows), got {list(d.shape)}")
+    if n > 1 and d.stride(1) != 1:
+        raise ValueError(f"d must be row-major (stride(-1) == 1), got strides {list(d.stride())}")
+    if c is None:
+        return
+    check_tensor("c", c, ndim=2, dtype=d.dtype)
+    if tuple(c.shape) != (m, n):
+        raise ValueError(f"c must have shape [{m}, {n}] like d, got {list(c.shape)}")
+    if n > 1 and c.stride(1) != 1:
+        raise ValueError(f"c must be row-major (stride(-1) == 1), got strides {list(c.stride())}")
+    if c.data_ptr() == d.data_ptr() and c is not d and (c.shape != d.shape or c.stride() != d.stride()):
+        raise ValueError("c shares d's storage but has different sizes/strides; pass c=d for in-place accumulation")
+
+
+def _k_major(name: str, t: torch.Tensor, allow_mn_major: bool) -> tuple[torch.Tensor, bool]:
+    """Return (tensor, is_k_major). K-major: stride(-1) == 1; MN-major: stride(-2) == 1."""
+    rows, cols = t.shape
+    if t.stride(1) == 1 or cols == 1:
+        return t, True
+    if t.stride(0) == 1 or rows == 1:
+        if allow_mn_major:
+            return t, False
+        return t.contiguous(), True
+    raise ValueError(f"{name} must be K-major (stride(-1) == 1) or MN-major (stride(-2) == 1), "
+                     f"got shape {list(t.shape)} strides {list(t.stride())}")
+
+
+def _row_stride(name: str, t: torch.Tensor, k_major: bool, inner: int) -> int:
+    """Row stride of the underlying row-major storage, checked for TMA (16-byte aligned rows and base)."""
+    esz = t.element_size()
+    outer = t.shape[0] if k_major else t.shape[1]
+    stride = t.stride(0) if k_major else t.stride(1)
+    if outer <= 1:
+        stride = _cdiv(inner * esz, 16) * 16 // esz  # a single row: any 16-B aligned stride will do
+    if (stride * esz) % 16 != 0:
+        raise ValueError(f"{name} (shape {list(t.shape)}, strides {list(t.stride())}) needs 16-byte aligned rows for "
+                         f"TMA: its row stride ({stride} elements of {esz} B) must be a multiple of {16 // esz}")
+    if t.data_ptr() % 16 != 0:
+        raise ValueError(f"{name} must start at a 16-byte aligned address (got a view with offset)")
+    return stride
+
+
+def _normalise_sf(name: str, sf, mn: int, k: int, gran_mn: int) -> tuple[torch.Tensor, bool]:
+    """Scales as fp32 with logical shape [ceil(mn/gran_mn), ceil(k/128)] (or per row if packed UE8M0).
+
+    Returns (sf, per_row)."""
+    from ..quant import check_sf_layout, get_mn_major_tma_aligned_tensor, unpack_ue8m0_from_int
+
+    check_tensor(name, sf, ndim=2, dtype=(torch.float32, torch.int32))
+    sfk = _cdiv(k, 128)
+    if sf.dtype == torch.int32:  # packed UE8M0 (SM100 format): always per row
+        check_sf_layout(sf, mn, k, 1, 128, name=name)
+        sf = unpack_ue8m0_from_int(sf)[:, :sfk]
+        return get_mn_major_tma_aligned_tensor(sf), True
+    check_sf_layout(sf, mn, k, gran_mn, 128, name=name)
+    if gran_mn == 1:
+        return get_mn_major_tma_aligned_tensor(sf), True
+    return sf, False  # 128x128 weight scales: any strides (read with plain loads)
+
+
+def _check_fp8_pair(name: str, x) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(x, (tuple, list)) or len(x) != 2:
+        raise TypeError(f"{name} must be a (data, scale) pair of tensors, got {type(x).__name__}")
+    data, sf = x
+    check_tensor(f"{name}[0]", data, ndim=2, dtype=torch.float8_e4m3fn)
+    check_tensor(f"{name}[1]", sf, ndim=2, dtype=(torch.float32, torch.int32))
+    return data, sf
+
+
+def _prepare_accumulate(d: torch.Tensor, c) -> bool:
+    if c is None:
+        return False
+    if c is not d and c.data_ptr() != d.data_ptr():
+        d.copy_(c)
+    return True
+
+
+def _early_exit(d: torch.Tensor, c, m: int, n: int, k: int) -> bool:
+    if m == 0 or n == 0:
+        return True
+    if k == 0:
+        if c is None:
+            d.zero_()
+        elif c.data_ptr() != d.data_ptr():
+            d.copy_(c)
+        return True
+    return False
+
+
+# --------------------------------------------------------------------------------------------- launchers
+def _grid(m: int, n: int, cfg: GemmConfig) -> tuple[int, int]:
+    tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n) * cfg.split_k
+    return tiles, max(1, min(tiles, get_num_sms() * cfg.progs_per_sm))
+
+
+def _splitk_finish(ws: torch.Tensor, d: torch.Tensor, accumulate: bool, split_k: int) -> None:
+    m, n = d.shape
+    block = 1024
+    _gemm_splitk_reduce_kernel[(_cdiv(m * n, block),)](ws, d, m, n, d.stride(0), SPLIT_K=split_k,
+                                                       ACCUMULATE=accumulate, BLOCK=block, num_warps=4)
+
+
+def _launch_fp8(a, sfa, b, sfb, d, accumulate: bool, sfb_per_row: bool, cfg: GemmConfig | None = None) -> None:
+    m, k = a.shape
+    n = b.shape[0]
+    cfg = cfg or select_fp8_config(m, n, k, get_num_sms())
+    ensure_tma_allocator()
+    stride_am = _row_stride("a[0]", a, True, k)
+    stride_bn = _row_stride("b[0]", b, True, k)
+    tma_store = cfg.tma_store and cfg.split_k == 1 and (d.stride(0) * d.element_size()) % 16 == 0 \
+        and d.data_ptr() % 16 == 0
+    _, grid = _grid(m, n, cfg)
+    ws = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=d.device) if cfg.split_k > 1 else d
+    _fp8_gemm_nt_kernel[(grid,)](
+        a, b, d, sfa, sfb, ws, m, n, k, stride_am, stride_bn, d.stride(0),
+        sfa.stride(0), sfa.stride(1), sfb.stride(0), sfb.stride(1), grid,
+        SFB_PER_ROW=sfb_per_row, ACCUMULATE=accumulate, SPLIT_K=cfg.split_k, TMA_STORE=tma_store,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.split_k > 1:
+        _splitk_finish(ws, d, accumulate, cfg.split_k)
+
+
+def _launch_bf16(a, a_kmajor, b, b_kmajor, d, accumulate: bool, cfg: GemmConfig | None = None) -> None:
+    m, k = a.shape
+    n = b.shape[0]
+    cfg = cfg or select_bf16_config(m, n, k, get_num_sms())
+    ensure_tma_allocator()
+    stride_a = _row_stride("a", a, a_kmajor, k if a_kmajor else m)
+    stride_b = _row_stride("b", b, b_kmajor, k if b_kmajor else n)
+    _, grid = _grid(m, n, cfg)
+    ws = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=d.device) if cfg.split_k > 1 else d
+    _bf16_gemm_nt_kernel[(grid,)](
+        a, b, d, ws, m, n, k, stride_a, stride_b, d.stride(0), grid,
+        A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, ACCUMULATE=accumulate, SPLIT_K=cfg.split_k,
+        UPCAST=interpret_mode(), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.split_k > 1:
+        _splitk_finish(ws, d, accumulate, cfg.split_k)
+
+
+# --------------------------------------------------------------------------------------------- public ops
+def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=None,
+                compiled_dims: str = "nk", disable_ue8m0_cast: bool = False, *, _config: GemmConfig | None = None
+                ) -> None:
+    """FP8 block-scaled GEMM ``d = c + a @ b.T`` (DeepGEMM ``fp8_gemm_nt`` / ``fp8_fp4_gemm_nt``, SM90 semantics).
+
+    Args:
+        a: ``(A, sfa)``: A ``[M, K]`` float8_e4m3fn, K-major (row stride a multiple of 16 B, 16-B aligned base;
+            an MN-major A is copied to K-major); sfa ``[M, ceil(K/128)]`` float32 per-token scales (1x128) in any
+            layout (normalised with :func:`deepkernels.quant.get_mn_major_tma_aligned_tensor`), or packed UE8M0
+            int32 ``[M, ceil(ceil(K/128)/4)]``.
+        b: ``(B, sfb)``: B ``[N, K]`` float8_e4m3fn, K-major like A; sfb float32 ``[ceil(N/128), ceil(K/128)]``
+            (recipe ``(1, 128, 128)``, any strides) or ``[N, ceil(K/128)]`` (recipe ``(1, 1, 128)``), or packed
+            UE8M0 int32 ``[N, ceil(ceil(K/128)/4)]`` (per row).
+        d: ``[M, N]`` bfloat16 or float32, row-major (any row stride); written in place.
+        c: optional ``[M, N]`` of d's dtype, row-major; ``c is d`` accumulates in place. Added in FP32 before the
+            single final rounding.
+        recipe: None (SM90 default ``(1, 128, 128)``; ``(1, 1, 128)`` inferred from an ``[N, *]`` sfb),
+            ``(1, 128, 128)`` or ``(1, 1, 128)``.
+        compiled_dims: accepted for compatibility (a compile-cache knob upstream; no effect on results).
+        disable_ue8m0_cast: accepted for compatibility (SM100-only upstream; ignored on SM90).
+
+    Numerics: one fresh FP32 ``tl.dot`` partial per 128-wide K block, scaled by ``sfa * sfb`` and accumulated in
+    FP32 (see :mod:`deepkernels.reference.gemm`). M may be any value >= 0; N any value; K any multiple of 16
+    (K tails are zero-filled). ``m == 0 or n == 0``: no-op; ``k == 0``: ``d = c`` or zeros.
+
+    Raises:
+        TypeError for wrong types/dtypes; ValueError for shape mismatches, wrong scale shapes, unsupported
+        recipes, misaligned strides (before any launch).
+    """
+    a_data, sfa = _check_fp8_pair("a", a)
+    b_data, sfb = _check_fp8_pair("b", b)
+    _check_compiled_dims(compiled_dims)
+    m, k = a_data.shape
+    n, kb_ = b_data.shape
+    if kb_ != k:
+        raise ValueError(f"a[0] [M, K] and b[0] [N, K] must share K, got {list(a_data.shape)} and {list(b_data.shape)}")
+    _check_out(d, c, m, n, (torch.bfloat16, torch.float32))
+    gran = _ref.resolve_recipe(recipe, n, k, sfb)
+    sfa, _ = _normalise_sf("a[1]", sfa, m, k, 1)
+    sfb, sfb_per_row = _normalise_sf("b[1]", sfb, n, k, gran[1])
+    if m and n and k:  # empty work launches nothing, so no layout rules apply
+        a_data, _ = _k_major("a[0]", a_data, allow_mn_major=False)
+        b_data, _ = _k_major("b[0]", b_data, allow_mn_major=False)
+        _row_stride("a[0]", a_data, True, k)
+        _row_stride("b[0]", b_data, True, k)
+    if not use_kernels(a_data, sfa, b_data, sfb, d, c):
+        _ref.fp8_gemm_nt((a_data, sfa), (b_data, sfb), d, c=c, recipe=(1, 1, 128) if sfb_per_row else (1, 128, 128))
+        return
+    if _early_exit(d, c, m, n, k):
+        return
+    accumulate = _prepare_accumulate(d, c)
+    _launch_fp8(a_data, sfa, b_data, sfb, d, accumulate, sfb_per_row, _config)
+
+
+def _t(x):
+    return (x[0].T, x[1].T) if isinstance(x, (tuple, list)) and len(x) == 2 else x
+
+
+def fp8_gemm_nn(a, b, d, c=None, recipe=None, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> None:
+    """``d = c + a @ b``: a ``([M, K], sfa [M, ceil(K/128)])``, b ``([K, N], sfb [ceil(K/128), ceil(N/128)])``.
+
+    View onto :func:`fp8_gemm_nt` with ``b`` and its scales transposed (DeepGEMM ``fp8_gemm_nn``)."""
+    fp8_gemm_nt(a, _t(b), d, c, recipe, compiled_dims, disable_ue8m0_cast)
+
+
+def fp8_gemm_tn(a, b, d, c=None, recipe=None, compiled_dims: str = "mn", disable_ue8m0_cast: bool = False) -> None:
+    """``d = c + a.T @ b``: a ``([K, M], sfa [ceil(K/128), M])``, b ``([K, N], sfb [ceil(K/128), ceil(N/128)])``.
+
+    View onto :func:`fp8_gemm_nt` with both operands (and scales) transposed (DeepGEMM ``fp8_gemm_tn``)."""
+    fp8_gemm_nt(_t(a), _t(b), d, c, recipe, compiled_dims, disable_ue8m0_cast)
+
+
+def fp8_gemm_tt(a, b, d, c=None, recipe=None, compiled_dims: str = "mn", disable_ue8m0_cast: bool = False) -> None:
+    """``d = c + a.T @ b.T``: a ``([K, M], sfa [ceil(K/128), M])``, b ``([N, K], sfb)``.
+
+    View onto :func:`fp8_gemm_nt` with ``a`` and its scales transposed (DeepGEMM ``fp8_gemm_tt``)."""
+    fp8_gemm_nt(_t(a), b, d, c, recipe, compiled_dims, disable_ue8m0_cast)
+
+
+fp8_fp4_gemm_nt, fp8_fp4_gemm_nn, fp8_fp4_gemm_tn, fp8_fp4_gemm_tt = fp8_gemm_nt, fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt
+
+
+def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Tensor | None = None,
+                 compiled_dims: str = "nk", *, _config: GemmConfig | None = None) -> None:
+    """BF16 GEMM ``d = c + a @ b.T`` (DeepGEMM ``bf16_gemm_nt``).
+
+    Args:
+        a: ``[M, K]`` bfloat16, K-major or MN-major (row stride of the underlying storage a multiple of 8
+            elements, 16-B aligned base).
+        b: ``[N, K]`` bfloat16, K-major or MN-major (same alignment rule).
+        d: ``[M, N]`` bfloat16 or float32, row-major; written in place.
+        c: optional ``[M, N]`` of d's dtype; ``c is d`` accumulates in place; added in FP32, one final rounding.
+        compiled_dims: accepted for compatibility (no effect on results).
+
+    ``m == 0 or n == 0``: no-op; ``k == 0``: ``d = c`` or zeros. Raises TypeError/ValueError before launch for
+    wrong dtypes, shapes or misaligned strides.
+    """
+    check_tensor("a", a, ndim=2, dtype=torch.bfloat16)
+    check_tensor("b", b, ndim=2, dtype=torch.bfloat16)
+    _check_compiled_dims(compiled_dims)
+    m, k = a.shape
+    n, kb_ = b.shape
+    if kb_ != k:
+        raise ValueError(f"a [M, K] and b [N, K] must share K, got {list(a.shape)} and {list(b.shape)}")
+    _check_out(d, c, m, n, (torch.bfloat16, torch.float32))
+    a_km = b_km = True
+    if m and n and k:
+        a, a_km = _k_major("a", a, allow_mn_major=True)
+        b, b_km = _k_major("b", b, allow_mn_major=True)
+        _row_stride("a", a, a_km, k if a_km else m)
+        _row_stride("b", b, b_km, k if b_km else n)
+    if not use_kernels(a, b, d, c):
+        _ref.bf16_gemm_nt(a, b, d, c=c)
+        return
+    if _early_exit(d, c, m, n, k):
+        return
+    accumulate = _prepare_accumulate(d, c)
+    _launch_bf16(a, a_km, b, b_km, d, accumulate, _config)
+
+
+def bf16_gemm_nn(a, b, d, c=None, compiled_dims: str = "nk") -> None:
+    """``d = c + a @ b``: a ``[M, K]``, b ``[K, N]`` bf16 (DeepGEMM ``bf16_gemm_nn``; view onto the NT core)."""
+    bf16_gemm_nt(a, b.T, d, c, compiled_dims)
+
+
+def bf16_gemm_tn(a, b, d, c=None, compiled_dims: str = "mn") -> None:
+    """``d = c + a.T @ b``: a ``[K, M]``, b ``[K, N]`` bf16 (DeepGEMM ``bf16_gemm_tn``)."""
+    bf16_gemm_nt(a.T, b.T, d, c, compiled_dims)
+
+
+def bf16_gemm_tt(a, b, d, c=None, compiled_dims: str = "mn") -> None:
+    """``d = c + a.T @ b.T``: a ``[K, M]``, b ``[N, K]`` bf16 (DeepGEMM ``bf16_gemm_tt``)."""
+    bf16_gemm_nt(a.T, b, d, c, compiled_dims)
