@@ -25,6 +25,16 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _rne_bf16(x):
+    """fp32 -> nearest-even bf16 value, kept in fp32. Only used under the interpreter, whose fp32->bf16 cast
+    truncates (the GPU cast rounds to nearest even)."""
+    u = x.to(tl.uint32, bitcast=True)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.to(tl.float32, bitcast=True)
+
+
+
+@triton.jit
 def _dense_prefill_block(acc, m_i, l_i, q1, q2, k_base, v_base, stride_kt, stride_vt, start, end, s_k, diag,
                          scale_log2, offs_m,
                          D1: tl.constexpr, D2: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -71,7 +81,7 @@ def _dense_prefill_block(acc, m_i, l_i, q1, q2, k_base, v_base, stride_kt, strid
         else:
             v = tl.load(v_rows + offs_dv[None, :])
         if UPCAST:
-            pv = tl.dot(p.to(tl.bfloat16).to(tl.float32), v.to(tl.float32))
+            pv = tl.dot(_rne_bf16(p), v.to(tl.float32))
         else:
             pv = tl.dot(p.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv
@@ -141,6 +151,8 @@ def _dense_prefill_fwd_kernel(
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc * tl.where(empty, 0.0, 1.0 / l_safe)[:, None]
+    if UPCAST:
+        out = _rne_bf16(out)
     offs_dv = tl.arange(0, DV)
     o_rows = out_ptr + tok[:, None] * stride_ot + h.to(tl.int64) * stride_oh
     tl.store(o_rows + offs_dv[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])

@@ -27,6 +27,16 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _rne_bf16(x):
+    """fp32 -> nearest-even bf16 value, kept in fp32. Only used under the interpreter, whose fp32->bf16 cast
+    truncates (the GPU cast rounds to nearest even)."""
+    u = x.to(tl.uint32, bitcast=True)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.to(tl.float32, bitcast=True)
+
+
+
+@triton.jit
 def _sparse_prefill_fwd_kernel(
     q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr,
     s_kv, topk, sm_scale, scale_log2,
@@ -86,7 +96,7 @@ def _sparse_prefill_fwd_kernel(
             pt = tl.exp2((st - m_safe[None, :]) * scale_log2)
             l_i = l_i * alpha + tl.sum(pt, 0)
             if UPCAST:
-                pv = tl.dot(tl.trans(pt.to(tl.bfloat16).to(tl.float32)), k_nope)
+                pv = tl.dot(tl.trans(_rne_bf16(pt)), k_nope)
             else:
                 pv = tl.dot(tl.trans(pt.to(k_nope.dtype)), k_nope)
         else:
@@ -103,7 +113,7 @@ def _sparse_prefill_fwd_kernel(
             p = tl.exp2((s - m_safe[:, None]) * scale_log2)
             l_i = l_i * alpha + tl.sum(p, 1)
             if UPCAST:
-                pv = tl.dot(p.to(tl.bfloat16).to(tl.float32), k_nope)
+                pv = tl.dot(_rne_bf16(p), k_nope)
             else:
                 pv = tl.dot(p.to(k_nope.dtype), k_nope)
         acc = acc * alpha[:, None] + pv
@@ -118,6 +128,8 @@ def _sparse_prefill_fwd_kernel(
         denom = l_safe + tl.exp(sink - m_nat)
     inv = tl.where(empty, 0.0, 1.0 / denom)
     out = acc * inv[:, None]
+    if UPCAST:
+        out = _rne_bf16(out)
     o_rows = out_ptr + tok * stride_os + offs_h[:, None].to(tl.int64) * stride_oh
     tl.store(o_rows + offs_d[None, :], out.to(out_ptr.dtype.element_ty))
     lse = tl.where(empty, float("inf"), m_i * sm_scale + tl.log(l_safe))
