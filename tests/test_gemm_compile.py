@@ -1,0 +1,91 @@
+"""Compile tier: every dense-GEMM candidate config cross-compiles for sm90 with wgmma + TMA, fits 227 KB of
+shared memory, declares no local memory in PTX, and (ptxas -v) spills at most a few registers."""
+import os
+import re
+import subprocess
+import tempfile
+
+import pytest
+
+from deepkernels.gemm._configs import BF16_CANDIDATES, BF16_TABLE, FP8_CANDIDATES, FP8_TABLE, GemmConfig
+from deepkernels.testing import SM90_SMEM_LIMIT, compile_sm90
+
+pytestmark = pytest.mark.compile
+
+MAX_SPILL_BYTES = 64  # a few spilled registers at 255/thread are tolerated; > 1 KB configs were dropped
+
+_FP8_SIG = {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "d_ptr": "*bf16", "sfa_ptr": "*fp32", "sfb_ptr": "*fp32",
+            "ws_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_bn": "i32",
+            "stride_dm": "i32", "sfa_sm": "i32", "sfa_sk": "i32", "sfb_sn": "i32", "sfb_sk": "i32",
+            "num_progs": "i32"}
+_BF16_SIG = {"a_ptr": "*bf16", "b_ptr": "*bf16", "d_ptr": "*bf16", "ws_ptr": "*fp32", "M": "i32", "N": "i32",
+             "K": "i32", "stride_a": "i32", "stride_b": "i32", "stride_dm": "i32", "num_progs": "i32"}
+
+
+def _spill_bytes(ptx: str) -> int:
+    import triton
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        f = os.path.join(tmp, "k.ptx")
+        with open(f, "w") as fh:
+            fh.write(ptx)
+        r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f, "-o", os.path.join(tmp, "k.cubin")],
+                           capture_output=True, text=True, timeout=120)
+    m = re.search(r"(\d+) bytes spill stores", r.stderr)
+    return int(m.group(1)) if m else 0
+
+
+def _fp8(cfg: GemmConfig, per_row=False, acc=False, out="*bf16"):
+    from deepkernels.gemm._fp8_kernels import _fp8_gemm_nt_kernel
+    sig = dict(_FP8_SIG, d_ptr=out)
+    return compile_sm90(_fp8_gemm_nt_kernel, sig, dict(
+        SFB_PER_ROW=per_row, ACCUMULATE=acc, SPLIT_K=cfg.split_k, TMA_STORE=cfg.tma_store and cfg.split_k == 1,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _check(c, cfg, max_spill=MAX_SPILL_BYTES):
+    assert c.has_wgmma, f"{cfg.name()}: no wgmma"
+    assert c.has_tma, f"{cfg.name()}: no TMA"
+    assert c.shared <= SM90_SMEM_LIMIT, f"{cfg.name()}: {c.shared} B shared memory"
+    assert not c.uses_local_memory, f"{cfg.name()}: local memory in PTX"
+    spill = _spill_bytes(c.ptx)
+    assert spill <= max_spill, f"{cfg.name()}: ptxas spills {spill} B"
+
+
+_FP8_ALL = list(dict.fromkeys(FP8_CANDIDATES + list(FP8_TABLE.values())))
+_BF16_ALL = list(dict.fromkeys(BF16_CANDIDATES + list(BF16_TABLE.values())))
+
+
+@pytest.mark.parametrize("cfg", _FP8_ALL, ids=lambda c: c.name())
+def test_fp8_config_compiles_for_sm90(cfg):
+    _check(_fp8(cfg), cfg)
+
+
+def test_fp8_variants_compile():
+    cfg = GemmConfig(64, 128, 4, 4)
+    # 1D1D (weight-gradient recipe): the [BM, BN] scale product costs registers; a few hundred bytes of spill
+    _check(_fp8(cfg, per_row=True, acc=True, out="*fp32"), cfg, max_spill=512)
+    cfg = GemmConfig(64, 256, 8, 3)  # BLOCK_N > 128: per-column weight scales
+    _check(_fp8(cfg, acc=True), cfg)
+
+
+@pytest.mark.parametrize("cfg", _BF16_ALL, ids=lambda c: c.name())
+@pytest.mark.parametrize("majors", [(True, True), (False, False)])
+def test_bf16_config_compiles_for_sm90(cfg, majors):
+    from deepkernels.gemm._bf16_kernels import _bf16_gemm_nt_kernel
+    c = compile_sm90(_bf16_gemm_nt_kernel, _BF16_SIG, dict(
+        A_KMAJOR=majors[0], B_KMAJOR=majors[1], ACCUMULATE=False, SPLIT_K=cfg.split_k, UPCAST=False,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        NUM_STAGES=cfg.num_stages), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    _check(c, cfg)
+
+
+def test_splitk_reduce_compiles():
+    from deepkernels.gemm._fp8_kernels import _gemm_splitk_reduce_kernel
+    c = compile_sm90(_gemm_splitk_reduce_kernel, {"ws_ptr": "*fp32", "d_ptr": "*bf16", "M": "i32", "N": "i32",
+                                                  "stride_dm": "i32"},
+                     dict(SPLIT_K=2, ACCUMULATE=True, BLOCK=1024), num_warps=4)
+    assert not c.uses_local_memory
