@@ -223,6 +223,8 @@ def test_per_custom_dims():
     assert torch.equal(sf, x.abs().amax(1).clamp(min=1e-4) / 448.0)
     with pytest.raises(ValueError):
         dk.per_custom_dims_cast_to_fp8(x, (2,), False)
+    q, sf = dk.per_custom_dims_cast_to_fp8(torch.empty(3, 0), (0,), False)   # empty reduction: floor scale
+    assert q.shape == (3, 0) and torch.equal(sf, torch.full((3,), 1e-4) / 448.0)
 
 
 @pytest.mark.parametrize("shape", [(0, 128), (0, 0), (4, 0), (0, 300)])

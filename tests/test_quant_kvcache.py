@@ -279,3 +279,13 @@ def test_deepgemm_per_token_fp4_rounds_ties_down():
     assert back[0, 0] == pytest.approx(0.75) and back[0, 1] == pytest.approx(0.5 * float(sf[0, 0]))
     p2, sf2 = dk.per_token_cast_to_fp4(torch.randn(3, 512), use_ue8m0=True, use_packed_ue8m0=True)
     assert sf2.dtype == torch.int32 and sf2.shape == (3, 1)
+
+
+def test_deepgemm_fp4_codes_match_bucketize():
+    from deepkernels.quant.fp4 import _deepgemm_fp4_codes
+    x = torch.cat([torch.linspace(-7, 7, 2001), torch.tensor([0.25, 0.75, 5.0, -0.75, float("nan"), float("inf"),
+                                                              -float("inf"), -0.0])])
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    idx = torch.bucketize(x.abs().clamp(max=6.0), mids)
+    exp = idx.to(torch.uint8) | (((x < 0) & (idx != 0)).to(torch.uint8) << 3)
+    assert torch.equal(_deepgemm_fp4_codes(x), exp)

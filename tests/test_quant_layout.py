@@ -4,6 +4,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import deepkernels as dk
+from deepkernels.quant.fp8 import dense
 
 pytestmark = pytest.mark.reference
 
@@ -72,7 +73,7 @@ def test_packed_ue8m0_layout(mn, sf_k, groups):
     a, pk = dk.get_tma_aligned_size(mn, 4), -(-sf_k // 4)
     assert out.dtype == torch.int32 and out.shape == shape[:-1] + (pk,)
     assert out.stride() == ((1, a) if groups is None else (pk * a, 1, a))
-    by = dk.dense(out).view(torch.uint8).view(*shape[:-1], pk * 4)
+    by = dense(out).view(torch.uint8).view(*shape[:-1], pk * 4)
     exp = (sf.view(torch.int32) >> 23).to(torch.uint8)
     assert torch.equal(by[..., :sf_k], exp) and (by[..., sf_k:] == 0).all()
     assert torch.equal(dk.unpack_ue8m0_from_int(out)[..., :sf_k], sf)
@@ -87,7 +88,7 @@ def test_packed_ue8m0_rejects_non_powers_and_psum_gaps():
     sf[128:] = 4.0
     psum = torch.tensor([5, 130], dtype=torch.int32)
     out = dk.get_mn_major_tma_aligned_packed_ue8m0_tensor(sf, psum)
-    by = dk.dense(out).view(torch.uint8).view(130, 4)
+    by = dense(out).view(torch.uint8).view(130, 4)
     assert (by[:5, :2] == 128).all() and (by[5:128] == 0).all() and (by[128:, :2] == 129).all()
 
 

@@ -32,8 +32,12 @@ _MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 _SCALE_MIN = 2.0 ** -9
 
 
-def _mids(device) -> torch.Tensor:
-    return torch.tensor(_MIDPOINTS, dtype=torch.float32, device=device)
+def _count_above_mids(a: torch.Tensor) -> torch.Tensor:
+    """Number of midpoints strictly below ``a`` (= ``torch.bucketize(a, mids)``), without a device constant."""
+    idx = torch.zeros(a.shape, dtype=torch.int32, device=a.device)
+    for m in _MIDPOINTS:
+        idx += (a > m).to(torch.int32)
+    return idx
 
 
 def round_to_e2m1(x: torch.Tensor) -> torch.Tensor:
@@ -49,11 +53,10 @@ def round_to_e2m1(x: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"x must be a floating-point tensor, got {x.dtype} (shape {tuple(x.shape)})")
     y = x.float()
     a = torch.nan_to_num(y.abs(), nan=0.0).clamp(max=E2M1_MAX)
-    mids = _mids(y.device)
-    idx = torch.bucketize(a, mids)  # ties land on the lower neighbour
-    lower = idx.clamp(max=len(_MIDPOINTS) - 1)
-    tie_to_odd = (a == mids[lower]) & (idx % 2 == 1)
-    idx = idx + tie_to_odd.to(idx.dtype)
+    idx = _count_above_mids(a)  # ties land on the lower neighbour ...
+    for i, m in enumerate(_MIDPOINTS):
+        if i % 2 == 1:  # ... which is odd for these midpoints: move to the even code
+            idx += (a == m).to(torch.int32)
     return idx.to(torch.uint8) | (torch.signbit(y).to(torch.uint8) << 3)
 
 
@@ -61,7 +64,9 @@ def e2m1_to_float(codes: torch.Tensor) -> torch.Tensor:
     """FP32 values of e2m1 codes (uint8/int8, low 4 bits used); code 8 gives ``-0.0``."""
     check_tensor("codes", codes, dtype=(torch.uint8, torch.int8))
     c = codes.to(torch.int32) & 0xF
-    mag = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)[c & 7]
+    i = c & 7  # 0, 1 -> 0, 0.5 (subnormal); i >= 2 -> 2^((i>>1)-1) * (1 + (i&1)/2)
+    normal = torch.exp2(((i >> 1) - 1).float()) * (1.0 + 0.5 * (i & 1).float())
+    mag = torch.where(i < 2, 0.5 * i.float(), normal)
     return torch.where((c & 8) != 0, -mag, mag)
 
 
@@ -142,7 +147,7 @@ def dequantize_fp4_e2m1(packed: torch.Tensor, scales: torch.Tensor, tile: int = 
 
 def _deepgemm_fp4_codes(x: torch.Tensor) -> torch.Tensor:
     a = x.abs().clamp(max=E2M1_MAX)
-    idx = torch.bucketize(a, _mids(x.device).to(a.dtype))
+    idx = torch.where(torch.isnan(a), 7, _count_above_mids(a))  # bucketize sorts NaN last
     sign = (x < 0) & (idx != 0)
     return idx.to(torch.uint8) | (sign.to(torch.uint8) << 3)
 

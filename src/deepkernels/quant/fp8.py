@@ -26,7 +26,7 @@ from .._validate import check_tensor
 __all__ = [
     "E4M3_MAX", "ceil_div", "align", "ceil_to_ue8m0", "pack_ue8m0_to_int", "unpack_ue8m0_from_int",
     "per_token_cast_to_fp8", "per_channel_cast_to_fp8", "per_block_cast_to_fp8", "per_custom_dims_cast_to_fp8",
-    "cast_back_from_fp8", "cast_to_e4m3", "dense",
+    "cast_back_from_fp8", "cast_to_e4m3",
 ]
 
 #: Largest finite ``float8_e4m3fn`` magnitude.
@@ -253,7 +253,10 @@ def per_custom_dims_cast_to_fp8(x: torch.Tensor, dims: Sequence[int],
             raise ValueError(f"dims entry {d} out of range for x of shape {list(x.shape)}")
         keep.add(d % x.dim())
     reduce = tuple(i for i in range(x.dim()) if i not in keep)
-    amax = x.abs().float().amax(dim=reduce, keepdim=True) if reduce else x.abs().float()
+    if any(x.size(i) == 0 for i in reduce):  # nothing to reduce: amax 0 -> the 1e-4 floor, like an all-zero group
+        amax = x.new_zeros([1 if i in reduce else x.size(i) for i in range(x.dim())], dtype=torch.float32)
+    else:
+        amax = x.abs().float().amax(dim=reduce, keepdim=True) if reduce else x.abs().float()
     sf = _scale_from_amax(amax, use_ue8m0)
     return cast_to_e4m3(x * (1.0 / sf)), sf.squeeze()
 
