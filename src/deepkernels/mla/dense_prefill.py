@@ -93,8 +93,8 @@ def _dense_prefill_block(acc, m_i, l_i, q1, q2, k_base, v_base, stride_kt, strid
 def _dense_prefill_fwd_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
     sm_scale, scale_log2, n_m_blocks, total_q,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    H: tl.constexpr, GROUP: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DV: tl.constexpr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, H, GROUP,
+    D1: tl.constexpr, D2: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
@@ -187,7 +187,7 @@ def _launch_dense_prefill(out, lse_hm, q, k, v, cu_q, cu_k, max_seqlen_q, softma
         q, k, v, out, lse_hm, cu_q, cu_k,
         float(softmax_scale), float(softmax_scale) * _LOG2E, n_m, total_q,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        H=h, GROUP=h // k.shape[1], D1=d1, D2=d_qk - d1, DV=v.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n,
+        h, h // k.shape[1], D1=d1, D2=d_qk - d1, DV=v.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n,
         CAUSAL=bool(causal), UPCAST=interpret_mode(), NUM_STAGES=num_stages,
         num_warps=num_warps, num_stages=num_stages,
     )

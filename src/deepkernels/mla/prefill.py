@@ -40,13 +40,13 @@ def _rne_bf16(x):
 def _sparse_prefill_fwd_kernel(
     q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr,
     s_kv, topk, sm_scale, scale_log2,
-    stride_qs, stride_qh, stride_kvs, stride_is, stride_os, stride_oh,
-    H_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    stride_qs, stride_qh, stride_kvs, stride_is, stride_os, stride_oh, H_Q,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     D_V: tl.constexpr, D_PE: tl.constexpr,
     HAS_LEN: tl.constexpr, HAS_SINK: tl.constexpr, UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr,
     TRANS_S: tl.constexpr,
 ):
-    NUM_HB: tl.constexpr = H_Q // BLOCK_H
+    NUM_HB = H_Q // BLOCK_H
     pid = tl.program_id(0)
     tok = (pid // NUM_HB).to(tl.int64)
     hb = pid % NUM_HB
@@ -178,7 +178,7 @@ def _launch_sparse_prefill(out, max_logits, lse, q, kv, indices, sm_scale, attn_
         attn_sink if attn_sink is not None else dummy, out, max_logits, lse,
         kv.shape[0], topk, float(sm_scale), float(sm_scale) * _LOG2E,
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1),
-        H_Q=h_q, BLOCK_H=block_h, BLOCK_N=block_n, D_V=d_v, D_PE=d_qk - d_v,
+        h_q, BLOCK_H=block_h, BLOCK_N=block_n, D_V=d_v, D_PE=d_qk - d_v,
         HAS_LEN=topk_length is not None, HAS_SINK=attn_sink is not None, UPCAST=interpret_mode(),
         NUM_STAGES=num_stages, TRANS_S=trans_s, num_warps=num_warps, num_stages=num_stages,
     )
