@@ -1,0 +1,187 @@
+"""Benchmark: dense paged MLA decode (deepkernels vs the PyTorch MQA reference, same run).
+
+Shapes (FlashMLA's dense-decode perf grid): b=128, s_q in {1, 2} (causal), h_kv=1, d_qk=576, d_v=512,
+page_block_size=64, h_q in {16, 32, 64, 128}, varlen seqlens ~ max(N(s_k, s_k/2), s_q) for s_k in
+{4096, 8192, 16384, 32768}. FLOPs = 2*s_q*sum(seqlen)*h_q*(d_qk+d_v); bytes = (sum(seqlen)*h_kv*d_qk +
+b*s_q*h_q*(d_qk+d_v))*2 (FlashMLA bench_flash_mla.py counting, spec/mla.md §6.2). Timer: triton.testing.do_bench
+(median ms); the scheduler is computed once per shape outside the timed region, as FlashMLA's benchmark does.
+
+Usage:
+    python benchmarks/mla_decode.py [--sweep] [--json out.json] [--hq 16,32] [--sq 1,2] [--sk 4096,32768]
+``--sweep`` times every candidate config of the query-row bucket and reports the best (JSON keeps all).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+import deepkernels.mla.decode as dec  # noqa: E402
+from deepkernels.mla.metadata import compute_schedule  # noqa: E402
+
+# Candidate configs per query-row bucket: (BLOCK_M, BLOCK_N, num_warps, num_stages, parts_per_sm).
+# All compile for sm90 within 227 KB smem without spills (tests/test_mla_decode_compile.py).
+CANDIDATES = {
+    16: [(16, 64, 4, 2, 1), (16, 32, 4, 3, 1), (16, 32, 4, 3, 2), (16, 128, 4, 2, 1)],
+    32: [(32, 64, 4, 2, 1), (32, 32, 4, 3, 2), (64, 32, 8, 3, 1)],
+    64: [(64, 64, 8, 2, 1), (64, 32, 8, 3, 1), (64, 64, 4, 2, 1), (64, 16, 8, 4, 1)],
+}
+D_QK, D_V, PAGE = 576, 512, 64
+
+
+def bucket(rows):
+    return 16 if rows <= 16 else 32 if rows <= 32 else 64
+
+
+def make_inputs(b, s_q, h_q, h_kv, s_k, seed=0, device="cuda", dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    seqlens = torch.clamp(torch.normal(float(s_k), s_k / 2, (b,), generator=g), min=s_q).int()
+    max_len = int(seqlens.max())
+    max_pages = -(-max_len // PAGE)
+    nb = b * max_pages
+    bt = torch.randperm(nb, generator=g).reshape(b, max_pages).int()
+    k_cache = (torch.randn(nb, PAGE, h_kv, D_QK, device=device, dtype=dtype) / 10).clamp_(-1, 1)
+    q = (torch.randn(b, s_q, h_q, D_QK, device=device, dtype=dtype) / 10).clamp_(-1, 1)
+    return q, k_cache, bt.to(device), seqlens.to(device)
+
+
+def torch_reference_mqa(q, k_pad, mask, scale):
+    """MQA form (h_kv=1): q [b, s_q*h_q, d] @ K^T [b, d, L] -> masked softmax -> @ V; BF16 bmm, fp32 softmax."""
+    b, s_q, h_q, d = q.shape
+    qq = q.reshape(b, s_q * h_q, d)
+    s = torch.bmm(qq, k_pad.transpose(1, 2)).float() * scale
+    s.masked_fill_(~mask, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.softmax(s, -1).to(q.dtype)
+    o = torch.bmm(p, k_pad[..., :D_V])
+    return o.reshape(b, s_q, h_q, D_V), lse
+
+
+def pad_kv(k_cache, bt, seqlens, s_q, h_q, causal):
+    b = bt.shape[0]
+    L = int(seqlens.max())
+    pages = -(-L // PAGE)
+    k_pad = k_cache[bt[:, :pages].long()].reshape(b, pages * PAGE, -1)[:, :L].contiguous()   # h_kv == 1
+    pos = torch.arange(L, device=k_cache.device)
+    sidx = torch.arange(s_q, device=k_cache.device).repeat_interleave(h_q)
+    lim = seqlens[:, None] - ((s_q - 1 - sidx)[None, :] if causal else 0)
+    return k_pad, pos[None, None, :] < lim[:, :, None]
+
+
+def provenance():
+    sha = "unknown"
+    try:
+        sha = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(__file__) or ".",
+                                      stderr=subprocess.DEVNULL).decode().strip()
+    except Exception:
+        pass
+    import triton
+    info = {"torch": torch.__version__, "triton": triton.__version__, "git_sha": sha, "python": platform.python_version(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        info.update(gpu=p.name, sms=p.multi_processor_count, cuda=torch.version.cuda)
+        try:
+            info["driver"] = subprocess.check_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                                     stderr=subprocess.DEVNULL).decode().strip()
+        except Exception:
+            pass
+    return info
+
+
+def run(args, prov=None):
+    from triton.testing import do_bench
+    rows_out, sweep_out = [], []
+
+    def dump():
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"provenance": prov, "rows": rows_out, "sweep": sweep_out}, f, indent=1)
+
+    for s_q in args.sq:
+        for h_q in args.hq:
+            for s_k in args.sk:
+                causal = s_q > 1
+                q, k_cache, bt, seqlens = make_inputs(args.b, s_q, h_q, 1, s_k)
+                tot = int(seqlens.sum())
+                flop = 2 * s_q * tot * h_q * (D_QK + D_V)
+                byts = (tot * D_QK + args.b * s_q * h_q * (D_QK + D_V)) * 2
+                scale = D_QK ** -0.5
+                rows = s_q * h_q
+                cands = CANDIDATES[bucket(rows)] if args.sweep else [dec._pick_config(rows)]
+                # reference (also the correctness anchor for every candidate)
+                ref_ms, o_ref = float("nan"), None
+                try:
+                    k_pad, mask = pad_kv(k_cache, bt, seqlens, s_q, h_q, causal)
+                    o_ref, _ = torch_reference_mqa(q, k_pad, mask, scale)
+                    ref_ms = do_bench(lambda: torch_reference_mqa(q, k_pad, mask, scale), warmup=5, rep=30)
+                    del k_pad, mask
+                except Exception as e:  # noqa: BLE001 - an OOM in the anchor must not stop the sweep
+                    print(f"  reference failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                best = None
+                for cfg in cands:
+                    parts = dec._num_sm_parts(q.device, rows, 1, cfg)
+                    sched, ns = compute_schedule(seqlens, parts)
+                    fn = lambda: dec._dense_launch(q, k_cache, bt, seqlens, sched, ns, scale, causal, cfg)  # noqa: E731
+                    try:
+                        o, _ = fn()
+                        err = float("nan") if o_ref is None else float((o.float() - o_ref.float()).abs().max())
+                        ms = do_bench(fn, warmup=5, rep=30)
+                    except Exception as e:  # noqa: BLE001
+                        print(f"  config {cfg} failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
+                        continue
+                    rec = dict(op="mla_decode_dense", b=args.b, s_q=s_q, h_q=h_q, h_kv=1, s_k=s_k, causal=causal,
+                               config=list(cfg), parts=parts, ms=ms, tflops=flop / ms / 1e9, gbps=byts / ms / 1e6,
+                               max_abs_err_vs_torch=err)
+                    sweep_out.append(rec)
+                    if best is None or ms < best["ms"]:
+                        best = rec
+                if best is None:
+                    continue
+                sched_ms = do_bench(lambda: compute_schedule(seqlens, best["parts"]), warmup=5, rep=20)
+                row = dict(best, provider="deepkernels", torch_ms=ref_ms, torch_tflops=flop / ref_ms / 1e9,
+                           speedup_vs_torch=ref_ms / best["ms"], scheduler_ms=sched_ms)
+                rows_out.append(row)
+                dump()
+                print(f"s_q={s_q} h_q={h_q:3d} s_k={s_k:5d}: {best['ms']*1e3:8.1f} us  {best['tflops']:6.1f} TFLOPS "
+                      f"{best['gbps']:7.1f} GB/s  cfg={tuple(best['config'])}  torch {ref_ms*1e3:8.1f} us "
+                      f"({row['speedup_vs_torch']:.2f}x)  err {best['max_abs_err_vs_torch']:.1e}  "
+                      f"sched {sched_ms*1e3:.1f} us", flush=True)
+                del q, k_cache, bt, seqlens, o_ref
+                torch.cuda.empty_cache()
+    return rows_out, sweep_out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--b", type=int, default=128)
+    ap.add_argument("--hq", type=lambda s: [int(x) for x in s.split(",")], default=[128, 16, 32, 64])
+    ap.add_argument("--sq", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
+    ap.add_argument("--sk", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 8192, 16384, 32768])
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("mla_decode benchmark needs a CUDA device")
+        return 0
+    prov = provenance()
+    print(json.dumps(prov), flush=True)
+    rows, sweep = run(args, prov)
+    print("\nSUMMARY  s_q h_q  s_k    us      TFLOPS  GB/s    torchTF  x_torch  config")
+    for r in rows:
+        print(f"SUMMARY  {r['s_q']:3d} {r['h_q']:3d} {r['s_k']:5d} {r['ms']*1e3:8.1f} {r['tflops']:7.1f} "
+              f"{r['gbps']:7.1f} {r['torch_tflops']:7.1f} {r['speedup_vs_torch']:6.2f}  {tuple(r['config'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

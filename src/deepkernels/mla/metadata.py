@@ -1,0 +1,154 @@
+"""Split-KV scheduler for MLA decode, computed on the device (no host sync, CUDA-graph capturable).
+
+Produces FlashMLA's metadata format (spec/mla.md §3.1): ``meta [num_sm_parts, 8]`` int32 records
+``(begin_req, end_req (inclusive), begin_block, end_block (exclusive), begin_split, first_splitted,
+last_splitted, pad)`` in 64-token scheduler blocks, and ``num_splits [b + 1]`` int32, the prefix sum of each
+request's split count. Split ``n`` of request ``i`` owns accumulator row ``num_splits[i] + n``; the total number
+of splits is at most ``b + num_sm_parts``.
+
+The schedule is the closed-form "linear" one defined (and documented) by
+:func:`deepkernels.reference.mla.linear_schedule`: request ``i`` costs ``blocks_i + 5`` units on a line, part ``p``
+owns ``[p*W, (p+1)*W)`` with ``W = ceil(total / num_sm_parts)``. Each program of the kernel evaluates the records of
+``PARTS`` parts independently from prefix sums over the requests, so the whole thing is one small launch.
+
+Reusable by any decode path: it is driven by a per-request token-count tensor (dense: ``cache_seqlens``; sparse:
+``topk_length`` or a derived count) rather than by the KV cache itself.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._backend import use_kernels
+
+__all__ = ["compute_schedule", "SCHED_BLOCK", "FIXED_OVERHEAD_BLOCKS"]
+
+SCHED_BLOCK = 64
+FIXED_OVERHEAD_BLOCKS = 5
+_PARTS_PER_PROGRAM = 32
+_CHUNK = 128
+
+
+@triton.jit
+def _mla_sched_metadata_kernel(counts_ptr, meta_ptr, nsplits_ptr, b, num_parts,
+                               OVERHEAD: tl.constexpr, SBLOCK: tl.constexpr,
+                               CHUNK: tl.constexpr, PARTS: tl.constexpr):
+    pid = tl.program_id(0)
+    offs_c = tl.arange(0, CHUNK)
+    # pass 1: total cost of the line
+    total = tl.sum(tl.zeros([CHUNK], dtype=tl.int32), 0)
+    for c0 in range(0, b, CHUNK):
+        offs = c0 + offs_c
+        m = offs < b
+        n = tl.maximum(tl.load(counts_ptr + offs, mask=m, other=0), 0)
+        cost = tl.where(m, (tl.maximum(n - 1, 0) // SBLOCK) + 1 + OVERHEAD, 0)
+        total += tl.sum(cost, 0)
+    W = (total + num_parts - 1) // num_parts
+    parts = pid * PARTS + tl.arange(0, PARTS)
+    pmask = parts < num_parts
+    x0 = parts * W
+    x1 = tl.minimum(x0 + W, total)
+    # pass 2: split counts (program 0 writes num_splits) and the begin/end request of every part
+    carry = total * 0
+    carry_ns = total * 0
+    cnt_begin = tl.zeros([PARTS], dtype=tl.int32)
+    cnt_end = tl.zeros([PARTS], dtype=tl.int32)
+    for c0 in range(0, b, CHUNK):
+        offs = c0 + offs_c
+        m = offs < b
+        n = tl.maximum(tl.load(counts_ptr + offs, mask=m, other=0), 0)
+        blocks = (tl.maximum(n - 1, 0) // SBLOCK) + 1
+        cost = tl.where(m, blocks + OVERHEAD, 0)
+        start = carry + tl.cumsum(cost, 0) - cost
+        bpos = start + OVERHEAD
+        epos = start + cost
+        ns = tl.where(m, (epos - 1) // W - bpos // W + 1, 0)
+        tl.store(nsplits_ptr + offs + 1, carry_ns + tl.cumsum(ns, 0), mask=m & (pid == 0))
+        cnt_begin += tl.sum(tl.where(m[None, :] & (epos[None, :] <= x0[:, None]), 1, 0), 1)
+        cnt_end += tl.sum(tl.where(m[None, :] & (bpos[None, :] < x1[:, None]), 1, 0), 1)
+        carry += tl.sum(cost, 0)
+        carry_ns += tl.sum(ns, 0)
+    tl.store(nsplits_ptr + offs_c, offs_c * 0, mask=(offs_c == 0) & (pid == 0))
+    begin = cnt_begin
+    end = cnt_end - 1
+    # pass 3: gather what the records need about their begin and end requests
+    carry = total * 0
+    b_first = tl.zeros([PARTS], dtype=tl.int32)
+    b_bpos = tl.zeros([PARTS], dtype=tl.int32)
+    b_ns = tl.zeros([PARTS], dtype=tl.int32)
+    e_bpos = tl.zeros([PARTS], dtype=tl.int32)
+    e_blocks = tl.zeros([PARTS], dtype=tl.int32)
+    e_ns = tl.zeros([PARTS], dtype=tl.int32)
+    for c0 in range(0, b, CHUNK):
+        offs = c0 + offs_c
+        m = offs < b
+        n = tl.maximum(tl.load(counts_ptr + offs, mask=m, other=0), 0)
+        blocks = (tl.maximum(n - 1, 0) // SBLOCK) + 1
+        cost = tl.where(m, blocks + OVERHEAD, 0)
+        start = carry + tl.cumsum(cost, 0) - cost
+        bpos = start + OVERHEAD
+        epos = start + cost
+        first = bpos // W
+        ns = (epos - 1) // W - first + 1
+        sb = m[None, :] & (offs[None, :] == begin[:, None])
+        se = m[None, :] & (offs[None, :] == end[:, None])
+        b_first += tl.sum(tl.where(sb, first[None, :], 0), 1)
+        b_bpos += tl.sum(tl.where(sb, bpos[None, :], 0), 1)
+        b_ns += tl.sum(tl.where(sb, ns[None, :], 0), 1)
+        e_bpos += tl.sum(tl.where(se, bpos[None, :], 0), 1)
+        e_blocks += tl.sum(tl.where(se, blocks[None, :], 0), 1)
+        e_ns += tl.sum(tl.where(se, ns[None, :], 0), 1)
+        carry += tl.sum(cost, 0)
+    valid = (begin < b) & (begin <= end)
+    rec = meta_ptr + parts * 8
+    tl.store(rec + 0, tl.where(valid, begin, b), mask=pmask)
+    tl.store(rec + 1, tl.where(valid, end, b - 1), mask=pmask)
+    tl.store(rec + 2, tl.where(valid, tl.maximum(x0 - b_bpos, 0), 0), mask=pmask)
+    tl.store(rec + 3, tl.where(valid, tl.minimum(x1 - e_bpos, e_blocks), 0), mask=pmask)
+    tl.store(rec + 4, tl.where(valid, parts - b_first, 0), mask=pmask)
+    tl.store(rec + 5, tl.where(valid & (b_ns > 1), 1, 0), mask=pmask)
+    tl.store(rec + 6, tl.where(valid & (e_ns > 1), 1, 0), mask=pmask)
+    tl.store(rec + 7, parts * 0, mask=pmask)
+
+
+def compute_schedule(token_counts: torch.Tensor, num_sm_parts: int,
+                     fixed_overhead: int = FIXED_OVERHEAD_BLOCKS) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split-KV schedule for a decode step, on ``token_counts``' device without a host sync.
+
+    Args:
+        token_counts: ``[b]`` int32, tokens each request attends (dense: ``cache_seqlens``; sparse: e.g.
+            ``topk_length``). Negative counts are treated as 0; a zero-length request still gets one (empty)
+            block so that its output row is written (out 0, lse +inf).
+        num_sm_parts: number of parts (persistent programs per (kv head, query-row block)), ``>= 1``.
+        fixed_overhead: per-split cost in 64-token blocks (FlashMLA uses 5).
+    Returns:
+        ``(meta [num_sm_parts, 8] int32, num_splits [b + 1] int32)`` (spec/mla.md §3.1).
+    Raises:
+        TypeError/ValueError for a non-int32 or non-1-D ``token_counts`` or ``num_sm_parts < 1``.
+    """
+    if not isinstance(token_counts, torch.Tensor) or token_counts.dtype != torch.int32 or token_counts.dim() != 1:
+        raise TypeError(f"token_counts must be a 1-D int32 tensor, got "
+                        f"{getattr(token_counts, 'dtype', type(token_counts))} shape "
+                        f"{tuple(getattr(token_counts, 'shape', ()))}")
+    if int(num_sm_parts) < 1:
+        raise ValueError(f"num_sm_parts must be >= 1, got {num_sm_parts}")
+    num_sm_parts = int(num_sm_parts)
+    b = token_counts.shape[0]
+    dev = token_counts.device
+    if b == 0:
+        meta = torch.zeros(num_sm_parts, 8, dtype=torch.int32, device=dev)
+        meta[:, 1] = -1
+        return meta, torch.zeros(1, dtype=torch.int32, device=dev)
+    if not use_kernels(token_counts):
+        from ..reference.mla import linear_schedule
+        meta, ns = linear_schedule(token_counts, num_sm_parts, fixed_overhead)
+        return meta.to(dev), ns.to(dev)
+    counts = token_counts.contiguous()
+    meta = torch.empty(num_sm_parts, 8, dtype=torch.int32, device=dev)
+    num_splits = torch.empty(b + 1, dtype=torch.int32, device=dev)
+    grid = (triton.cdiv(num_sm_parts, _PARTS_PER_PROGRAM),)
+    _mla_sched_metadata_kernel[grid](counts, meta, num_splits, b, num_sm_parts,
+                                     OVERHEAD=int(fixed_overhead), SBLOCK=SCHED_BLOCK,
+                                     CHUNK=_CHUNK, PARTS=_PARTS_PER_PROGRAM, num_warps=4)
+    return meta, num_splits
