@@ -32,7 +32,7 @@ def hf_pair(rope, q_lora_rank):
     att = hf_v3.DeepseekV3Attention(hcfg, layer_idx=0).double().eval()
     with torch.no_grad():
         for p in att.parameters():
-            p.normal_(0, 0.2)
+            p.normal_(0, 0.1)
     rot = hf_v3.DeepseekV3RotaryEmbedding(hcfg).double()
     return hcfg, att, rot, DynamicCache(config=hcfg)
 

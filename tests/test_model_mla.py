@@ -17,7 +17,7 @@ def tiny_cfg(kv_lora_rank=512, q_lora_rank=32, yarn=True, **kw):
                      max_position_embeddings=128, **kw)
 
 
-def pair(cfg, std=0.2):
+def pair(cfg, std=0.1):
     """A float64 module with random weights and its bf16 copy."""
     ref = MLAAttention(cfg, dtype=torch.float64)
     with torch.no_grad():
@@ -195,17 +195,19 @@ def test_packed_cache_paths_agree(fmt, kv_lora_rank):
     c_abs = PagedLatentCache(b, 2 * page, cfg.kv_cache_dim, fmt, block_table=perm.clone())
     c_nv = PagedLatentCache(b, 2 * page, cfg.kv_cache_dim, fmt, block_table=perm.clone())
     c_ref = PagedLatentCache(b, 2 * page, cfg.kv_cache_dim, "fp64", block_table=perm.clone())
+    c_bf = PagedLatentCache(b, 2 * page, cfg.kv_cache_dim, "bf16", block_table=perm.clone())
     tol_q = {"fp4": 0.25}.get(fmt, 0.08)                  # quantization error of the cache vs float64
     for n in (66, 1, 2):
         x = torch.randn(b, n, 64, dtype=torch.float64)
         y_abs = low(x.bfloat16(), c_abs, path="absorbed")
         y_nv = low(x.bfloat16(), c_nv, path="naive")
         y_ref = ref(x, c_ref, path="naive")
+        c_bf.append(low.project(x.bfloat16(), c_bf.cache_seqlens.long()[:, None] + torch.arange(n))[2])
         assert rel_err(y_abs, y_nv) < 2e-2                # same quantized cache: bf16 agreement
         assert rel_err(y_abs, y_ref) < tol_q
         assert torch.equal(c_abs.k_cache.view(torch.uint8), c_nv.k_cache.view(torch.uint8))
     # page re-encoding left earlier rows intact: the cache equals a one-shot quantization of all rows
-    rows = c_ref.dense_pages(torch.bfloat16)
+    rows = c_bf.dense_pages(torch.bfloat16)
     used = perm.flatten().long()
     one_shot = quant.quantize_kv_cache(rows[used], fmt)
     assert torch.equal(c_abs.k_cache[used].view(torch.uint8), one_shot.view(torch.uint8))

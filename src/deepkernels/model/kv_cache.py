@@ -5,11 +5,11 @@ Dense formats (``"bf16"``, ``"fp16"``; ``"fp32"``/``"fp64"`` for float reference
 mode. Packed formats (``"v32"`` 656 B, ``"model1"`` 584 B, ``"v41"`` 528 B, ``"fp4"`` 288 B per token;
 spec/mla.md §2) store what :func:`deepkernels.quant.quantize_kv_cache` produces for the page tensor.
 
-Writes go to ``block_table[b, pos // page_block_size]``, row ``pos % page_block_size``. A packed page is
-re-encoded as a whole (dequantize the touched pages, overwrite the new rows, quantize the pages again);
-with the power-of-two scales of V32/MODEL1/V4.1 and the e4m3 scales of FP4 this leaves the earlier rows'
-bytes unchanged (tests/test_model_mla.py checks it), so the cache holds exactly what a one-shot
-quantization of all rows would.
+Writes go to ``block_table[b, pos // page_block_size]``, row ``pos % page_block_size``. For a packed format the
+new rows are encoded on their own with the quant helper and each token's byte records (MODEL1: its data
+record and its scale record, which live in different regions of the page) are copied to its slot, following
+the format geometry of :class:`deepkernels.quant.KVCacheFormat`. Earlier rows are never touched, so the cache
+holds exactly what a one-shot quantization of all rows would (tests/test_model_mla.py checks it bit for bit).
 """
 from __future__ import annotations
 
@@ -118,14 +118,34 @@ class PagedLatentCache:
         if not self.is_packed:
             self.k_cache[pages.flatten(), rows.flatten(), 0] = latent.reshape(-1, self.d_qk).to(self.k_cache.dtype)
         else:
-            quantize, dequantize = _quant()
-            touched = torch.unique(pages)
-            dense = dequantize(self.k_cache[touched], self.fmt).clone()         # [n, B, 1, d] bf16
-            where = torch.searchsorted(touched, pages.flatten())
-            dense[where, rows.flatten(), 0] = latent.reshape(-1, self.d_qk).to(dense.dtype)
-            self.k_cache[touched] = quantize(dense, self.fmt)
+            self._write_packed(pages.flatten(), rows.flatten(), latent.reshape(-1, self.d_qk))
         self.cache_seqlens += s
         return positions
+
+    def _write_packed(self, pages: torch.Tensor, rows: torch.Tensor, latent: torch.Tensor) -> None:
+        """Encode n new rows on their own and copy each token's byte records to its (page, row) slot.
+
+        Only the new tokens' records are touched: re-encoding a whole page is not idempotent (a tile whose
+        amax sits just above a power of two, e.g. 3.52 → scale 2^-6, decodes to 3.5 and would re-encode
+        with scale 2^-7), so earlier rows must never pass through quantize(dequantize(·)) again.
+        """
+        from deepkernels.quant import get_kv_format
+        quantize, _ = _quant()
+        f = get_kv_format(self.fmt)
+        n, B = latent.shape[0], self.page_block_size
+        tmp = quantize(latent.to(torch.bfloat16).view(1, n, 1, self.d_qk), f).view(torch.uint8)
+        src = tmp.as_strided((f.block_bytes(n),), (1,), tmp.storage_offset())
+        u = self.k_cache.view(torch.uint8)
+        stride0 = u.stride(0) if self.num_blocks > 1 else f.default_block_stride(B)
+        dst = u.as_strided((self.num_blocks * stride0,), (1,), u.storage_offset())
+        k = torch.arange(n, device=latent.device)
+        # data records (for non-split formats the whole token record: data, scales, RoPE)
+        j = torch.arange(f.data_stride, device=latent.device)
+        dst[(pages * stride0 + rows * f.data_stride)[:, None] + j] = src[(k * f.data_stride)[:, None] + j]
+        if f.split_block:  # MODEL1: scale records live after the page's B data records
+            j = torch.arange(f.scale_stride, device=latent.device)
+            at = pages * stride0 + B * f.data_stride + rows * f.scale_stride
+            dst[at[:, None] + j] = src[(n * f.data_stride + k * f.scale_stride)[:, None] + j]
 
     def read(self, i: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Request i's rows ``[cache_seqlens[i], d_qk]`` (packed formats dequantized to bf16), optionally cast."""

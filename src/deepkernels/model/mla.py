@@ -60,7 +60,8 @@ def latent_attention(q: torch.Tensor, cache: PagedLatentCache, softmax_scale: fl
     """MQA of ``q [b, s_q, h_q, d_qk]`` over the cache's latent rows, causal (bottom-right) when ``s_q > 1``.
 
     Routes: ``"dense"`` — ``flash_mla_with_kvcache`` in its dense mode over ``cache.k_cache`` (a packed cache is
-    first dequantized to BF16 pages, since FlashMLA has no FP8 dense path); ``"sparse"`` — FlashMLA's FP8 sparse
+    first dequantized to BF16 pages, since FlashMLA has no FP8 dense path; 512-wide rows are zero-padded to 576);
+    ``"sparse"`` — FlashMLA's FP8 sparse
     decode (``is_fp8_kvcache=True``) with per-query index lists of the visible tokens (packed formats only);
     ``"auto"`` — dense for a dense cache, sparse for a packed one when the sparse path is present, else dense.
     Returns ``(out [b, s_q, h_q, d_v] in q's dtype, lse [b, h_q, s_q] float32 natural log, route taken)``.
@@ -79,6 +80,11 @@ def latent_attention(q: torch.Tensor, cache: PagedLatentCache, softmax_scale: fl
             if route == "sparse":
                 raise
     k_cache = cache.dense_pages(q.dtype) if cache.is_packed else cache.k_cache
+    if q.shape[-1] == 512:
+        # MODEL1/V4.1/FP4 geometry (448 NoPE + 64 RoPE): FlashMLA's dense mode only takes d_qk = 576, so append 64
+        # zero columns to q and K; scores are unchanged and V (the first 512 columns) is the same row.
+        q = torch.nn.functional.pad(q, (0, 64))
+        k_cache = torch.nn.functional.pad(k_cache, (0, 64))
     causal = s_q > 1
     if ops is not None:
         fn, get_meta = ops
