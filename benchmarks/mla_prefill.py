@@ -1,0 +1,244 @@
+"""Benchmark: sparse MLA prefill (flash_mla_sparse_fwd) and dense MHA-mode prefill (flash_attn_varlen_func).
+
+Sparse: s_q=4096, h_q=128, d_qk=576, topk=2048, s_kv in {8K, 32K, 64K, 128K}, with and without sink.
+FLOPs as FlashMLA counts them (``tests/lib.py count_flop_and_mem_vol``): 2*s_q*topk*h_q*(d_qk+d_v).
+Anchor: FlashMLA measured on our H200 (ANCHORS.md; no sink): 588 / 510 / 521 / 494 TFLOPS; target 640.
+Dense: b=2, s in {4096, 8192}, h=128, (d_qk, d_v) in {(192,128), (128,128)}, causal and not, against
+torch SDPA (its own backend choice) timed in the same run; FLOPs 2*b*h*s*s*(d_qk+d_v), halved when causal.
+
+Usage: python benchmarks/mla_prefill.py [--sweep] [--out FILE.json] [--only sparse|dense]
+Timing: triton.testing.do_bench median (CUDA events, whole call). Writes JSON rows with provenance after
+every row, so a killed run keeps what it measured.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+from deepkernels.mla.dense_prefill import (DENSE_CANDIDATES, DENSE_CONFIGS, _launch_dense_prefill,  # noqa: E402
+                                           flash_attn_varlen_func)
+from deepkernels.mla.prefill import (SPARSE_CANDIDATES, SPARSE_CONFIGS, _launch_sparse_prefill,  # noqa: E402
+                                     flash_mla_sparse_fwd)
+from deepkernels.reference.mla_prefill import sparse_prefill_ref  # noqa: E402
+
+FLASHMLA_H200 = {8192: 588.0, 32768: 510.0, 65536: 521.0, 131072: 494.0}
+SDPA_TARGET = 1.0
+SPARSE_TARGET = 640.0
+
+
+def provenance():
+    sha = os.environ.get("GIT_SHA")
+    if not sha:
+        try:
+            sha = subprocess.check_output(["git", "rev-parse", "HEAD"], stderr=subprocess.DEVNULL).decode().strip()
+        except Exception:
+            sha = "unknown"
+    import triton
+    p = {"torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda, "git_sha": sha,
+         "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if torch.cuda.is_available():
+        p["gpu"] = torch.cuda.get_device_name()
+        p["sms"] = torch.cuda.get_device_properties(0).multi_processor_count
+        try:
+            p["driver"] = subprocess.check_output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                                  stderr=subprocess.DEVNULL).decode().strip().splitlines()[0]
+        except Exception:
+            p["driver"] = "unknown"
+    return p
+
+
+DEV = "cuda"
+
+
+def _sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench(fn):
+    if DEV != "cuda":   # --cpu-smoke: one call, wall clock (checks the script, not speed)
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    import triton.testing
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")   # ms
+
+
+class Rows:
+    def __init__(self, path, prov):
+        self.path, self.prov, self.rows = path, prov, []
+
+    def add(self, **row):
+        row.update(self.prov)
+        self.rows.append(row)
+        print(json.dumps({k: row[k] for k in row if k not in self.prov}), flush=True)
+        if self.path:
+            with open(self.path, "w") as f:
+                json.dump(self.rows, f, indent=1)
+
+
+def sparse_inputs(s_q, s_kv, topk, h_q, d_qk, sink):
+    dev = DEV
+    q = (torch.randn(s_q, h_q, d_qk, device=dev) / 10).bfloat16()
+    kv = (torch.randn(s_kv, 1, d_qk, device=dev) / 10).bfloat16()
+    ind = torch.empty(s_q, 1, topk, dtype=torch.int32, device=dev)
+    step = max(1, (1 << 27) // s_kv)
+    for i in range(0, s_q, step):     # unique random indices per row (as FlashMLA's generator)
+        j = min(s_q, i + step)
+        ind[i:j, 0] = torch.rand(j - i, s_kv, device=dev).argsort(dim=-1)[:, :topk].to(torch.int32)
+    sk = torch.randn(h_q, device=dev) if sink else None
+    return q, kv, ind, sk
+
+
+def run_sparse(rows, sweep, s_kvs, s_q=4096, topk=2048):
+    h_q, d_qk = 128, 576
+    configs = SPARSE_CANDIDATES if sweep else [SPARSE_CONFIGS[h_q]]
+    for s_kv in s_kvs:
+        for sink in (False, True):
+            try:
+                q, kv, ind, sk = sparse_inputs(s_q, s_kv, topk, h_q, d_qk, sink)
+            except Exception as e:  # noqa: BLE001
+                print(f"sparse s_kv={s_kv}: input generation failed: {e!r}", flush=True)
+                continue
+            flops = 2 * s_q * topk * h_q * (d_qk + 512)
+            nbytes = s_q * topk * d_qk * 2 + s_q * h_q * (d_qk + 512) * 2
+            out = torch.empty(s_q, h_q, 512, dtype=torch.bfloat16, device=DEV)
+            ml = torch.empty(s_q, h_q, device=DEV)
+            lse = torch.empty(s_q, h_q, device=DEV)
+            rows_chk = torch.tensor([0, 1, s_q // 2, s_q - 1], device=DEV)
+            ro, _, rlse = sparse_prefill_ref(q[rows_chk], kv, ind[rows_chk], 0.5, 512, sk)
+            for cfg in configs:
+                shape = dict(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=d_qk, topk=topk, sink=sink)
+                try:
+                    fn = lambda: _launch_sparse_prefill(out, ml, lse, q, kv, ind, 0.5, sk, None, config=cfg)  # noqa
+                    fn()
+                    _sync()
+                    err = (out[rows_chk].float() - ro).abs().max().item()
+                    lerr = (lse[rows_chk] - rlse).abs().max().item()
+                    ms = bench(fn)
+                    tf = flops / ms / 1e9
+                    rows.add(op="flash_mla_sparse_fwd", provider="deepkernels", config=list(cfg), shape=shape,
+                             median_us=ms * 1e3, tflops=tf, gbps=nbytes / ms / 1e6, max_abs_err_rows=err,
+                             lse_err_rows=lse_err_fmt(lerr), anchor="FlashMLA H200 (ANCHORS.md, no sink)",
+                             anchor_tflops=FLASHMLA_H200.get(s_kv),
+                             ratio_to_anchor=tf / FLASHMLA_H200[s_kv] if s_kv in FLASHMLA_H200 else None,
+                             target_tflops=SPARSE_TARGET, default=cfg == SPARSE_CONFIGS[h_q])
+                except Exception as e:  # noqa: BLE001
+                    rows.add(op="flash_mla_sparse_fwd", provider="deepkernels", config=list(cfg), shape=shape,
+                             error=repr(e)[:300])
+            del q, kv, ind
+            torch.cuda.empty_cache()
+
+
+def lse_err_fmt(x):
+    return float(x)
+
+
+def run_dense(rows, sweep, seqs, h=128):
+    import torch.nn.functional as F
+    b = 2
+    for s in seqs:
+        for d_qk, d_v in ((192, 128), (128, 128)):
+            q = torch.randn(b * s, h, d_qk, device=DEV).bfloat16()
+            k = torch.randn(b * s, h, d_qk, device=DEV).bfloat16()
+            v = torch.randn(b * s, h, d_v, device=DEV).bfloat16()
+            cu = torch.arange(0, b + 1, device=DEV, dtype=torch.int32) * s
+            qs, ks, vs = (t.view(b, s, h, -1).transpose(1, 2) for t in (q, k, v))   # SDPA [b, h, s, d] views
+            configs = DENSE_CANDIDATES[d_qk] if sweep else [DENSE_CONFIGS[d_qk]]
+            for causal in (False, True):
+                flops = 2 * b * h * s * s * (d_qk + d_v) * (0.5 if causal else 1.0)
+                shape = dict(b=b, s=s, h=h, d_qk=d_qk, d_v=d_v, causal=causal)
+                sd_ms = None
+                try:
+                    sd = lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal)  # noqa: E731
+                    ref = sd()
+                    sd_ms = bench(sd)
+                    rows.add(op="dense_prefill", provider="torch_sdpa", shape=shape, median_us=sd_ms * 1e3,
+                             tflops=flops / sd_ms / 1e9)
+                except Exception as e:  # noqa: BLE001
+                    ref = None
+                    rows.add(op="dense_prefill", provider="torch_sdpa", shape=shape, error=repr(e)[:300])
+                out = torch.empty(b * s, h, d_v, dtype=torch.bfloat16, device=DEV)
+                lse = torch.empty(h, b * s, device=DEV)
+                for cfg in configs:
+                    try:
+                        fn = lambda: _launch_dense_prefill(out, lse, q, k, v, cu, cu, s, d_qk ** -0.5, causal,  # noqa
+                                                           config=cfg)
+                        fn()
+                        _sync()
+                        diff = None
+                        if ref is not None:
+                            r = ref.transpose(1, 2).reshape(b * s, h, d_v).float()
+                            o = out.float()
+                            diff = (1 - 2 * (o * r).sum() / (o * o + r * r).sum()).item()
+                        ms = bench(fn)
+                        tf = flops / ms / 1e9
+                        rows.add(op="dense_prefill", provider="deepkernels", config=list(cfg), shape=shape,
+                                 median_us=ms * 1e3, tflops=tf, calc_diff_vs_sdpa=diff,
+                                 ratio_to_anchor=(sd_ms / ms) if sd_ms else None, anchor="torch_sdpa (same run)",
+                                 target_ratio=SDPA_TARGET, default=cfg == DENSE_CONFIGS[d_qk])
+                    except Exception as e:  # noqa: BLE001
+                        rows.add(op="dense_prefill", provider="deepkernels", config=list(cfg), shape=shape,
+                                 error=repr(e)[:300])
+            del q, k, v
+            torch.cuda.empty_cache()
+
+
+def summary(rows):
+    print("\n=== summary (best config per shape) ===")
+    best = {}
+    for r in rows:
+        if "tflops" not in r:
+            continue
+        key = (r["op"], r["provider"], json.dumps(r["shape"], sort_keys=True))
+        if key not in best or r["tflops"] > best[key]["tflops"]:
+            best[key] = r
+    for (op, prov, shp), r in sorted(best.items()):
+        extra = ""
+        if r.get("ratio_to_anchor") is not None:
+            extra = f" x{r['ratio_to_anchor']:.2f} vs {r.get('anchor', '')}"
+        print(f"{op:22s} {prov:12s} {shp:90s} {r['tflops']:7.1f} TFLOPS {r['median_us']:9.1f} us "
+              f"cfg={r.get('config')}{extra}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sweep", action="store_true", help="time every candidate config, not only the default")
+    ap.add_argument("--out", default=None, help="JSON output path")
+    ap.add_argument("--only", choices=["sparse", "dense"], default=None)
+    ap.add_argument("--quick", action="store_true", help="smallest shapes only")
+    ap.add_argument("--cpu-smoke", action="store_true",
+                    help="tiny shapes on the CPU (run with TRITON_INTERPRET=1) to check the script itself")
+    args = ap.parse_args(argv)
+    global DEV
+    if args.cpu_smoke:
+        DEV = "cpu"
+        rows = Rows(args.out, provenance())
+        run_sparse(rows, args.sweep, [96], s_q=2, topk=64)
+        run_dense(rows, args.sweep, [32], h=2)
+        summary(rows.rows)
+        return 0
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to time (the CPU path is the PyTorch reference)")
+        return 0
+    rows = Rows(args.out, provenance())
+    print(json.dumps(rows.prov), flush=True)
+    if args.only in (None, "sparse"):
+        run_sparse(rows, args.sweep, [8192] if args.quick else [8192, 32768, 65536, 131072])
+    if args.only in (None, "dense"):
+        run_dense(rows, args.sweep, [4096] if args.quick else [4096, 8192])
+    summary(rows.rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
