@@ -179,3 +179,10 @@ def test_both_fillings_equal_q_kt(case, exact):
     if rails > 1:
         a, b = multirail_operands(q, kv, 128 // m, rails, block)
         assert torch.allclose(combine_multirail(ws_formula(a, b), rails), ref, rtol=1e-12, atol=1e-9)
+
+
+def test_illegal_heads_named_before_rails():
+    with pytest.raises(ValueError, match="^q must have M"):
+        qk_multirail_ws(_ints(48, 512), _ints(64, 512), rails=2)
+    with pytest.raises(TypeError, match="^q must have dtype"):
+        qk_official_ws(_ints(64, 512).float(), _ints(64, 512).float())

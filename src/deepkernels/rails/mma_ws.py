@@ -1,7 +1,7 @@
 """Functional model of ``tcgen05.mma.ws.cta_group::1.kind::f16`` with A in tensor memory (the "TS" form).
 
-What the instruction does, as the model implements it (PTX ISA 9.x §9.7.16.10.10.3 tcgen05.mma.ws; the data
-path layouts of §9.7.16.10.5; the seed article §1.2/§2.2/§2.4):
+What the instruction does, as the model implements it (PTX ISA 9.5 §9.7.18.10.10.3 tcgen05.mma.ws; the data
+path layouts of §9.7.18.10.5; the seed article §1.2/§2.2/§2.4):
 
 * Shapes: M ∈ {32, 64, 128}, N ∈ {64, 128, 256}, K = 16 (kind::f16, dense, cta_group::1 only; PTX Table
   "Various combinations of .kind and shapes"). A and B are both f16 or both bf16, D is fp32 (or f16).
@@ -31,7 +31,7 @@ from typing import Sequence
 
 import torch
 
-from .._validate import check_dtype, check_shape, check_tensor
+from .._validate import check_shape, check_tensor
 from .tmem import TMEM_LANES, TensorMemory, columns_for
 
 __all__ = [
@@ -48,7 +48,7 @@ _D_DTYPES = (torch.float32, torch.float16)
 
 @dataclass(frozen=True)
 class DatapathLayout:
-    """Where an MMA with M rows puts row ``r`` / column ``c`` of D in TMEM (PTX §9.7.16.10.5).
+    """Where an MMA with M rows puts row ``r`` / column ``c`` of D in TMEM (PTX §9.7.18.10.5 in ISA 9.5).
 
     ``name`` is the PTX layout letter, ``lane_groups`` the number of M-lane groups N is split over
     (128/M for .ws; 1 for Layout D; Layout F uses 64 of the 128 lanes, 16 per warp, with N unsplit).
@@ -119,6 +119,7 @@ class WsInstr:
 
     @property
     def layout(self) -> DatapathLayout:
+        """The data path layout of this M (.ws): D, E or G."""
         return datapath_layout(self.m, ws=True)
 
     @property
@@ -148,6 +149,7 @@ class WsInstr:
 
     @property
     def ptx(self) -> str:
+        """The PTX opcode the descriptor belongs to."""
         return f"tcgen05.mma.ws.cta_group::1.kind::{self.kind}"
 
 

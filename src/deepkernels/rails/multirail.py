@@ -224,11 +224,16 @@ class QKOnWs:
         return self.instr.d_columns
 
 
-def _run(q, kv, a_groups, b, *, filling, rails, tmem, q_tmem_col, p_tmem_col) -> QKOnWs:
+def _lane_groups_of(q: torch.Tensor) -> int:
+    check_tensor("q", q, ndim=2)
     check_dtype("q", q, (torch.bfloat16, torch.float16))
-    m = q.shape[0]
-    if m not in WS_M:
+    if q.shape[0] not in WS_M:
         raise ValueError(f"q must have M = heads ∈ {WS_M} rows for tcgen05.mma.ws, got shape {list(q.shape)}")
+    return TMEM_LANES // q.shape[0]
+
+
+def _run(q, kv, a_groups, b, *, filling, rails, tmem, q_tmem_col, p_tmem_col) -> QKOnWs:
+    m = q.shape[0]
     if b.shape[0] not in WS_N:
         raise ValueError(f"kv: T = {kv.shape[0]} tokens give N = {b.shape[0]} for the {filling} filling; "
                          f"tcgen05.mma.ws needs N ∈ {WS_N}")
@@ -251,7 +256,7 @@ def qk_official_ws(q: torch.Tensor, kv: torch.Tensor, *, tmem: TensorMemory | No
     multiple of 16. Q takes d/2 columns per lane group from ``q_tmem_col``; P (fp32) N/G columns from
     ``p_tmem_col`` (default: right after Q). Raises ValueError/TypeError naming the argument.
     """
-    a_groups, b = official_operands(q, kv, TMEM_LANES // q.shape[0] if q.shape[0] in WS_M else 1)
+    a_groups, b = official_operands(q, kv, _lane_groups_of(q))
     return _run(q, kv, a_groups, b, filling="official", rails=1, tmem=tmem, q_tmem_col=q_tmem_col,
                 p_tmem_col=p_tmem_col)
 
@@ -266,8 +271,7 @@ def qk_multirail_ws(q: torch.Tensor, kv: torch.Tensor, *, rails: int = 2, block:
     columns per lane group, P rails·T/G. ``rearrange_b=False`` runs the wrong variant
     (:func:`wrong_multirail_operands`), whose ``p`` is not Q·Kᵀ. Raises ValueError/TypeError naming the argument.
     """
-    check_tensor("q", q, ndim=2)
-    groups = TMEM_LANES // q.shape[0] if q.shape[0] in WS_M else 1
+    groups = _lane_groups_of(q)
     fill = multirail_operands if rearrange_b else wrong_multirail_operands
     a_groups, b = fill(q, kv, groups, rails, block)
     name = "multi-rail" if rearrange_b else "multi-rail (B not rearranged)"

@@ -83,25 +83,31 @@ class DecodeConfig:
 
     @property
     def elements_per_column(self) -> int:
+        """Q elements per 32-bit TMEM column (2 for bf16/fp16)."""
         return DTYPES[self.dtype]
 
     @property
     def o_columns(self) -> int:
+        """Columns of the fp32 O accumulator: heads·d_v/128."""
         return self.heads * (self.d if self.d_v is None else self.d_v) // TMEM_LANES
 
     @property
     def q_columns(self) -> int:
+        """Columns of Q (NoPE) per lane group: d/(rails·elements_per_column)."""
         return self.d // (self.rails * self.elements_per_column)
 
     @property
     def q_rope_columns(self) -> int:
+        """Columns of Q's RoPE tail per lane group: d_rope/(rails·elements_per_column)."""
         return self.d_rope // (self.rails * self.elements_per_column)
 
     @property
     def p_columns(self) -> int:
+        """Columns of one fp32 P per lane group: rails·topk_block/lane_groups (N/G)."""
         return self.rails * self.topk_block // self.lane_groups
 
     def with_rails(self, rails: int) -> "DecodeConfig":
+        """The same config with another rail count (validated again)."""
         return DecodeConfig(self.heads, self.d, self.d_rope, self.dtype, self.topk_block, rails, self.d_v,
                             self.p_buffers)
 
@@ -138,10 +144,12 @@ class TmemPlan:
 
     @property
     def used_columns(self) -> int:
+        """One past the last column any region uses."""
         return max((r.end for r in self.regions), default=0)
 
     @property
     def allocated_columns(self) -> int:
+        """Columns tcgen05.alloc would take: the smallest power of two ≥ 32 covering used_columns."""
         n = 32
         while n < self.used_columns:
             n *= 2
@@ -155,6 +163,7 @@ class TmemPlan:
         raise KeyError(f"no TMEM region {name!r}; have {[r.name for r in self.regions]}")
 
     def format(self) -> str:
+        """Human-readable plan: one line per region (name, inclusive column span, width, content)."""
         c = self.config
         head = (f"TMEM plan: heads={c.heads} d={c.d} d_rope={c.d_rope} {c.dtype} topk_block={c.topk_block} "
                 f"rails={c.rails} (M={c.heads}, {c.lane_groups} lane group(s) of {c.heads} lanes)")
@@ -227,10 +236,12 @@ class QKResources:
 
     @property
     def mma_shape(self) -> str:
+        """Whole-GEMM shape as the seed writes it, e.g. "64×128×256"."""
         return f"{self.m}×{self.n}×{self.k}"
 
     @property
     def p_postprocessing(self) -> str:
+        """What P needs after the MMA: "read back, ready to use" or "needs P0 + P1 …"."""
         if not self.reduce_needed:
             return "read back, ready to use"
         return "needs " + " + ".join(f"P{i}" for i in range(self.rails))

@@ -3,12 +3,12 @@
 The model stores raw bits (an int32 tensor ``cells[lane, column]``) so that what sits in a column is exactly
 what the hardware would hold: one fp32 value, or two packed 16-bit values (bf16/f16, the element with the
 lower index in the low half). Reads and writes go through :meth:`TensorMemory.store` and
-:meth:`TensorMemory.load`, which check the lane and column ranges and, when a ``warp`` is named, the access
-restriction of PTX ISA §9.7.16.8.1 (tcgen05 "Access restrictions"): warp ``w`` of a warpgroup (``warpid % 4``)
-may only touch lanes ``32w … 32w+31``.
+:meth:`TensorMemory.load`, which check the lane and column ranges and, when a ``warp`` is named, the
+PTX ISA tcgen05 "Access restrictions" (§9.7.18.8.1 in ISA 9.5): warp ``w`` of a warpgroup (``warpid % 4``) may only
+touch lanes ``32w … 32w+31``.
 
-Sources: PTX ISA 9.x §9.7.16.1 (Tensor Memory: 128 lanes × 512 columns per CTA, 32-bit cells), the seed article
-shared/seeds/multi-rail-gemm.zh.txt §1.3/§1.5, spec/mla.md §8.
+Sources: PTX ISA, tcgen05 "Tensor Memory" (128 lanes × 512 columns per CTA, 32-bit cells; §9.7.18 in ISA 9.5),
+the seed article shared/seeds/multi-rail-gemm.zh.txt §1.3/§1.5, spec/mla.md §8.
 """
 from __future__ import annotations
 
