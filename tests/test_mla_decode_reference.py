@@ -11,23 +11,29 @@ from deepkernels.reference import mla as ref
 pytestmark = pytest.mark.reference
 
 
-def make_case(b, s_q, h_q, h_kv, seqlens, page=64, dtype=torch.bfloat16, d=576, nan_unused=True):
+def make_case(b, s_q, h_q, h_kv, seqlens, page=64, dtype=torch.bfloat16, d=576, nan_unused=True, device="cpu"):
+    """FlashMLA-style inputs: random page permutation, NaN in every KV slot past a sequence's end (and in spare
+    pages), 2147480000 in unused block-table slots. Data is generated on ``device``."""
     seqlens = torch.tensor(seqlens, dtype=torch.int32)
-    maxp = max(1, -(-int(seqlens.max()) // page)) + 1
-    nb = b * maxp + 2
-    k = (torch.randn(nb, page, h_kv, d) / 10).clamp(-1, 1).to(dtype)
-    bt = torch.randperm(nb)[: b * maxp].reshape(b, maxp).int()
-    used = torch.zeros(nb, page, dtype=torch.bool)
+    need = [-(-max(int(n), 0) // page) for n in seqlens]
+    nb = sum(need) + 2
+    width = max(need) + 1
+    perm = torch.randperm(nb)
+    bt = torch.full((b, width), 2147480000, dtype=torch.int32)
+    used = torch.zeros(nb * page, dtype=torch.bool)
+    off = 0
     for i in range(b):
-        n = int(seqlens[i])
-        np_ = -(-n // page)
-        for t in range(n):
-            used[bt[i, t // page], t % page] = True
-        bt[i, np_:] = 2147480000
+        pages = perm[off:off + need[i]]
+        off += need[i]
+        bt[i, :need[i]] = pages.int()
+        tok = torch.arange(need[i] * page)
+        flat = pages.long().repeat_interleave(page) * page + tok % page
+        used[flat[tok < int(seqlens[i])]] = True
+    k = (torch.randn(nb, page, h_kv, d, device=device) / 10).clamp(-1, 1).to(dtype)
     if nan_unused:
-        k[~used] = float("nan")
-    q = (torch.randn(b, s_q, h_q, d) / 10).clamp(-1, 1).to(dtype)
-    return q, k, bt, seqlens
+        k[~used.reshape(nb, page).to(device)] = float("nan")
+    q = (torch.randn(b, s_q, h_q, d, device=device) / 10).clamp(-1, 1).to(dtype)
+    return q, k, bt.to(device), seqlens.to(device)
 
 
 def naive_f64(q, k, bt, seqlens, d_v, scale, causal):

@@ -50,7 +50,7 @@ def _gather_kv(k_cache: torch.Tensor, block_table: torch.Tensor, i: int, n: int)
     if n <= 0:
         return k_cache.new_zeros((0,) + tuple(k_cache.shape[2:]))
     npages = (n + page - 1) // page
-    pages = block_table[i, :npages].long()
+    pages = block_table[i, :npages].long().to(k_cache.device)
     return k_cache[pages].reshape(-1, *k_cache.shape[2:])[:n]
 
 
@@ -58,24 +58,26 @@ def _attend(q: torch.Tensor, k: torch.Tensor, d_v: int, scale: float, limits: li
     """q ``[s_q, h_q, d]``, k ``[n, h_kv, d]`` → (O/L ``[s_q, h_q, d_v]``, natural lse ``[s_q, h_q]``) in ``dtype``.
 
     Keys ``>= limits[i]`` are masked for query position i; rows with no key give O 0 and lse +inf.
+    Query head h reads kv head ``h // (h_q // h_kv)`` (computed grouped, without repeating K).
     """
-    s_q, h_q, _ = q.shape
+    s_q, h_q, d = q.shape
     n, h_kv = k.shape[0], k.shape[1]
     group = h_q // h_kv
-    qf = q.to(dtype)
+    qf = q.to(dtype).reshape(s_q, h_kv, group, d)
     kf = k.to(dtype)
-    kk = kf.repeat_interleave(group, dim=1)                          # [n, h_q, d]
-    s = torch.einsum("shd,nhd->shn", qf, kk) * scale                  # [s_q, h_q, n]
-    pos = torch.arange(n)
-    lim = torch.tensor(limits)
-    mask = pos[None, :] < lim[:, None]                                # [s_q, n]
-    s = torch.where(mask[:, None, :], s, torch.tensor(float("-inf"), dtype=dtype))
-    lse = torch.logsumexp(s, dim=-1) if n > 0 else torch.full((s_q, h_q), float("-inf"), dtype=dtype)
+    s = torch.einsum("skgd,nkd->skgn", qf, kf).reshape(s_q, h_q, n) * scale      # [s_q, h_q, n]
+    pos = torch.arange(n, device=q.device)
+    lim = torch.tensor(limits, device=q.device)
+    mask = pos[None, :] < lim[:, None]                                            # [s_q, n]
+    s = torch.where(mask[:, None, :], s, torch.tensor(float("-inf"), dtype=dtype, device=q.device))
+    if n > 0:
+        lse = torch.logsumexp(s, dim=-1)
+    else:
+        lse = torch.full((s_q, h_q), float("-inf"), dtype=dtype, device=q.device)
     empty = torch.isneginf(lse)
     p = torch.exp(s - torch.where(empty, torch.zeros_like(lse), lse)[..., None])
     p = torch.where(mask[:, None, :], p, torch.zeros_like(p))
-    v = kk[..., :d_v]
-    o = torch.einsum("shn,nhd->shd", p, v)
+    o = torch.einsum("skgn,nkd->skgd", p.reshape(s_q, h_kv, group, n), kf[..., :d_v]).reshape(s_q, h_q, d_v)
     o = torch.where(empty[..., None], torch.zeros_like(o), o)
     lse = torch.where(empty, torch.full_like(lse, float("inf")), lse)
     return o, lse
@@ -103,10 +105,10 @@ def dense_decode(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tens
     seqlens = cache_seqlens.tolist()
     for i in range(b):
         n = max(int(seqlens[i]), 0)
-        k = _gather_kv(k_cache, block_table, i, n).cpu()
-        o, l_ = _attend(q[i].cpu(), k, head_dim_v, scale, _key_limits(n, s_q, causal), compute_dtype)
-        out[i] = o.to(q.dtype).to(q.device)
-        lse[i] = l_.transpose(0, 1).float().to(q.device)
+        k = _gather_kv(k_cache, block_table, i, n)
+        o, l_ = _attend(q[i], k, head_dim_v, scale, _key_limits(n, s_q, causal), compute_dtype)
+        out[i] = o.to(q.dtype)
+        lse[i] = l_.transpose(0, 1).float()
     return out, lse
 
 

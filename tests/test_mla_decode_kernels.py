@@ -1,0 +1,232 @@
+"""Interpret, compile and GPU tiers for dense MLA decode (scheduler kernel, split-KV kernel, combine)."""
+import re
+
+import pytest
+import torch
+
+import deepkernels as dk
+import deepkernels.mla.decode as dec
+from deepkernels.reference import mla as ref
+from deepkernels.testing.numerics import check_is_allclose
+
+from test_mla_decode_reference import make_case
+
+
+@pytest.fixture
+def poison():
+    dec._POISON_OUTPUTS = True
+    yield
+    dec._POISON_OUTPUTS = False
+
+
+def _run_and_check(q, k, bt, sl, causal, tol_out=(8e-4, 2.01 / 128, 5e-6), tol_lse=(1e-6, 8.01 / 65536),
+                   scale=None):
+    meta, _ = dk.get_mla_metadata()
+    o, l = dk.flash_mla_with_kvcache(q, k, bt, sl, 512, meta, softmax_scale=scale, causal=causal)
+    o_ref, l_ref = ref.dense_decode(q, k, bt, sl, 512, scale, causal)
+    assert not torch.isnan(o).any() and not torch.isnan(l).any()
+    assert check_is_allclose("out", o, o_ref, *tol_out)
+    assert check_is_allclose("lse", l, l_ref, *tol_lse)
+    return meta
+
+
+# ------------------------------------------------------------------ interpreter tier (tiny shapes, fp16)
+INTERP_CASES = [
+    # b, s_q, h_q, h_kv, seqlens, causal, page
+    (2, 1, 16, 1, [100, 300], False, 64),
+    (3, 2, 8, 2, [0, 130, 70], True, 64),      # B01 zero-length + causal MTP + h_kv 2
+    (1, 4, 4, 1, [3], True, 64),               # rows with no key: out 0, lse +inf
+    (2, 1, 64, 1, [200, 20], False, 16),       # 64-row tile, page size 16
+    (1, 1, 3, 1, [70], False, 64),             # B05 last page partly used, NaN past the end
+]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("case", INTERP_CASES)
+def test_interpret_dense_decode(case, poison):
+    b, s_q, h_q, h_kv, seqlens, causal, page = case
+    q, k, bt, sl = make_case(b, s_q, h_q, h_kv, seqlens, page=page, dtype=torch.float16)
+    meta = _run_and_check(q, k, bt, sl, causal, tol_out=(2e-3, 2.01 / 128, 5e-5), tol_lse=(1e-5, 8.01 / 65536))
+    assert int(meta.num_splits[-1]) >= b
+
+
+@pytest.mark.interpret
+def test_interpret_noncontiguous_q_and_block_table():
+    q, k, bt, sl = make_case(2, 2, 8, 1, [65, 129], dtype=torch.float16)
+    qb = torch.randn(2, 3, 8, 700).half()
+    qb[:, :2, :, :576] = q
+    btb = torch.full((2, bt.shape[1] * 2), 7, dtype=torch.int32)
+    btb[:, ::2] = bt
+    _run_and_check(qb[:, :2, :, :576], k, btb[:, ::2], sl, True, tol_out=(2e-3, 2.01 / 128, 5e-5),
+                   tol_lse=(1e-5, 8.01 / 65536))
+
+
+@pytest.mark.interpret
+def test_interpret_scheduler_kernel_matches_reference():
+    from deepkernels.mla.metadata import compute_schedule
+    for b, parts in [(1, 1), (5, 3), (37, 132), (200, 17)]:
+        c = torch.randint(0, 3000, (b,), dtype=torch.int32)
+        c[torch.rand(b) < 0.3] = 0
+        m, n = compute_schedule(c, parts)
+        m2, n2 = ref.linear_schedule(c, parts)
+        assert torch.equal(m, m2) and torch.equal(n, n2)
+
+
+@pytest.mark.interpret
+def test_interpret_combine_with_sink():
+    from deepkernels.mla.combine import combine_splits_
+    b, s_q, h_q = 3, 2, 10
+    ns = torch.tensor([0, 1, 4, 6], dtype=torch.int32)
+    o = torch.randn(7, s_q, h_q, 512)
+    l2 = torch.randn(7, s_q, h_q) * 3
+    l2[4:6, :, 3] = float("-inf")                 # request 2 head 3: every split empty
+    sink = torch.randn(h_q)
+    sink[0], sink[1] = float("inf"), float("-inf")
+    out = torch.full((b, s_q, h_q, 512), float("nan"), dtype=torch.float16)
+    lse = torch.full((b, h_q, s_q), float("nan"))
+    combine_splits_(out, lse, o, l2, ns, attn_sink=sink, all_requests=True)
+    o_ref, l_ref = ref.combine_splits(o, l2, ns, torch.float16, attn_sink=sink)
+    assert check_is_allclose("out", out, o_ref, 1e-3, 2.01 / 128, 5e-6)
+    assert check_is_allclose("lse", lse, l_ref, 1e-6, 8.01 / 65536)
+    assert torch.isposinf(lse[2, 3]).all() and (out[2, :, 3] == 0).all()
+
+
+# ------------------------------------------------------------------ compile tier (production configs, sm90)
+_SIG = dict(q_ptr="*bf16", k_ptr="*bf16", bt_ptr="*i32", seqlens_ptr="*i32", meta_ptr="*i32", nsplits_ptr="*i32",
+            out_ptr="*bf16", lse_ptr="*fp32", oacc_ptr="*fp32", lacc_ptr="*fp32",
+            stride_qb="i64", stride_qs="i64", stride_qh="i64", stride_kb="i64", stride_kt="i64", stride_kh="i64",
+            stride_btb="i32", max_pages="i32", num_kv_blocks="i32", b="i32", s_q="i32", h_q="i32", group="i32",
+            rows="i32", num_m_blocks="i32", h_kv="i32", acc_rows="i32", sm_scale="fp32", sm_scale_log2="fp32")
+# Arguments Triton specialises as 16-divisible at a real launch (aligned pointers, multiple-of-16 strides); without
+# them the compile would not vectorise the KV loads and the pipeliner would skip them (not what runs on the GPU).
+_DIV16 = ["q_ptr", "k_ptr", "bt_ptr", "seqlens_ptr", "meta_ptr", "nsplits_ptr", "out_ptr", "lse_ptr", "oacc_ptr",
+          "lacc_ptr", "stride_qb", "stride_qs", "stride_qh", "stride_kb", "stride_kt", "stride_kh"]
+
+
+def compile_decode_config(bm, bn, warps, stages, causal=False):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from deepkernels.mla._dense_decode_kernels import _mla_decode_fwd_kernel as kern
+    ce = dict(CAUSAL=causal, PAGE=64, SBLOCK=64, BLOCK_M=bm, BLOCK_N=bn, D_NOPE=512, D_PE=64, UPCAST=False,
+              NUM_STAGES=stages)
+    sig = dict(_SIG, **{k: "constexpr" for k in ce})
+    attrs = {(kern.arg_names.index(n),): [["tt.divisibility", 16]] for n in _DIV16}
+    return triton.compile(ASTSource(kern, signature=sig, constexprs=ce, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("key,causal", [(16, False), (32, False), (64, False), (64, True)])
+def test_compile_production_configs(key, causal):
+    from deepkernels.testing.compile import SM90_SMEM_LIMIT
+    bm, bn, warps, stages, _ = dec._CONFIGS[key]
+    c = compile_decode_config(bm, bn, warps, stages, causal)
+    ptx, ttgir = c.asm["ptx"], c.asm["ttgir"]
+    assert c.metadata.shared <= SM90_SMEM_LIMIT
+    assert not re.search(r"\.local\b|ld\.local|st\.local", ptx), "register spills / local memory"
+    assert "async_copy_global_to_local" in ttgir, "KV loads are not pipelined"
+    if bm >= 64:
+        assert "wgmma.mma_async" in ptx
+
+
+@pytest.mark.compile
+def test_compile_scheduler_and_combine():
+    from deepkernels.mla.combine import _mla_decode_combine_kernel
+    from deepkernels.mla.metadata import _mla_sched_metadata_kernel
+    from deepkernels.testing.compile import compile_sm90
+    c = compile_sm90(_mla_sched_metadata_kernel, dict(counts_ptr="*i32", meta_ptr="*i32", nsplits_ptr="*i32",
+                                                      b="i32", num_parts="i32"),
+                     dict(OVERHEAD=5, SBLOCK=64, CHUNK=128, PARTS=32), num_warps=4)
+    assert not c.uses_local_memory
+    c = compile_sm90(_mla_decode_combine_kernel,
+                     dict(oacc_ptr="*fp32", lacc_ptr="*fp32", nsplits_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32",
+                          sink_ptr="*fp32", s_q="i32", h_q="i32", acc_rows="i32"),
+                     dict(HAS_SINK=True, ALL_REQUESTS=False, HEADS=8, D_V=512), num_warps=4)
+    assert not c.uses_local_memory
+
+
+# ------------------------------------------------------------------ GPU tier (FlashMLA tolerances)
+GPU_GRID = [
+    # b, s_q, s_k, h_q, h_kv, varlen, causal
+    (b, s_q, s_k, h_q, h_kv, varlen, causal)
+    for b in (2, 64) for s_q in (1, 2, 4) for s_k in (20, 140, 4096)
+    for (h_q, h_kv) in ((1, 1), (9, 3), (16, 1), (63, 1), (64, 2), (128, 1), (128, 8))
+    for varlen, causal in ((False, False), (True, True))
+    if not (b == 64 and s_k == 4096 and (h_q < 64 or h_kv == 8))
+]
+
+
+def _gpu_case(b, s_q, s_k, h_q, h_kv, varlen, zero_frac=0.0):
+    if varlen:
+        sl = torch.clamp(torch.normal(float(s_k), s_k / 2, (b,)), min=s_q).int()
+    else:
+        sl = torch.full((b,), s_k, dtype=torch.int32)
+    if zero_frac:
+        sl[torch.rand(b) < zero_frac] = 0
+    return make_case(b, s_q, h_q, h_kv, sl.tolist(), device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b,s_q,s_k,h_q,h_kv,varlen,causal", GPU_GRID[::3])
+def test_gpu_dense_decode_grid(b, s_q, s_k, h_q, h_kv, varlen, causal, poison):
+    q, k, bt, sl = _gpu_case(b, s_q, s_k, h_q, h_kv, varlen)
+    _run_and_check(q, k, bt, sl, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h_q,h_kv", [(16, 1), (128, 1), (64, 2)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_corner_zero_seqlens(h_q, h_kv, causal, poison):
+    q, k, bt, sl = _gpu_case(128, 2, 4096, h_q, h_kv, True, zero_frac=0.5)
+    _run_and_check(q, k, bt, sl, causal)
+
+
+@pytest.mark.gpu
+def test_gpu_b01_empty_request(poison):
+    q, k, bt, sl = make_case(2, 1, 128, 1, [0, 130])
+    _run_and_check(q.cuda(), k.cuda(), bt.cuda(), sl.cuda(), False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("s_k", [16384, 16385])
+def test_gpu_b23_mtp_causal_long(s_k, poison):
+    q, k, bt, sl = make_case(2, 2, 8, 1, [s_k, s_k - 7])
+    _run_and_check(q.cuda(), k.cuda(), bt.cuda(), sl.cuda(), True)
+
+
+@pytest.mark.gpu
+def test_gpu_noncontiguous_q_and_schedule_reuse(poison):
+    q, k, bt, sl = make_case(4, 2, 64, 1, [300, 1, 5000, 64])
+    qb = torch.randn(4, 2, 64, 704, dtype=torch.bfloat16)
+    qb[..., :576] = q
+    meta = _run_and_check(qb[..., :576].cuda(), k.cuda(), bt.cuda(), sl.cuda(), True)
+    o1, _ = dk.flash_mla_with_kvcache(qb[..., :576].cuda(), k.cuda(), bt.cuda(), sl.cuda(), 512, meta, causal=True)
+    o2, _ = dk.flash_mla_with_kvcache(qb[..., :576].cuda(), k.cuda(), bt.cuda(), sl.cuda(), 512, meta, causal=True)
+    assert torch.equal(o1, o2)
+
+
+@pytest.mark.gpu
+def test_gpu_huge_logits_max_gives_one():
+    q, k, bt, sl = make_case(1, 1, 16, 1, [100], nan_unused=False)
+    q.fill_(0.5)
+    k.fill_(0.5)
+    meta, _ = dk.get_mla_metadata()
+    o, l = dk.flash_mla_with_kvcache(q.cuda() * 4096, k.cuda() * 4096, bt.cuda(), sl.cuda(), 512, meta)
+    assert torch.isfinite(l).all() and not torch.isnan(o).any()
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture():
+    q, k, bt, sl = [t.cuda() for t in make_case(8, 1, 16, 1, [100, 2000, 0, 64, 65, 1, 4096, 300])]
+    meta, _ = dk.get_mla_metadata()
+    dk.flash_mla_with_kvcache(q, k, bt, sl, 512, meta)       # warm up / compile
+    meta2, _ = dk.get_mla_metadata()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o, l = dk.flash_mla_with_kvcache(q, k, bt, sl, 512, meta2)
+    g.replay()
+    torch.cuda.synchronize()
+    o_ref, _ = ref.dense_decode(q.cpu(), k.cpu(), bt.cpu(), sl.cpu(), 512)
+    assert check_is_allclose("out", o.cpu(), o_ref, 8e-4, 2.01 / 128, 5e-6)
