@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from .cases import build_cases
     from .runner import analytical_rows, provenance, run_case
 
-    console = Console()
+    console = Console(width=max(Console().width, 150))
     device = "cuda" if gpu else "cpu"
     prov = provenance()
     mode = (f"GPU {prov.get('gpu')}: checked, then timed (median of triton.testing.do_bench)" if gpu else
