@@ -169,7 +169,7 @@ def _gpu_case(b, s_q, s_k, h_q, h_kv, varlen, zero_frac=0.0):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("b,s_q,s_k,h_q,h_kv,varlen,causal", GPU_GRID[::3])
+@pytest.mark.parametrize("b,s_q,s_k,h_q,h_kv,varlen,causal", GPU_GRID[::4])
 def test_gpu_dense_decode_grid(b, s_q, s_k, h_q, h_kv, varlen, causal, poison):
     q, k, bt, sl = _gpu_case(b, s_q, s_k, h_q, h_kv, varlen)
     _run_and_check(q, k, bt, sl, causal)
