@@ -214,22 +214,40 @@ def test_packed_cache_paths_agree(fmt, kv_lora_rank):
     assert c_abs.bytes_per_token == {"v32": 656, "model1": 584, "v41": 528, "fp4": 288}[fmt]
 
 
+# ---- the real Triton decode kernel under TRITON_INTERPRET=1 ----------------------------------------------
+@pytest.mark.interpret
+@torch.no_grad()
+def test_absorbed_through_interpreted_kernel():
+    cfg = tiny_cfg()
+    ref, low = pair(cfg)
+    c_abs = PagedLatentCache(1, 128, 576, "bf16", block_table=torch.tensor([[1, 0]], dtype=torch.int32))
+    c_ref = PagedLatentCache(1, 128, 576, "fp64")
+    for n in (5, 1):
+        x = torch.randn(1, n, 64, dtype=torch.float64)
+        y = low(x.bfloat16(), c_abs, path="absorbed")
+        assert low.last_route == "dense"
+        assert rel_err(y, ref(x, c_ref, path="naive")) < 2e-2
+
+
 # ---- device: the real kernel at DeepSeek-V3 head counts ------------------------------------------------
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["bf16", "v32"])
 @torch.no_grad()
-def test_absorbed_v3_heads_on_device():
-    cfg = MLAConfig.deepseek_v3(hidden_size=1024, q_lora_rank=256)       # 128 heads, 576/512 latent, YaRN
-    ref = MLAAttention(cfg, dtype=torch.float32, device="cuda")
+def test_absorbed_v3_heads_on_device(fmt, device="cuda"):
+    """DeepSeek-V3 attention geometry (128 heads, 576/512 latent, YaRN) through the real decode kernel."""
+    cfg = MLAConfig.deepseek_v3(hidden_size=1024, q_lora_rank=256)
+    ref = MLAAttention(cfg, dtype=torch.float32, device=device)
     for p in ref.parameters():
         torch.nn.init.normal_(p, std=0.03)
-    low = MLAAttention(cfg, dtype=torch.bfloat16, device="cuda")
+    low = MLAAttention(cfg, dtype=torch.bfloat16, device=device)
     low.load_state_dict(ref.state_dict())
     b = 4
-    c_abs = PagedLatentCache(b, 1024, 576, "bf16", device="cuda")
-    c_ref = PagedLatentCache(b, 1024, 576, "fp32", device="cuda")
+    c_abs = PagedLatentCache(b, 1024, 576, fmt, device=device,
+                             block_table=torch.randperm(b * 16, device=device).to(torch.int32).view(b, 16))
+    c_ref = PagedLatentCache(b, 1024, 576, "fp32", device=device)
     for n in (300, 1, 1):
-        x = torch.randn(b, n, 1024, device="cuda")
+        x = torch.randn(b, n, 1024, device=device)
         y = low(x.bfloat16(), c_abs, path="absorbed")
         y_ref = ref(x, c_ref, path="naive")
         assert low.last_route == "dense"
-        assert rel_err(y, y_ref) < 2e-2
+        assert rel_err(y, y_ref) < (2e-2 if fmt == "bf16" else 8e-2)
