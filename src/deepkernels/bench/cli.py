@@ -25,6 +25,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--json", metavar="PATH", help="write all rows with provenance to PATH")
     b.add_argument("--plot", metavar="PATH", help="write a roofline PNG of the measured rows (GPU runs)")
     b.add_argument("--cpu", action="store_true", help="run the CPU mode even when a GPU is present")
+    from deepkernels.rails.cli import add_rails_parser
+
+    add_rails_parser(sub)
     return p
 
 
@@ -35,6 +38,8 @@ def _fmt(x, spec):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
+    if args.command == "rails":
+        return args._rails_func(args)
 
     import torch
 
