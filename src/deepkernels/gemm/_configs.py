@@ -17,7 +17,8 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     split_k: int = 1
-    progs_per_sm: int = 1       # persistent programs per SM (2 lets two CTAs overlap MMA and promotion)
+    progs_per_sm: int = 1       # persistent programs per SM (2 lets two CTAs overlap MMA and promotion);
+                                # 0 = not persistent (one program per tile)
     group_m: int = 8            # L2 tile grouping along M
     tma_store: bool = False     # TMA store of D (needs 16-B aligned D rows; falls back to masked stores)
     block_k: int = 128
@@ -47,11 +48,14 @@ FP8_SMALL_M_CANDIDATES = [
     *[_c(64, 128, 4, 8, sk, 1) for sk in (1, 2)],
     *[_c(64, 256, 8, 4, sk, 1) for sk in (1, 2)],
     _c(128, 128, 8, 4, 1, 1),
+    *[_c(64, 128, 4, 4, sk, 0) for sk in (1, 2)],
 ]
 FP8_LARGE_M_CANDIDATES = [
     _c(128, 128, 8, 4, 1, 1),
+    _c(128, 128, 8, 4, 1, 0),
     _c(128, 128, 8, 4, 1, 1, tma=True),
     _c(64, 128, 4, 4, 1, 2),
+    _c(64, 128, 4, 4, 1, 0),
     _c(64, 256, 8, 4, 1, 1),
     _c(64, 256, 8, 3, 1, 1, tma=True),
 ]
@@ -65,6 +69,7 @@ BF16_CANDIDATES = [
     _c(128, 128, 8, 4, bk=64),
     _c(64, 128, 4, 6, 1, 2, bk=64),
     _c(64, 128, 4, 6, 2, 2, bk=64),
+    _c(128, 128, 8, 4, 1, 0, bk=64),
     _c(64, 64, 4, 8, 4, 2, bk=64),
 ]
 

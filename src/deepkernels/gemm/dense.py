@@ -163,6 +163,8 @@ def _early_exit(d: torch.Tensor, c, m: int, n: int, k: int) -> bool:
 # --------------------------------------------------------------------------------------------- launchers
 def _grid(m: int, n: int, cfg: GemmConfig) -> tuple[int, int]:
     tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n) * cfg.split_k
+    if cfg.progs_per_sm == 0:  # not persistent: one program per tile
+        return tiles, tiles
     return tiles, max(1, min(tiles, get_num_sms() * cfg.progs_per_sm))
 
 
