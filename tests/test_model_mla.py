@@ -214,6 +214,41 @@ def test_packed_cache_paths_agree(fmt, kv_lora_rank):
     assert c_abs.bytes_per_token == {"v32": 656, "model1": 584, "v41": 528, "fp4": 288}[fmt]
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("fmt,kv_lora_rank", [("v32", 512), ("model1", 448)])
+def test_sparse_route_indices(monkeypatch, fmt, kv_lora_rank):
+    """The sparse FP8 route's per-query index lists (physical page·B + row, causal, -1 padded to 64) select
+    exactly the tokens the dense route attends to. The sparse kernel is stood in for by a float32 gather."""
+    quant = _need_quant()
+    import deepkernels
+    from deepkernels.model import mla as mla_mod
+
+    def fake_sparse(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, softmax_scale=None,
+                    is_fp8_kvcache=False, indices=None, **kw):
+        assert is_fp8_kvcache and indices.dtype == torch.int32 and indices.shape[-1] % 64 == 0
+        rows = quant.dequantize_kv_cache(k_cache, fmt).flatten(0, 2).float()     # [num_blocks·B, d_qk]
+        kv = rows[indices.clamp(min=0).long()]                                     # [b, s_q, topk, d]
+        sc = torch.einsum("bshd,bstd->bsht", q.float(), kv) * softmax_scale
+        sc = sc.masked_fill((indices < 0)[:, :, None, :], float("-inf"))
+        out = torch.einsum("bsht,bstd->bshd", torch.softmax(sc, -1), kv[..., :head_dim_v])
+        return out.to(q.dtype), None
+
+    monkeypatch.setattr(mla_mod, "_flash_mla", lambda: (fake_sparse, deepkernels.get_mla_metadata))
+    cfg = tiny_cfg(kv_lora_rank=kv_lora_rank)
+    _, low = pair(cfg)
+    perm = torch.randperm(6).to(torch.int32).view(2, 3)
+    c_sp = PagedLatentCache(2, 192, cfg.kv_cache_dim, fmt, block_table=perm.clone())
+    c_dn = PagedLatentCache(2, 192, cfg.kv_cache_dim, fmt, block_table=perm.clone())
+    for n in (70, 1, 3):
+        x = torch.randn(2, n, 64).bfloat16()
+        y_sp = low(x, c_sp, path="absorbed", route="auto")
+        assert low.last_route == "sparse"
+        monkeypatch.setattr(mla_mod, "_flash_mla", lambda: None)                # dense reference route
+        y_dn = low(x, c_dn, path="absorbed", route="dense")
+        monkeypatch.setattr(mla_mod, "_flash_mla", lambda: (fake_sparse, deepkernels.get_mla_metadata))
+        assert rel_err(y_sp, y_dn) < 1e-2
+
+
 # ---- the real Triton decode kernel under TRITON_INTERPRET=1 ----------------------------------------------
 @pytest.mark.interpret
 @torch.no_grad()

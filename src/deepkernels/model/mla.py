@@ -115,7 +115,7 @@ def _sparse_route(q, cache: PagedLatentCache, softmax_scale: float, d_v: int, op
     indices = torch.where(j[None, None, :] < visible[..., None], phys[:, None, :], -1).to(torch.int32)
     meta, _ = get_meta()
     try:
-        return fn(q, cache.k_cache, None, None, d_v, meta, softmax_scale=softmax_scale,
+        return fn(q, cache.k_cache, cache.block_table, cache.cache_seqlens, d_v, meta, softmax_scale=softmax_scale,
                   is_fp8_kvcache=True, indices=indices.contiguous())
     except (NotImplementedError, ValueError) as e:  # path absent, or this head count/format unsupported
         raise NotImplementedError(f"sparse FP8 route unavailable: {e}") from e
