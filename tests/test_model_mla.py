@@ -140,6 +140,32 @@ def test_absorbed_matches_naive_bf16_paged_prefill_and_decode():
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("fmt", ["bf16", "v32"])
+def test_decode_batch_of_different_lengths(fmt):
+    """Requests prefilled separately (70 and 5 tokens) through cache.select, then decoded together."""
+    if fmt != "bf16":
+        _need_quant()
+    cfg = tiny_cfg()
+    ref, low = pair(cfg)
+    perm = torch.randperm(4).to(torch.int32).view(2, 2)
+    c_low = PagedLatentCache(2, 128, 576, fmt, block_table=perm.clone())
+    c_ref = [PagedLatentCache(1, 128, 576, "fp64") for _ in range(2)]
+    xs = [torch.randn(1, 70, 64, dtype=torch.float64), torch.randn(1, 5, 64, dtype=torch.float64)]
+    for i, x in enumerate(xs):
+        low(x.bfloat16(), c_low.select([i]), path="absorbed")
+        ref(x, c_ref[i], path="naive")
+    assert c_low.cache_seqlens.tolist() == [70, 5]
+    for _ in range(2):
+        x = torch.randn(2, 1, 64, dtype=torch.float64)
+        y = low(x.bfloat16(), c_low, path="absorbed")
+        y_ref = torch.cat([ref(x[i:i + 1], c_ref[i], path="naive") for i in range(2)])
+        assert rel_err(y, y_ref) < (2e-2 if fmt == "bf16" else 8e-2)
+    assert c_low.cache_seqlens.tolist() == [72, 7]
+    with pytest.raises(ValueError, match="ids"):
+        c_low.select([2])
+
+
+@torch.no_grad()
 def test_fold_output_and_no_cache():
     cfg = tiny_cfg()
     ref, low = pair(cfg)

@@ -13,6 +13,8 @@ holds exactly what a one-shot quantization of all rows would (tests/test_model_m
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from .kv_accounting import KV_FORMAT_BYTES, KV_FORMAT_DIMS
@@ -94,6 +96,20 @@ class PagedLatentCache:
             return KV_FORMAT_BYTES[self.fmt]
         return self.d_qk * self.k_cache.element_size()
 
+    def select(self, ids) -> "PagedLatentCache":
+        """A cache over requests ``ids`` (a list or int64 tensor of request indices) that shares this cache's pages.
+
+        Appending to it writes into the shared ``k_cache`` and advances this cache's ``cache_seqlens[ids]``, so
+        requests can be prefilled separately (different lengths) and then decoded together.
+        """
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.cache_seqlens.device).flatten()
+        if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= self.batch:
+            raise ValueError(f"ids must be non-empty request indices in [0, {self.batch}), got {ids.tolist()}")
+        sub = copy.copy(self)
+        sub.block_table, sub.cache_seqlens, sub.batch = self.block_table[ids], self.cache_seqlens[ids], ids.numel()
+        sub._parent = (self, ids)
+        return sub
+
     def _slots(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions ``[b, s]`` → (page ids, rows in page), each ``[b, s]`` int64."""
         logical = positions // self.page_block_size
@@ -120,6 +136,9 @@ class PagedLatentCache:
         else:
             self._write_packed(pages.flatten(), rows.flatten(), latent.reshape(-1, self.d_qk))
         self.cache_seqlens += s
+        parent = getattr(self, "_parent", None)
+        if parent is not None:
+            parent[0].cache_seqlens[parent[1]] = self.cache_seqlens
         return positions
 
     def _write_packed(self, pages: torch.Tensor, rows: torch.Tensor, latent: torch.Tensor) -> None:
