@@ -161,9 +161,11 @@ def _dense_prefill_fwd_kernel(
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) by d_qk. 8 warps put two warpgroups on the 128 query rows
-# (Triton assigns all warps to M for chained dots). Chosen by benchmarks/mla_prefill.py --sweep.
+# (Triton assigns all warps to M for chained dots). Chosen by benchmarks/mla_prefill.py --sweep on the H200
+# (results/mla_prefill-h200-a161c54.json): (128, 128, 8, 2) best for d_qk 192 in all 4 shapes (+6-16% over
+# BLOCK_N 64); for 128 within 2% of (128, 128, 8, 3).
 DENSE_CONFIGS = {
-    192: (128, 64, 8, 2),
+    192: (128, 128, 8, 2),
     128: (128, 128, 8, 2),
 }
 DENSE_CANDIDATES = {

@@ -142,7 +142,9 @@ def _sparse_prefill_fwd_kernel(
 # accumulator at 128 registers/thread over two warpgroups (FlashMLA's split of V into 2 x 256), but Triton
 # puts all 8 warps on M for the chained QK dot, so with 64 heads both warpgroups compute the same S
 # (QK work doubled). TRANS_S=True (S^T, 128 tokens on M) avoids that but its 147 KB K tile leaves room for
-# one stage only. The candidates are timed by benchmarks/mla_prefill.py --sweep (notes/mla_prefill.md).
+# one stage only. The candidates are timed by benchmarks/mla_prefill.py --sweep (notes/mla_prefill.md);
+# on the H200 (results/mla_prefill-h200-a161c54.json) (64, 64, 8, 2, False) won at every s_kv: 236-260
+# TFLOPS vs 210-256 for the S^T variant, 176-188 for BLOCK_N 32, 153-163 for S^T at BLOCK_N 64.
 SPARSE_CANDIDATES = [
     (64, 64, 8, 2, False),
     (64, 32, 8, 3, False),
