@@ -95,3 +95,11 @@ def test_bench_cpu_mode_runs_the_kernels(tmp_path):
     assert res["rows"] and all(r["status"] == "PASS" for r in res["rows"])
     assert all(r.get("us") is None for r in res["rows"])  # no invented timings without a GPU
     assert res["analytical"] and all(a["kind"] == "analytical" for a in res["analytical"])
+
+
+@pytest.mark.reference
+def test_roofline_subcommand(capsys):
+    from deepkernels.bench.cli import main
+
+    assert main(["roofline", "--gpu", "h200", "--heads", "128"]) == 0
+    assert "H200" in capsys.readouterr().out

@@ -25,9 +25,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--json", metavar="PATH", help="write all rows with provenance to PATH")
     b.add_argument("--plot", metavar="PATH", help="write a roofline PNG of the measured rows (GPU runs)")
     b.add_argument("--cpu", action="store_true", help="run the CPU mode even when a GPU is present")
+    from deepkernels.model.roofline import add_roofline_parser
     from deepkernels.rails.cli import add_rails_parser
 
     add_rails_parser(sub)
+    add_roofline_parser(sub)
     return p
 
 
@@ -40,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "rails":
         return args._rails_func(args)
+    if args.command == "roofline":
+        from deepkernels.model.roofline import run_roofline
+
+        return run_roofline(args)
 
     import torch
 
