@@ -1,4 +1,303 @@
-"""Sparse top-k MLA decode over FP8/FP4 KV caches (FlashMLA V3.2, MODEL1, V4.1, FP4)."""
+"""Sparse top-k MLA decode over FP8/FP4 KV caches (FlashMLA V3.2, MODEL1, V4.1, FP4) -- the sparse path of
+``flash_mla_with_kvcache``.
+
+``deepkernels.mla.decode.flash_mla_with_kvcache`` routes every call with ``indices`` here
+(:func:`_sparse_decode_forward`). Semantics: :mod:`deepkernels.reference.mla_sparse` (FlashMLA
+``flash_mla_with_kvcache`` sparse mode, spec/mla.md §1.2, §2, §3, §4, §9). Kernels:
+:mod:`deepkernels.mla._sparse_kernels` (split-KV stage + combine), scheduled by
+:func:`deepkernels.mla.metadata.compute_schedule` driven by the per-request token count
+(``topk_length`` or ``topk``; with an extra cache ``64*ceil(n_main/64) + n_extra``, FlashMLA's rule).
+
+Batch-invariant mode (no split-KV, so a request's result never depends on the other requests of the batch): call
+``deepkernels.set_sparse_decode_batch_invariant(True)`` or set ``DEEPKERNELS_BATCH_INVARIANT=1`` in the
+environment; each (request, query position, head block) is then computed by one program in one pass.
+"""
 from __future__ import annotations
 
-__all__: list[str] = []
+import math
+import os
+from typing import Optional
+
+import torch
+
+from .._backend import device_of, interpret_mode, use_kernels
+from .._validate import check_tensor
+from ..quant.kvcache import KV_FORMATS
+from ..reference.mla_sparse import detect_sparse_formats, sparse_decode_ref
+from .metadata import FIXED_OVERHEAD_BLOCKS, SCHED_BLOCK, compute_schedule
+
+__all__ = ["set_sparse_decode_batch_invariant", "sparse_decode_batch_invariant", "SPARSE_DECODE_CONFIGS"]
+
+_LOG2E = 1.4426950408889634
+_CACHE_DTYPES = (torch.float8_e4m3fn, torch.int8, torch.uint8)
+
+# Config table by h_q: (BLOCK_H, BLOCK_N, num_warps, num_stages, parts_per_sm). BLOCK_H <= 64 keeps the
+# [64, 512] fp32 accumulator at 128 registers/thread over two warpgroups (a 128-head accumulator is the whole
+# register file, which is why FlashMLA splits h_q=128 over a 2-CTA cluster; plain Triton has no DSMEM, so h_q=128
+# runs as two 64-head programs that each dequantise the tokens). Every entry compiles for sm90 without local
+# memory within 227 KB of shared memory (tests/test_mla_sparse_kernels.py, compile tier); the candidates timed on
+# the H200 are in benchmarks/mla_sparse_decode.py (--sweep).
+SPARSE_DECODE_CONFIGS = {
+    16: (16, 64, 4, 2, 1),
+    32: (32, 64, 4, 2, 1),
+    64: (64, 64, 8, 2, 1),
+    128: (64, 64, 8, 2, 1),
+}
+_BATCH_INVARIANT = os.environ.get("DEEPKERNELS_BATCH_INVARIANT", "0") not in ("", "0")
+_POISON_OUTPUTS = False   # test knob: fill out/lse/accumulators with NaN before launch (checks every element is written)
+
+
+def set_sparse_decode_batch_invariant(enabled: bool) -> None:
+    """Disable (True) or re-enable (False) split-KV for sparse decode. With splitting disabled, every (request,
+    query position, head block) is one program over all of the request's tokens, so results are bit-identical
+    whatever else is in the batch (FlashMLA [2026-09+] ``enable_batch_invariant``). Default: the
+    ``DEEPKERNELS_BATCH_INVARIANT`` environment variable (unset = splitting on). Raises TypeError for a non-bool."""
+    global _BATCH_INVARIANT
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+    _BATCH_INVARIANT = enabled
+
+
+def sparse_decode_batch_invariant() -> bool:
+    """Whether sparse decode currently runs without split-KV (see :func:`set_sparse_decode_batch_invariant`)."""
+    return _BATCH_INVARIANT
+
+
+def _num_sms(device: torch.device) -> int:
+    try:
+        from .decode import _num_sms as dense_num_sms   # honours deepkernels.set_num_sms
+        return dense_num_sms(device)
+    except ImportError:  # pragma: no cover
+        return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def _num_sm_parts(device, s_q: int, h_q: int, config) -> int:
+    block_h, _, _, _, per_sm = config
+    return max(_num_sms(device) * per_sm // s_q // max(h_q // block_h, 1), 1)
+
+
+def _check_cache(name: str, c: torch.Tensor, fmt: str):
+    check_tensor(name, c, ndim=4, dtype=_CACHE_DTYPES)
+    f = KV_FORMATS[fmt]
+    nb, page, h_k, bpt = c.shape
+    if h_k != 1:
+        raise ValueError(f"{name} must have h_k = 1 (shape [num_blocks, page_block_size, 1, {bpt}]), got "
+                         f"{list(c.shape)}")
+    if nb < 1 or page < 1:
+        raise ValueError(f"{name} must have >= 1 block and page_block_size >= 1, got shape {list(c.shape)}")
+    if (page > 1 and c.stride(1) != bpt) or c.stride(3) != 1:
+        raise ValueError(f"{name} must have stride(1) == bytes_per_token ({bpt}) and a contiguous last dim, got "
+                         f"strides {list(c.stride())}")
+    if nb > 1 and c.stride(0) < f.block_bytes(page):
+        raise ValueError(f"{name} stride(0) must cover one page block ({f.block_bytes(page)} bytes), got "
+                         f"{c.stride(0)}")
+    if c.data_ptr() % 4 or (nb > 1 and c.stride(0) % 4):
+        raise ValueError(f"{name} must start on a 4-byte boundary with stride(0) a multiple of 4 bytes (fp32 scales, "
+                         f"bf16 RoPE), got address % 4 = {c.data_ptr() % 4}, stride(0) = {c.stride(0)}")
+    if nb * page >= 2 ** 31:
+        raise ValueError(f"{name} holds {nb * page} tokens; indices are int32, so at most 2^31 - 1")
+
+
+def _check_indices(name: str, ind: torch.Tensor, b: int, s_q: int) -> torch.Tensor:
+    check_tensor(name, ind, ndim=3, dtype=torch.int32)
+    if ind.shape[0] != b or ind.shape[1] != s_q:
+        raise ValueError(f"{name} must have shape [b={b}, s_q={s_q}, topk], got {list(ind.shape)}")
+    if ind.shape[2] > 1 and ind.stride(2) != 1:
+        ind = ind.contiguous()
+    return ind
+
+
+def _check_len(name: str, t: Optional[torch.Tensor], b: int) -> Optional[torch.Tensor]:
+    if t is None:
+        return None
+    check_tensor(name, t, ndim=1, dtype=torch.int32)
+    if t.shape[0] != b:
+        raise ValueError(f"{name} must have shape [b={b}], got {list(t.shape)}")
+    return t.contiguous()
+
+
+def _token_counts(b, topk, topk_length, xtopk, extra_topk_length, has_extra, device):
+    """Per-request scheduler token counts on the device (no host sync): n_main, or 64*ceil(n_main/64) + n_extra."""
+    n = (topk_length.clamp(0, topk) if topk_length is not None
+         else torch.full((b,), topk, dtype=torch.int32, device=device))
+    if not has_extra:
+        return n.to(torch.int32)
+    nx = (extra_topk_length.clamp(0, xtopk) if extra_topk_length is not None
+          else torch.full((b,), xtopk, dtype=torch.int32, device=device))
+    return ((n + SCHED_BLOCK - 1) // SCHED_BLOCK * SCHED_BLOCK + nx).to(torch.int32)
+
+
+def _trivial_schedule(b: int, device):
+    """Batch-invariant plan: part i = request i, whole line, one split."""
+    meta = torch.zeros(b, 8, dtype=torch.int32, device=device)
+    meta[:, 0] = torch.arange(b, dtype=torch.int32, device=device)
+    meta[:, 1] = meta[:, 0]
+    meta[:, 3] = 1 << 24
+    return meta, torch.arange(b + 1, dtype=torch.int32, device=device)
+
+
+def _get_schedule(meta_obj, num_splits, cfg, counts_fn, device, parts, batch_invariant):
+    from .decode import FlashMLASchedMeta
+    if isinstance(meta_obj, FlashMLASchedMeta):
+        if num_splits is not None:
+            raise ValueError("num_splits must be None when tile_scheduler_metadata is a FlashMLASchedMeta")
+        if meta_obj.have_initialized:
+            if meta_obj.config != cfg:
+                raise ValueError(f"tile_scheduler_metadata was built for {meta_obj.config}, reused with {cfg}; "
+                                 "call get_mla_metadata() again for a new configuration")
+        else:
+            sched, ns = compute_schedule(counts_fn(), parts, FIXED_OVERHEAD_BLOCKS)
+            meta_obj.config, meta_obj.tile_scheduler_metadata, meta_obj.num_splits = cfg, sched, ns
+            meta_obj.have_initialized = True
+        if batch_invariant:
+            return _trivial_schedule(cfg.b, device)
+        return meta_obj.tile_scheduler_metadata, meta_obj.num_splits
+    if isinstance(meta_obj, torch.Tensor) or meta_obj is None:
+        # legacy call form (tensors from the old get_mla_metadata, planned without the extra cache): recompute,
+        # so that a plan made for other lengths can never drop tokens
+        if batch_invariant:
+            return _trivial_schedule(cfg.b, device)
+        return compute_schedule(counts_fn(), parts, FIXED_OVERHEAD_BLOCKS)
+    raise TypeError(f"tile_scheduler_metadata must come from get_mla_metadata(), got {type(meta_obj).__name__}")
+
+
+def _launch_sparse_decode(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None,
+                          extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
+                          extra_topk_length=None, config=None):
+    """Out-parameter launcher (inputs already validated): ``out [b, s_q, h_q, 512]`` contiguous bf16,
+    ``lse_buf [b, s_q, h_q]`` contiguous fp32 natural log; ``sched [parts, 8]``/``num_splits [b + 1]`` int32."""
+    from ._sparse_kernels import FMT_CODES, _sparse_decode_combine_kernel, _sparse_decode_fwd_kernel
+
+    b, s_q, h_q, _ = q.shape
+    block_h, block_n, warps, stages, _ = config or SPARSE_DECODE_CONFIGS[h_q]
+    parts = sched.shape[0]
+    acc_rows = b + parts
+    dev = q.device
+    o_acc = torch.empty(acc_rows, s_q, h_q, 512, dtype=torch.float32, device=dev)
+    l_acc = torch.empty(acc_rows, s_q, h_q, dtype=torch.float32, device=dev)
+    if _POISON_OUTPUTS:
+        for t in (out, lse_buf, o_acc, l_acc):
+            t.fill_(float("nan"))
+    kv = k_cache.view(torch.uint8)
+    has_x = extra_k_cache is not None
+    xkv = extra_k_cache.view(torch.uint8) if has_x else kv
+    xind = extra_indices if has_x else indices
+    dummy = l_acc
+    grid = (parts * s_q * (h_q // block_h),)
+    _sparse_decode_fwd_kernel[grid](
+        q, kv, indices, topk_length if topk_length is not None else dummy,
+        xkv, xind, extra_topk_length if extra_topk_length is not None else dummy,
+        attn_sink if attn_sink is not None else dummy,
+        sched, num_splits, out, lse_buf, o_acc, l_acc,
+        q.stride(0), q.stride(1), q.stride(2),
+        kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1], indices.stride(0), indices.stride(1),
+        xkv.stride(0), xkv.shape[1], xkv.shape[0] * xkv.shape[1], xind.stride(0), xind.stride(1),
+        b, s_q, h_q, indices.shape[2], xind.shape[2] if has_x else 0, acc_rows, scale * _LOG2E,
+        FMT=FMT_CODES[fmt], XFMT=FMT_CODES[xfmt] if has_x else FMT_CODES[fmt], HAS_EXTRA=has_x,
+        HAS_LEN=topk_length is not None, HAS_XLEN=extra_topk_length is not None, HAS_SINK=attn_sink is not None,
+        BLOCK_H=block_h, BLOCK_N=block_n, SBLOCK=SCHED_BLOCK, UPCAST=interpret_mode(), NUM_STAGES=stages,
+        num_warps=warps, num_stages=stages)
+    _sparse_decode_combine_kernel[(b * s_q, triton_cdiv(h_q, 8))](
+        o_acc, l_acc, num_splits, out, lse_buf, attn_sink if attn_sink is not None else l_acc, s_q, h_q, acc_rows,
+        HAS_SINK=attn_sink is not None, HEADS=8, D_V=512, num_warps=4)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metadata, num_splits=None,
+                           softmax_scale=None, is_fp8_kvcache=False, attn_sink=None, extra_k_cache=None,
+                           extra_indices_in_kvcache=None, topk_length=None, extra_topk_length=None, causal=False,
+                           config=None):
+    """Sparse path of ``flash_mla_with_kvcache`` (FlashMLA sparse decode; called by ``deepkernels.mla.decode``).
+
+    Args:
+        q: ``[b, s_q, h_q, d_qk]`` bf16, ``h_q`` in {16, 32, 64, 128}; d_qk 576 (V3.2) or 512 (MODEL1, V4.1).
+            Any strides (a non-unit last-dim stride is copied).
+        k_cache: ``[num_blocks, page_block_size, 1, bytes_per_token]`` float8_e4m3fn/int8/uint8 byte container;
+            the format comes from bytes_per_token: 656 V3.2, 584 MODEL1, 528 V4.1 (288 FP4 is extra-only).
+            ``stride(1) == bytes_per_token``; any ``stride(0)`` covering a block (16-byte aligned on the GPU); any
+            page_block_size.
+        indices: ``[b, s_q, topk]`` int32, ``page_block * page_block_size + offset``; -1, any negative value and
+            any value ``>= num_blocks * page_block_size`` are invalid (never read). Any ``topk >= 0``.
+        head_dim_v: must be 512.
+        tile_scheduler_metadata: ``FlashMLASchedMeta`` from ``get_mla_metadata()`` (filled on first use; reuse with
+            another configuration raises ValueError) or the legacy tensors (re-planned here).
+        num_splits: None (or the legacy ``[b + 1]`` tensor, ignored).
+        softmax_scale: default ``d_qk ** -0.5``. is_fp8_kvcache: must be True. causal: must be False.
+        attn_sink: ``[h_q]`` fp32; out *= exp(lse) / (exp(lse) + exp(sink)); lse unchanged.
+        extra_k_cache / extra_indices_in_kvcache: a second cache (same format, or FP4 next to V4.1) and its
+            ``[b, s_q, extra_topk]`` int32 indices, in the same softmax.
+        topk_length / extra_topk_length: ``[b]`` int32, leading entries used per request (clamped to [0, topk]).
+    Returns:
+        ``out [b, s_q, h_q, 512]`` bf16 and ``lse [b, h_q, s_q]`` fp32 natural log, the transposed view of a
+        contiguous ``[b, s_q, h_q]``. No valid token: out 0, lse +inf.
+    Raises:
+        TypeError / ValueError naming the argument for bad types, shapes, strides, formats or flags.
+    """
+    if not is_fp8_kvcache:
+        raise ValueError("is_fp8_kvcache must be True when indices is given (sparse decode runs on FP8/FP4 caches)")
+    if causal:
+        raise ValueError("causal must be False when indices is given (sparse decode)")
+    check_tensor("q", q, ndim=4, dtype=torch.bfloat16)
+    check_tensor("k_cache", k_cache, ndim=4, dtype=_CACHE_DTYPES)
+    if extra_k_cache is not None:
+        check_tensor("extra_k_cache", extra_k_cache, ndim=4, dtype=_CACHE_DTYPES)
+    fmt, xfmt = detect_sparse_formats(k_cache, extra_k_cache)
+    f = KV_FORMATS[fmt]
+    b, s_q, h_q, d_qk = q.shape
+    if d_qk != f.d_qk:
+        raise ValueError(f"q: d_qk must be {f.d_qk} for a {k_cache.shape[-1]}-byte ({fmt}) cache, got q shape "
+                         f"{list(q.shape)}")
+    if head_dim_v != 512:
+        raise ValueError(f"head_dim_v must be 512, got {head_dim_v}")
+    if h_q not in SPARSE_DECODE_CONFIGS:
+        raise ValueError(f"q: h_q must be one of {sorted(SPARSE_DECODE_CONFIGS)}, got shape {list(q.shape)}")
+    _check_cache("k_cache", k_cache, fmt)
+    indices = _check_indices("indices", indices, b, s_q)
+    if (extra_k_cache is None) != (extra_indices_in_kvcache is None):
+        raise ValueError("extra_indices_in_kvcache is required with extra_k_cache and forbidden without it")
+    if extra_k_cache is None and extra_topk_length is not None:
+        raise ValueError("extra_topk_length is only allowed with extra_k_cache")
+    if extra_k_cache is not None:
+        _check_cache("extra_k_cache", extra_k_cache, xfmt)
+        extra_indices_in_kvcache = _check_indices("extra_indices_in_kvcache", extra_indices_in_kvcache, b, s_q)
+    topk_length = _check_len("topk_length", topk_length, b)
+    extra_topk_length = _check_len("extra_topk_length", extra_topk_length, b)
+    if attn_sink is not None:
+        check_tensor("attn_sink", attn_sink, ndim=1, dtype=torch.float32)
+        if attn_sink.shape[0] != h_q:
+            raise ValueError(f"attn_sink must have shape [h_q={h_q}], got {list(attn_sink.shape)}")
+        attn_sink = attn_sink.contiguous()
+    scale = d_qk ** -0.5 if softmax_scale is None else float(softmax_scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    dev = device_of(q, k_cache, indices, attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length,
+                    extra_topk_length)
+    topk = indices.shape[2]
+    xtopk = extra_indices_in_kvcache.shape[2] if extra_k_cache is not None else None
+    from .decode import FlashMLASchedMeta
+    cfg = FlashMLASchedMeta.Config(b=b, s_q=s_q, h_q=h_q, page_block_size=k_cache.shape[1], h_k=1, causal=False,
+                                   is_fp8_kvcache=True, topk=topk,
+                                   extra_page_block_size=None if extra_k_cache is None else extra_k_cache.shape[1],
+                                   extra_topk=xtopk)
+    config = config or SPARSE_DECODE_CONFIGS[h_q]
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    counts_fn = lambda: _token_counts(b, topk, topk_length, xtopk, extra_topk_length,  # noqa: E731
+                                      extra_k_cache is not None, dev)
+    if b == 0 or s_q == 0:
+        return (torch.zeros(b, s_q, h_q, 512, dtype=q.dtype, device=dev),
+                torch.full((b, s_q, h_q), float("inf"), device=dev).transpose(1, 2))
+    kernels = use_kernels(q, k_cache, indices)
+    parts = _num_sm_parts(dev, s_q, h_q, config)
+    sched, ns = _get_schedule(tile_scheduler_metadata, num_splits, cfg, counts_fn, dev, parts, _BATCH_INVARIANT)
+    if not kernels:
+        return sparse_decode_ref(q, k_cache, indices, 512, scale, attn_sink, extra_k_cache,
+                                 extra_indices_in_kvcache, topk_length, extra_topk_length)
+    out = torch.empty(b, s_q, h_q, 512, dtype=q.dtype, device=dev)
+    lse_buf = torch.empty(b, s_q, h_q, dtype=torch.float32, device=dev)
+    _launch_sparse_decode(out, lse_buf, q, k_cache, indices, sched, ns, scale, fmt, attn_sink, extra_k_cache,
+                          extra_indices_in_kvcache, xfmt, topk_length, extra_topk_length, config)
+    return out, lse_buf.transpose(1, 2)

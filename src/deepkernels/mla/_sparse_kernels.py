@@ -1,0 +1,311 @@
+"""Triton kernels for sparse top-k MLA decode over FP8/FP4 paged KV caches (split-KV stage and combine).
+
+One program = one (scheduler part, query position s, block of BLOCK_H query heads); the heads form the M dimension
+of both MMAs (MQA: every head reads the same KV token). The program walks the requests of its part (FlashMLA
+scheduler record, spec/mla.md §3.1) and, per request, its share of the request's *virtual token line*:
+``[0, 64*ceil(n_main/64))`` are main-cache positions, then ``[.., + n_extra)`` extra-cache positions (FlashMLA's
+MODEL1 block order, spec §4). Per BLOCK_N positions it
+
+1. loads the indices (positions ``>= topk_length`` read as -1) and marks a token valid iff
+   ``0 <= idx < num_blocks * page_block_size`` -- any other value is never dereferenced;
+2. gathers the token records by pointer (TMA gather is sm100-only), with int64 addresses
+   ``(idx // page) * stride(0) + (idx % page) * record_bytes``;
+3. dequantises in registers to bf16: fp32(e4m3 / e2m1) x fp32 scale, rounded once (V3.2 fp32 scales used as stored;
+   UE8M0 / e4m3 scales are exact powers of two or exact products);
+4. ``S = Q_a K_a^T (+ Q_rope K_rope^T)`` where K_a is the 512-wide quantised part (MODEL1: dims 448..511 of K_a
+   are zero and its RoPE is a 64-wide side tile), online softmax in base 2 with the running max in raw-score units
+   (the max element gives exactly 2^0), P rounded to bf16 only as the PV operand, row sum from fp32 P;
+5. ``O += P V`` with V = K_a (+ the RoPE side tile for MODEL1, whose V includes RoPE).
+
+Invalid tokens load as zeros (masked loads) and their scores are set to -inf by selection, so NaN in unreferenced
+cache slots can never reach the output. A request with one split writes ``out`` and ``lse`` directly (sink applied
+here); a split request writes ``O/L`` and the base-2 ``log2 L + m`` to accumulator row ``num_splits[req] + split``
+and :func:`_sparse_decode_combine_kernel` merges them (sink applied there, once).
+
+Format codes (constexpr ``FMT``/``XFMT``): 0 = V3.2 (656 B), 1 = MODEL1 (584 B), 2 = V4.1 (528 B), 3 = FP4 (288 B).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+__all__ = ["_sparse_decode_fwd_kernel", "_sparse_decode_combine_kernel", "FMT_CODES"]
+
+FMT_CODES = {"v32": 0, "model1": 1, "v41": 2, "fp4": 3}
+
+
+@triton.jit
+def _rne_bf16(x):
+    """fp32 -> nearest-even bf16 value kept in fp32 (interpreter only: its fp32->bf16 cast truncates)."""
+    u = x.to(tl.uint32, bitcast=True)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _ue8m0_to_f32(e):
+    """UE8M0 byte -> fp32 2^(e-127): 0 -> 2^-127 (subnormal bits), 255 -> NaN."""
+    e32 = e.to(tl.int32)
+    bits = tl.where(e32 == 0, 0x00400000, e32 << 23)
+    v = bits.to(tl.float32, bitcast=True)
+    return tl.where(e32 == 255, float("nan"), v)
+
+
+@triton.jit
+def _e2m1_to_f32(nib):
+    """4-bit e2m1 code (sign bit 3) -> fp32: magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}."""
+    c = (nib & 7).to(tl.int32)
+    normal = ((c << 22) + (126 << 23)).to(tl.float32, bitcast=True)
+    mag = tl.where(c >= 2, normal, c.to(tl.float32) * 0.5)
+    return tl.where((nib & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def _finish_bf16(x, UPCAST: tl.constexpr):
+    if UPCAST:
+        return _rne_bf16(x)
+    else:
+        return x.to(tl.bfloat16)
+
+
+@triton.jit
+def _gather_dequant(kv_ptr, idx, valid, page, stride_kb,
+                    FMT: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
+    """Gather BLOCK_N token records and dequantise: returns (K_a [BLOCK_N, 512], K_rope [BLOCK_N, 64]).
+
+    K_a is the quantised 512-wide part (MODEL1: 448 dims + 64 zeros); K_rope the bf16 RoPE (V3.2, MODEL1; zeros
+    otherwise, unused). bf16 on the GPU, bf16-valued fp32 under the interpreter."""
+    blk = idx // page
+    row = idx - blk * page
+    d = tl.arange(0, 512)
+    dr = tl.arange(0, 64)
+    vm = valid[:, None]
+    if FMT == 0:        # V3.2: [512 e4m3][4 fp32][64 bf16]
+        rec = blk.to(tl.int64) * stride_kb + row.to(tl.int64) * 656
+        raw = tl.load(kv_ptr + rec[:, None] + d[None, :], mask=vm, other=0)
+        sc = tl.load((kv_ptr + rec + 512).to(tl.pointer_type(tl.float32))[:, None] + tl.arange(0, 4)[None, :],
+                     mask=vm, other=0.0)
+        x = tl.reshape(raw.to(tl.float8e4nv, bitcast=True).to(tl.float32), (BLOCK_N, 4, 128))
+        ka = tl.reshape(x * sc[:, :, None], (BLOCK_N, 512))
+        kr = tl.load((kv_ptr + rec + 528).to(tl.pointer_type(tl.bfloat16))[:, None] + dr[None, :], mask=vm, other=0.0)
+    elif FMT == 1:      # MODEL1: per block [B x (448 e4m3, 64 bf16)] then [B x (7 ue8m0, pad)]
+        base = blk.to(tl.int64) * stride_kb
+        rec = base + row.to(tl.int64) * 576
+        raw = tl.load(kv_ptr + rec[:, None] + d[None, :], mask=vm & (d[None, :] < 448), other=0)
+        t = tl.arange(0, 8)
+        e = tl.load(kv_ptr + (base + page.to(tl.int64) * 576 + row.to(tl.int64) * 8)[:, None] + t[None, :],
+                    mask=vm & (t[None, :] < 7), other=0)
+        sc = tl.where(t[None, :] < 7, _ue8m0_to_f32(e), 0.0)
+        x = tl.reshape(raw.to(tl.float8e4nv, bitcast=True).to(tl.float32), (BLOCK_N, 8, 64))
+        ka = tl.reshape(x * sc[:, :, None], (BLOCK_N, 512))
+        kr = tl.load((kv_ptr + rec + 448).to(tl.pointer_type(tl.bfloat16))[:, None] + dr[None, :], mask=vm, other=0.0)
+    elif FMT == 2:      # V4.1: [512 e4m3 (RoPE incl.)][16 ue8m0]
+        rec = blk.to(tl.int64) * stride_kb + row.to(tl.int64) * 528
+        raw = tl.load(kv_ptr + rec[:, None] + d[None, :], mask=vm, other=0)
+        e = tl.load(kv_ptr + (rec + 512)[:, None] + tl.arange(0, 16)[None, :], mask=vm, other=127)
+        sc = _ue8m0_to_f32(e)
+        x = tl.reshape(raw.to(tl.float8e4nv, bitcast=True).to(tl.float32), (BLOCK_N, 16, 32))
+        ka = tl.reshape(x * sc[:, :, None], (BLOCK_N, 512))
+        kr = tl.zeros([BLOCK_N, 64], dtype=tl.float32)
+    else:               # FP4: [256 B of e2m1 pairs, even index in the low nibble][32 e4m3]
+        rec = blk.to(tl.int64) * stride_kb + row.to(tl.int64) * 288
+        raw = tl.load(kv_ptr + rec[:, None] + tl.arange(0, 256)[None, :], mask=vm, other=0)
+        e = tl.load(kv_ptr + (rec + 256)[:, None] + tl.arange(0, 32)[None, :], mask=vm, other=0)
+        sc = e.to(tl.float8e4nv, bitcast=True).to(tl.float32)[:, :, None]
+        lo = tl.reshape(_e2m1_to_f32(raw & 0xF), (BLOCK_N, 32, 8)) * sc
+        hi = tl.reshape(_e2m1_to_f32(raw >> 4), (BLOCK_N, 32, 8)) * sc
+        ka = tl.reshape(tl.join(tl.reshape(lo, (BLOCK_N, 256)), tl.reshape(hi, (BLOCK_N, 256))), (BLOCK_N, 512))
+        kr = tl.zeros([BLOCK_N, 64], dtype=tl.float32)
+    ka = _finish_bf16(ka, UPCAST)
+    if UPCAST:
+        kr = kr.to(tl.float32)
+    else:
+        kr = kr.to(tl.bfloat16)
+    return ka, kr
+
+
+@triton.jit
+def _attend_range(acc, acc_r, m_i, l_i, q_a, q_r, kv_ptr, idx_row, t_lo, t_hi, n, page, stride_kb, num_tok,
+                  sm_scale_log2,
+                  FMT: tl.constexpr, HAS_ROPE: tl.constexpr, ROPE_IN_V: tl.constexpr,
+                  BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """Online softmax over positions [t_lo, t_hi) of one index row (positions >= n are invalid)."""
+    for t0 in tl.range(t_lo, t_hi, BLOCK_N, num_stages=NUM_STAGES):
+        offs = t0 + tl.arange(0, BLOCK_N)
+        inb = offs < n
+        idx = tl.load(idx_row + offs, mask=inb, other=-1)
+        valid = inb & (idx >= 0) & (idx < num_tok)
+        idx = tl.where(valid, idx, 0)
+        ka, kr = _gather_dequant(kv_ptr, idx, valid, page, stride_kb, FMT, BLOCK_N, UPCAST)
+        s = tl.dot(q_a, tl.trans(ka))
+        if HAS_ROPE:
+            s = tl.dot(q_r, tl.trans(kr), s)
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2((m_i - m_safe) * sm_scale_log2)
+        p = tl.exp2((s - m_safe[:, None]) * sm_scale_log2)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        pb = _finish_bf16(p, UPCAST)
+        acc = tl.dot(pb, ka, acc * alpha[:, None])
+        if ROPE_IN_V:
+            acc_r = tl.dot(pb, kr, acc_r * alpha[:, None])
+        m_i = m_new
+    return acc, acc_r, m_i, l_i
+
+
+@triton.jit
+def _sparse_decode_fwd_kernel(
+    q_ptr, kv_ptr, idx_ptr, len_ptr, xkv_ptr, xidx_ptr, xlen_ptr, sink_ptr,
+    meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, page, num_tok, stride_ib, stride_is,
+    stride_xkb, xpage, xnum_tok, stride_xib, stride_xis,
+    b, s_q, h_q, topk, xtopk, acc_rows, sm_scale_log2,
+    FMT: tl.constexpr, XFMT: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_LEN: tl.constexpr,
+    HAS_XLEN: tl.constexpr, HAS_SINK: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, SBLOCK: tl.constexpr,
+    UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr,
+):
+    HAS_ROPE: tl.constexpr = FMT <= 1
+    ROPE_IN_V: tl.constexpr = FMT == 1
+    D_A: tl.constexpr = 512
+    pid = tl.program_id(0)
+    zero64 = pid.to(tl.int64) * 0
+    n_hb = h_q // BLOCK_H
+    hb = pid % n_hb
+    tmp = pid // n_hb
+    si = tmp % s_q
+    part = tmp // s_q
+    rec = meta_ptr + part * 8
+    begin_req = tl.maximum(tl.load(rec + 0), 0)
+    end_req = tl.minimum(tl.load(rec + 1), b - 1)
+    begin_blk = tl.load(rec + 2)
+    end_blk = tl.load(rec + 3)
+    begin_split = tl.load(rec + 4)
+
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    da = tl.arange(0, D_A)
+    dr = tl.arange(0, 64)
+    si64 = si + zero64
+    heads64 = heads.to(tl.int64)
+    for req in range(begin_req, end_req + 1):
+        req64 = req + zero64
+        q_row = q_ptr + req64 * stride_qb + si64 * stride_qs + heads64[:, None] * stride_qh
+        q_a = tl.load(q_row + da[None, :])
+        if HAS_ROPE and not ROPE_IN_V:
+            q_r = tl.load(q_row + D_A + dr[None, :])
+        elif HAS_ROPE:
+            q_r = tl.load(q_row + 448 + dr[None, :])
+        else:
+            q_r = tl.zeros([BLOCK_H, 64], dtype=tl.bfloat16)
+        if UPCAST:
+            q_a = q_a.to(tl.float32)
+            q_r = q_r.to(tl.float32)
+        n = topk + req * 0
+        if HAS_LEN:
+            n = tl.minimum(tl.maximum(tl.load(len_ptr + req), 0), topk)
+        n_blk = (n + SBLOCK - 1) // SBLOCK
+        t_lo = tl.minimum(tl.maximum(tl.where(req == begin_req, begin_blk, 0), 0), 1 << 24) * SBLOCK
+        t_hi = tl.minimum(tl.where(req == end_req, end_blk, 1 << 24), 1 << 24) * SBLOCK
+
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, D_A], dtype=tl.float32)
+        acc_r = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
+        idx_row = idx_ptr + req64 * stride_ib + si64 * stride_is
+        acc, acc_r, m_i, l_i = _attend_range(acc, acc_r, m_i, l_i, q_a, q_r, kv_ptr, idx_row, t_lo,
+                                             tl.minimum(t_hi, n), n, page, stride_kb, num_tok, sm_scale_log2,
+                                             FMT, HAS_ROPE, ROPE_IN_V, BLOCK_N, UPCAST, NUM_STAGES)
+        if HAS_EXTRA:
+            nx = xtopk + req * 0
+            if HAS_XLEN:
+                nx = tl.minimum(tl.maximum(tl.load(xlen_ptr + req), 0), xtopk)
+            off = n_blk * SBLOCK
+            xidx_row = xidx_ptr + req64 * stride_xib + si64 * stride_xis
+            acc, acc_r, m_i, l_i = _attend_range(acc, acc_r, m_i, l_i, q_a, q_r, xkv_ptr, xidx_row,
+                                                 tl.maximum(t_lo - off, 0), tl.minimum(t_hi - off, nx), nx, xpage,
+                                                 stride_xkb, xnum_tok, sm_scale_log2,
+                                                 XFMT, HAS_ROPE, ROPE_IN_V, BLOCK_N, UPCAST, NUM_STAGES)
+
+        base_row = tl.load(nsplits_ptr + req)
+        nsp = tl.load(nsplits_ptr + req + 1) - base_row
+        acc_row = (base_row + tl.where(req == begin_req, begin_split, 0)).to(tl.int64)
+        empty = (l_i == 0.0) | (l_i != l_i)
+        l_safe = tl.where(empty, 1.0, l_i)
+        m_log2 = m_i * sm_scale_log2
+        hm = heads < h_q
+        row_off = (req64 * s_q + si64) * h_q + heads64
+        if nsp <= 1:
+            denom = l_safe
+            if HAS_SINK:
+                sink = tl.load(sink_ptr + heads) * 1.4426950408889634
+                denom = l_safe + tl.exp2(sink - tl.where(empty, 0.0, m_log2))
+            inv = tl.where(empty, 0.0, 1.0 / denom)
+            lse = tl.where(empty, float("inf"), (tl.log2(l_safe) + m_log2) * 0.6931471805599453)
+            tl.store(lse_ptr + row_off, lse, mask=hm)
+            o_ptr = out_ptr + row_off[:, None] * 512
+            o = acc * inv[:, None]
+            if UPCAST:
+                o = _rne_bf16(o)
+            if ROPE_IN_V:
+                tl.store(o_ptr + da[None, :], o.to(out_ptr.dtype.element_ty), mask=hm[:, None] & (da[None, :] < 448))
+                o_r = acc_r * inv[:, None]
+                if UPCAST:
+                    o_r = _rne_bf16(o_r)
+                tl.store(o_ptr + 448 + dr[None, :], o_r.to(out_ptr.dtype.element_ty), mask=hm[:, None])
+            else:
+                tl.store(o_ptr + da[None, :], o.to(out_ptr.dtype.element_ty), mask=hm[:, None])
+        else:
+            inv = tl.where(empty, 0.0, 1.0 / l_safe)
+            ok = (acc_row >= 0) & (acc_row < acc_rows)
+            a_off = (acc_row * s_q + si64) * h_q + heads64
+            tl.store(lacc_ptr + a_off, tl.where(empty, float("-inf"), tl.log2(l_safe) + m_log2), mask=hm & ok)
+            a_ptr = oacc_ptr + a_off[:, None] * 512
+            if ROPE_IN_V:
+                tl.store(a_ptr + da[None, :], acc * inv[:, None], mask=(hm & ok)[:, None] & (da[None, :] < 448))
+                tl.store(a_ptr + 448 + dr[None, :], acc_r * inv[:, None], mask=(hm & ok)[:, None])
+            else:
+                tl.store(a_ptr + da[None, :], acc * inv[:, None], mask=(hm & ok)[:, None])
+
+
+@triton.jit
+def _sparse_decode_combine_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr, sink_ptr,
+                                  s_q, h_q, acc_rows,
+                                  HAS_SINK: tl.constexpr, HEADS: tl.constexpr, D_V: tl.constexpr):
+    """FlashMLA combine (spec §3.5) for requests with > 1 split; lse written to a contiguous [b, s_q, h_q]."""
+    pid = tl.program_id(0).to(tl.int64)
+    bi = pid // s_q
+    si = pid % s_q
+    heads = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
+    hm = heads < h_q
+    start = tl.load(nsplits_ptr + bi)
+    nsp = tl.load(nsplits_ptr + bi + 1) - start
+    start = tl.minimum(tl.maximum(start, 0), acc_rows)
+    nsp = tl.minimum(nsp, acc_rows - start)        # a stale num_splits never reads past the buffers
+    if nsp > 1:
+        mx = tl.full([HEADS], float("-inf"), tl.float32)
+        for k in range(0, nsp):
+            row = (start + k).to(tl.int64)
+            mx = tl.maximum(mx, tl.load(lacc_ptr + (row * s_q + si) * h_q + heads, mask=hm, other=float("-inf")))
+        mx = tl.where(mx == float("-inf"), 0.0, mx)
+        ssum = tl.zeros([HEADS], dtype=tl.float32)
+        for k in range(0, nsp):
+            row = (start + k).to(tl.int64)
+            ssum += tl.exp2(tl.load(lacc_ptr + (row * s_q + si) * h_q + heads, mask=hm, other=float("-inf")) - mx)
+        g = tl.where(ssum == 0.0, float("inf"), tl.log2(ssum) + mx)
+        tl.store(lse_ptr + (bi * s_q + si) * h_q + heads, g * 0.6931471805599453, mask=hm)
+        if HAS_SINK:
+            sig = tl.load(sink_ptr + heads, mask=hm, other=float("-inf")) * 1.4426950408889634
+            g_fin = g + tl.log2(1.0 + tl.exp2(sig - g))
+            g = tl.where(g != float("inf"), g_fin, tl.where(sig == float("-inf"), g, sig))
+        dv = tl.arange(0, D_V)
+        acc = tl.zeros([HEADS, D_V], dtype=tl.float32)
+        for k in range(0, nsp):
+            row = (start + k).to(tl.int64)
+            w = tl.exp2(tl.load(lacc_ptr + (row * s_q + si) * h_q + heads, mask=hm, other=float("-inf")) - g)
+            o = tl.load(oacc_ptr + ((row * s_q + si) * h_q + heads)[:, None] * D_V + dv[None, :],
+                        mask=hm[:, None], other=0.0)
+            acc += w[:, None] * o
+        tl.store(out_ptr + ((bi * s_q + si) * h_q + heads)[:, None] * D_V + dv[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=hm[:, None])
