@@ -1,4 +1,419 @@
-"""MoE grouped GEMMs: m-grouped contiguous, m-grouped masked, k-grouped (DeepGEMM)."""
+"""MoE grouped GEMMs (DeepGEMM ``m_grouped_*_contiguous``, ``m_grouped_*_masked``, ``k_grouped_*_contiguous``).
+
+Semantics: spec/gemm.md §1.5-1.7 and §7 items 7-9, defined by :mod:`deepkernels.reference.grouped_gemm`. All
+functions write ``d`` in place and return None. CUDA tensors run the persistent Triton kernels of
+``_grouped_kernels.py`` (group-aware schedule computed on the device, TMA loads, per-128-K-block FP32
+promotion); CPU tensors run the reference (or the kernels under ``TRITON_INTERPRET=1``). Bad input raises
+TypeError/ValueError before any launch.
+
+Documented differences from upstream SM90 (a superset unless noted):
+
+- Padding rows of the contiguous layout (per-row id -1 -- or any id outside ``[0, G)`` -- and psum gaps) are
+  written with exact zeros (upstream: zeros for whole padding sub-tiles, ``A_row @ B_g.T`` otherwise).
+- A per-row layout that breaks the alignment rule still gives the reference result (a tile holding several
+  groups is computed once per group); the alignment only matters for speed (and defines psum group starts).
+- ``m_grouped_fp8_gemm_nn_contiguous`` works (B is copied to K-major first; upstream SM90 asserts).
+- m-grouped ``d`` may also be float32; k-grouped ``c`` may be None (then ``D = A @ B``).
+- Masked: ``masked_m`` values are clamped to ``[0, M_max]`` on the device; rows ``>= masked_m[g]`` are never
+  written, whatever ``M_max`` is (upstream's TMA store can spill into the next group, issue #268).
+- ``k_grouped_fp8_gemm_tn_contiguous`` runs on SM90 (upstream: SM100 only); FP32 scales only.
+- K-grouped needs ``use_psum_layout=False`` and every ``k_g % 128 == 0`` (as upstream SM90).
+"""
 from __future__ import annotations
 
-__all__: list[str] = []
+import torch
+
+from .._backend import use_kernels
+from .._validate import check_tensor
+from ..reference import grouped_gemm as _ref
+from . import _grouped_launch as _L
+from ._grouped_launch import cdiv
+
+__all__ = [
+    "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nn_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nn_contiguous",
+    "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nn_contiguous",
+    "m_grouped_fp8_gemm_nt_masked", "m_grouped_fp8_fp4_gemm_nt_masked", "m_grouped_bf16_gemm_nt_masked",
+    "fp8_m_grouped_gemm_nt_masked", "bf16_m_grouped_gemm_nt_masked",
+    "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_fp8_gemm_tn_contiguous", "k_grouped_bf16_gemm_tn_contiguous",
+    "get_mk_alignment_for_contiguous_layout", "set_mk_alignment_for_contiguous_layout",
+    "get_theoretical_mk_alignment_for_contiguous_layout",
+    "get_m_alignment_for_contiguous_layout", "get_k_alignment_for_contiguous_layout",
+]
+
+_MK_ALIGNMENT = 128  # DeepGEMM kLegacyMKAlignmentForContiguousLayout; the SM90 BLOCK_M of contiguous layouts
+
+
+def get_mk_alignment_for_contiguous_layout() -> int:
+    """Row alignment of each group's segment in the M-grouped contiguous layout (default 128; DeepGEMM)."""
+    return _MK_ALIGNMENT
+
+
+def set_mk_alignment_for_contiguous_layout(alignment: int) -> None:
+    """Set the contiguous-layout group alignment (DeepGEMM ``set_mk_alignment_for_contiguous_layout``).
+
+    Affects the psum layout's group starts (``align(end_{g-1}, alignment)``) and the M tile of the contiguous
+    kernels (the largest power of two <= 128 dividing it). Raises TypeError for a non-int, ValueError unless
+    ``alignment`` is a positive multiple of 16 (at most 4096).
+    """
+    global _MK_ALIGNMENT
+    if isinstance(alignment, bool) or not isinstance(alignment, int):
+        raise TypeError(f"alignment must be an int, got {type(alignment).__name__}")
+    if alignment <= 0 or alignment % 16 or alignment > 4096:
+        raise ValueError(f"alignment must be a positive multiple of 16 (<= 4096), got {alignment}")
+    _MK_ALIGNMENT = alignment
+
+
+def get_theoretical_mk_alignment_for_contiguous_layout(expected_m: int | None = None) -> int:
+    """The alignment the SM90 kernels are built around: 128 for any ``expected_m`` (DeepGEMM, SM90 branch)."""
+    if expected_m is not None and (isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m < 0):
+        raise ValueError(f"expected_m must be None or an int >= 0, got {expected_m!r}")
+    return 128
+
+
+get_m_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout  # v1 name
+get_k_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout
+
+
+# ------------------------------------------------------------------------------------------- m-grouped contiguous
+def _contiguous(a_data, b_data, sfa, sfb, d, grouped_layout, use_psum_layout, b_kmajor, compiled_dims, _config):
+    """Shared validation + dispatch of the m-grouped contiguous GEMMs (b_data is ``[G, N, K]`` in NT form)."""
+    is_fp8 = sfa is not None
+    _L.check_compiled_dims(compiled_dims)
+    m_sum, k = a_data.shape
+    g_num, n, kb_ = b_data.shape
+    if kb_ != k:
+        raise ValueError(f"a [M_sum, K] and b [G, N, K] must share K, got {list(a_data.shape)} and "
+                         f"{list(b_data.shape)}")
+    if g_num <= 0 or n <= 0 or k <= 0:
+        raise ValueError(f"need num_groups > 0, N > 0 and K > 0 (DeepGEMM asserts), got b of shape {list(b_data.shape)}")
+    _L.check_out("d", d, [m_sum, n], (torch.bfloat16, torch.float32))
+    check_tensor("grouped_layout", grouped_layout, ndim=1, dtype=torch.int32)
+    want = [g_num] if use_psum_layout else [m_sum]
+    if list(grouped_layout.shape) != want:
+        raise ValueError(f"grouped_layout must have shape {want} ({'psum: one end per group' if use_psum_layout else 'one group id per row'}), "
+                         f"got {list(grouped_layout.shape)}")
+    if not is_fp8 and k % 64:
+        raise ValueError(f"BF16 m-grouped GEMMs need K % 64 == 0 (DeepGEMM SM90), got K = {k}")
+    if is_fp8:
+        from ..quant import check_sf_layout, get_mn_major_tma_aligned_tensor
+        check_sf_layout(sfa, m_sum, k, 1, 128, name="a[1]")
+        check_sf_layout(sfb, n, k, 128, 128, num_groups=g_num, name="b[1]")
+        sfa = get_mn_major_tma_aligned_tensor(sfa)
+    _L.check_int32_extent("M_sum", m_sum)
+    _L.check_int32_extent("G * N" if b_kmajor else "G * K", g_num * (n if b_kmajor else k))
+    alignment = get_mk_alignment_for_contiguous_layout()
+    if not use_kernels(a_data, b_data, d, grouped_layout, sfa, sfb):
+        if is_fp8:
+            out = _ref.m_grouped_fp8_gemm_contiguous_ref((a_data, sfa), (b_data, sfb), grouped_layout,
+                                                         use_psum_layout, alignment, d.dtype)
+        else:
+            out = _ref.m_grouped_bf16_gemm_contiguous_ref(a_data, b_data, grouped_layout, use_psum_layout,
+                                                          alignment, d.dtype)
+        d.copy_(out)
+        return
+    if m_sum == 0:
+        return
+    a_data = _L.k_major("a[0]" if is_fp8 else "a", a_data)
+    if b_kmajor:
+        b_data = _L.k_major("b[0]" if is_fp8 else "b", b_data)
+    else:  # BF16 nn: [G, K, N] storage, read MN-major
+        b_store = _L.k_major("b", b_data.transpose(1, 2))
+        b_data = b_store.transpose(1, 2)
+    gid = grouped_layout
+    if use_psum_layout:  # expand to per-row ids on the device (searchsorted; no host sync)
+        gid = _ref.row_group_ids(grouped_layout, m_sum, g_num, True, alignment).to(torch.int32)
+    _L.launch_m_contiguous(a_data, b_data, b_kmajor, d, gid, sfa, sfb, _config, alignment)
+
+
+def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, grouped_layout: torch.Tensor, recipe=None,
+                                     recipe_a=None, recipe_b=None, compiled_dims: str = "nk",
+                                     disable_ue8m0_cast: bool = False, use_psum_layout: bool = False,
+                                     ensure_zero_padding: bool = True, expected_m_for_psum_layout=None,
+                                     *, _config=None) -> None:
+    """M-grouped contiguous FP8 GEMM ``d[i] = a[i] @ b[g(i)].T`` (DeepGEMM ``m_grouped_fp8_gemm_nt_contiguous``).
+
+    Args:
+        a: ``(A, sfa)``: A ``[M_sum, K]`` float8_e4m3fn, K-major (K % 16 == 0, 16-B aligned base); sfa float32
+            ``[M_sum, ceil(K/128)]`` 1x128 scales in any layout (normalised to MN-major TMA-aligned).
+        b: ``(B, sfb)``: B ``[G, N, K]`` float8_e4m3fn K-major (packed groups, else copied); sfb float32
+            ``[G, ceil(N/128), ceil(K/128)]`` 128x128 scales, any strides.
+        d: ``[M_sum, N]`` bfloat16 (or float32), row-major; written in place, every row (padding rows get 0).
+        grouped_layout: int32 on a's device. Per-row layout (default): ``[M_sum]`` group id of each row, -1 for
+            padding rows; groups should start at multiples of :func:`get_mk_alignment_for_contiguous_layout`
+            (speed only: a tile mixing groups is still exact). Psum layout (``use_psum_layout=True``): ``[G]``
+            cumulative end row of each group; group g starts at ``align(end_{g-1}, alignment)``; gap rows -> 0.
+        recipe / recipe_a / recipe_b: None or ``(1, 128, 128)`` / ``(1, 128)`` + ``(128, 128)``.
+        compiled_dims, disable_ue8m0_cast, ensure_zero_padding, expected_m_for_psum_layout: accepted for
+            compatibility (compile-cache / SM100 / heuristic knobs upstream; no effect on results here).
+
+    ``M_sum == 0`` is a no-op. Raises TypeError (types, dtypes) or ValueError (shapes, scale shapes, recipes,
+    K % 16 != 0, N, K or G == 0, extents >= 2^31) before launch.
+    """
+    check_tensor("grouped_layout", grouped_layout, ndim=1, dtype=torch.int32)
+    a_data, sfa = _L.check_fp8_pair("a", a, 2)
+    b_data, sfb = _L.check_fp8_pair("b", b, 3)
+    _L.check_m_recipe(recipe, recipe_a, recipe_b)
+    _contiguous(a_data, b_data, sfa, sfb, d, grouped_layout, use_psum_layout, True, compiled_dims, _config)
+
+
+def m_grouped_fp8_gemm_nn_contiguous(a, b, d: torch.Tensor, grouped_layout: torch.Tensor, recipe=None,
+                                     recipe_a=None, recipe_b=None, compiled_dims: str = "nk",
+                                     disable_ue8m0_cast: bool = False, use_psum_layout: bool = False,
+                                     ensure_zero_padding: bool = True) -> None:
+    """``d[i] = a[i] @ b[g(i)]`` with b ``([G, K, N], sfb [G, ceil(K/128), ceil(N/128)])``.
+
+    DeepGEMM ``m_grouped_fp8_gemm_nn_contiguous``: the NT op on ``b`` (and its scales) transposed in the last two
+    dims. FP8 wgmma needs K-major B, so B is copied to K-major first (upstream SM90 refuses this layout)."""
+    if isinstance(b, (tuple, list)) and len(b) == 2 and all(isinstance(x, torch.Tensor) for x in b):
+        b = (b[0].transpose(-1, -2), b[1].transpose(-1, -2))
+    m_grouped_fp8_gemm_nt_contiguous(a, b, d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
+                                     disable_ue8m0_cast, use_psum_layout, ensure_zero_padding)
+
+
+def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
+                                      grouped_layout: torch.Tensor, compiled_dims: str = "nk",
+                                      use_psum_layout: bool = False, ensure_zero_padding: bool = True,
+                                      expected_m_for_psum_layout=None, *, _config=None) -> None:
+    """M-grouped contiguous BF16 GEMM (DeepGEMM ``m_grouped_bf16_gemm_nt_contiguous``).
+
+    a ``[M_sum, K]`` bfloat16 K-major; b ``[G, N, K]`` bfloat16 (K-major, or MN-major: any view whose
+    ``[G, K, N]`` transpose is row-major); d ``[M_sum, N]`` bfloat16/float32 row-major; K % 64 == 0.
+    grouped_layout and padding rules as :func:`m_grouped_fp8_gemm_nt_contiguous`. FP32 accumulation.
+    """
+    check_tensor("a", a, ndim=2, dtype=torch.bfloat16)
+    check_tensor("b", b, ndim=3, dtype=torch.bfloat16)
+    b_kmajor = not (b.stride(-2) == 1 and b.stride(-1) != 1)
+    _contiguous(a, b, None, None, d, grouped_layout, use_psum_layout, b_kmajor, compiled_dims, _config)
+
+
+def m_grouped_bf16_gemm_nn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
+                                      grouped_layout: torch.Tensor, compiled_dims: str = "nk",
+                                      use_psum_layout: bool = False, ensure_zero_padding: bool = True) -> None:
+    """``d[i] = a[i] @ b[g(i)]`` with b ``[G, K, N]`` bfloat16 row-major (DeepGEMM ``..._nn_contiguous``; read
+    MN-major, no copy)."""
+    check_tensor("b", b, ndim=3, dtype=torch.bfloat16)
+    m_grouped_bf16_gemm_nt_contiguous(a, b.transpose(1, 2), d, grouped_layout, compiled_dims, use_psum_layout,
+                                      ensure_zero_padding)
+
+
+m_grouped_fp8_fp4_gemm_nt_contiguous = m_grouped_fp8_gemm_nt_contiguous
+m_grouped_fp8_fp4_gemm_nn_contiguous = m_grouped_fp8_gemm_nn_contiguous
+
+
+# ------------------------------------------------------------------------------------------- m-grouped masked
+def _masked(a_data, b_data, sfa, sfb, d, masked_m, expected_m, compiled_dims, _config):
+    is_fp8 = sfa is not None
+    _L.check_compiled_dims(compiled_dims)
+    g_num, m_max, k = a_data.shape
+    if b_data.dim() != 3 or b_data.shape[0] != g_num or b_data.shape[2] != k:
+        raise ValueError(f"b must have shape [G={g_num}, N, K={k}] to match a {list(a_data.shape)}, "
+                         f"got {list(b_data.shape)}")
+    n = b_data.shape[1]
+    if min(g_num, m_max, n, k) <= 0:
+        raise ValueError(f"need G, M_max, N, K > 0 (DeepGEMM asserts), got a {list(a_data.shape)}, "
+                         f"b {list(b_data.shape)}")
+    if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
+        raise ValueError(f"expected_m must be an int > 0 (a tuning hint), got {expected_m!r}")
+    _L.check_out("d", d, [g_num, m_max, n], (torch.bfloat16, torch.float32))
+    _L.check_index("masked_m", masked_m, [g_num], a_data.device)
+    if not is_fp8 and k % 64:
+        raise ValueError(f"BF16 masked GEMMs need K % 64 == 0 (DeepGEMM SM90), got K = {k}")
+    if is_fp8:
+        from ..quant import check_sf_layout, get_mn_major_tma_aligned_tensor
+        check_sf_layout(sfa, m_max, k, 1, 128, num_groups=g_num, name="a[1]")
+        check_sf_layout(sfb, n, k, 128, 128, num_groups=g_num, name="b[1]")
+        sfa = get_mn_major_tma_aligned_tensor(sfa)
+    _L.check_int32_extent("G * M_max", g_num * m_max)
+    _L.check_int32_extent("G * N", g_num * n)
+    if not use_kernels(a_data, b_data, d, masked_m, sfa, sfb):
+        if is_fp8:
+            _ref.m_grouped_fp8_gemm_masked_ref((a_data, sfa), (b_data, sfb), d, masked_m)
+        else:
+            _ref.m_grouped_bf16_gemm_masked_ref(a_data, b_data, d, masked_m)
+        return
+    a_data = _L.k_major("a[0]" if is_fp8 else "a", a_data)
+    b_data = _L.k_major("b[0]" if is_fp8 else "b", b_data)
+    _L.launch_m_masked(a_data, b_data, d, masked_m, expected_m, sfa, sfb, _config)
+
+
+def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int, recipe=None,
+                                 recipe_a=None, recipe_b=None, compiled_dims: str = "nk",
+                                 disable_ue8m0_cast: bool = False, *, _config=None) -> None:
+    """M-grouped masked FP8 GEMM ``d[g, :m_g] = a[g, :m_g] @ b[g].T`` (DeepGEMM ``m_grouped_fp8_gemm_nt_masked``).
+
+    Args:
+        a: ``(A, sfa)``: A ``[G, M_max, K]`` float8_e4m3fn K-major (K % 16 == 0); sfa float32
+            ``[G, M_max, ceil(K/128)]`` any layout (normalised to per-group MN-major TMA-aligned).
+        b: ``(B, sfb)``: B ``[G, N, K]`` float8_e4m3fn K-major; sfb float32 ``[G, ceil(N/128), ceil(K/128)]``.
+        d: ``[G, M_max, N]`` bfloat16 (or float32), last dim contiguous. Only rows ``< masked_m[g]`` are
+            written; all other rows (other groups' included) are never touched.
+        masked_m: int32 ``[G]`` on a's device: valid rows per group (0 allowed; clamped to ``[0, M_max]``). Read
+            on the device only, never on the host: the call can be captured in a CUDA graph and replayed with new
+            counts (the grid depends on shapes only).
+        expected_m: int > 0, a tuning hint (tile height); never affects results.
+        recipe / recipe_a / recipe_b, compiled_dims, disable_ue8m0_cast: as the contiguous op.
+
+    Raises TypeError/ValueError before launch for bad types, shapes, scale shapes, recipes, expected_m <= 0,
+    masked_m not int32 ``[G]`` on the same device, G/M_max/N/K == 0, or extents >= 2^31.
+    """
+    a_data, sfa = _L.check_fp8_pair("a", a, 3)
+    b_data, sfb = _L.check_fp8_pair("b", b, 3)
+    _L.check_m_recipe(recipe, recipe_a, recipe_b)
+    _masked(a_data, b_data, sfa, sfb, d, masked_m, expected_m, compiled_dims, _config)
+
+
+def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, masked_m: torch.Tensor,
+                                  expected_m: int, compiled_dims: str = "nk", *, _config=None) -> None:
+    """M-grouped masked BF16 GEMM (DeepGEMM ``m_grouped_bf16_gemm_nt_masked``): a ``[G, M_max, K]``, b
+    ``[G, N, K]`` bfloat16 K-major, K % 64 == 0; d, masked_m, expected_m as :func:`m_grouped_fp8_gemm_nt_masked`."""
+    check_tensor("a", a, ndim=3, dtype=torch.bfloat16)
+    check_tensor("b", b, ndim=3, dtype=torch.bfloat16)
+    _masked(a, b, None, None, d, masked_m, expected_m, compiled_dims, _config)
+
+
+m_grouped_fp8_fp4_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked
+fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked      # legacy name (spec §1.6)
+bf16_m_grouped_gemm_nt_masked = m_grouped_bf16_gemm_nt_masked    # legacy name (spec §1.6)
+
+
+# ------------------------------------------------------------------------------------------- k-grouped
+def _ks_args(ks_cpu, grouped_layout, ks, ks_tensor, use_psum_layout, device):
+    if ks is not None:
+        if ks_cpu is not None:
+            raise ValueError("pass ks_cpu or its old name ks, not both")
+        ks_cpu = ks
+    if ks_tensor is not None:
+        if grouped_layout is not None:
+            raise ValueError("pass grouped_layout or its old name ks_tensor, not both")
+        grouped_layout = ks_tensor
+    if use_psum_layout:
+        raise ValueError("use_psum_layout=True is not supported by the SM90 k-grouped GEMMs (DeepGEMM asserts)")
+    if not isinstance(ks_cpu, (list, tuple)) or len(ks_cpu) == 0 or \
+            any(isinstance(x, bool) or not isinstance(x, int) for x in ks_cpu):
+        raise TypeError(f"ks_cpu must be a non-empty list of ints (K of each group), got {ks_cpu!r}")
+    bad = [x for x in ks_cpu if x < 0 or x % 128]
+    if bad:
+        raise ValueError(f"every k_g must be >= 0 and a multiple of 128 (DeepGEMM SM90), got {list(ks_cpu)}")
+    if grouped_layout is None:
+        grouped_layout = torch.tensor(ks_cpu, dtype=torch.int32, device=device)
+    _L.check_index("grouped_layout", grouped_layout, [len(ks_cpu)], device)
+    return list(ks_cpu), grouped_layout
+
+
+def _k_grouped(a_data, b_data, sfa, sfb, d, c, ks_cpu, grouped_layout, mn_major, compiled_dims, _config):
+    is_fp8 = sfa is not None
+    _L.check_compiled_dims(compiled_dims)
+    check_tensor("d", d, ndim=3, dtype=torch.float32)
+    g_num, m, n = d.shape
+    if g_num != len(ks_cpu):
+        raise ValueError(f"d must have shape [G={len(ks_cpu)}, M, N] (one group per ks_cpu entry), got {list(d.shape)}")
+    _L.check_out("d", d, [g_num, m, n], torch.float32)
+    if c is not None:
+        _L.check_out("c", c, [g_num, m, n], torch.float32)
+    sum_k = sum(ks_cpu)
+    sf_cols = sum(cdiv(k, 128) for k in ks_cpu)
+    name = "a[0]" if is_fp8 else "a"
+    if mn_major:
+        for nm, t, mn in ((name, a_data, m), (name.replace("a", "b"), b_data, n)):
+            check_tensor(nm, t, ndim=2)
+            if list(t.shape) != [sum_k, mn]:
+                raise ValueError(f"{nm} must have shape [sum_k={sum_k}, {mn}], got {list(t.shape)}")
+            if (mn * t.element_size()) % 16:
+                raise ValueError(f"{nm} [sum_k, {mn}] needs 16-byte rows for TMA: {mn} must be a multiple of "
+                                 f"{16 // t.element_size()}")
+    else:
+        for nm, t, mn in ((name, a_data, m), (name.replace("a", "b"), b_data, n)):
+            if t.numel() != sum_k * mn:
+                raise ValueError(f"{nm} must hold the per-group [{mn}, k_g] chunks: {mn} * sum_k = {sum_k * mn} "
+                                 f"elements, got shape {list(t.shape)}")
+    if is_fp8:
+        want_a, want_b = ([sf_cols, m], [sf_cols, n]) if mn_major else ([m, sf_cols], [n, sf_cols])
+        for nm, sf, want in (("a[1]", sfa, want_a), ("b[1]", sfb, want_b)):
+            check_tensor(nm, sf, ndim=2, dtype=torch.float32)
+            if list(sf.shape) != want:
+                raise ValueError(f"{nm} must have shape {want} (per-token scales, sum ceil(k_g/128) = {sf_cols} "
+                                 f"columns), got {list(sf.shape)}")
+        if mn_major:  # the kernel indexes scales as [MN, sum_sf]
+            sfa, sfb = sfa.T, sfb.T
+    if not use_kernels(a_data, b_data, d, c, grouped_layout, sfa, sfb):
+        if is_fp8:
+            out = _ref.k_grouped_fp8_gemm_ref((a_data, sfa.T if mn_major else sfa),
+                                              (b_data, sfb.T if mn_major else sfb),
+                                              ks_cpu, c, m, n, "tn" if mn_major else "nt")
+        else:
+            out = _ref.k_grouped_bf16_gemm_ref(a_data, b_data, ks_cpu, c)
+        d.copy_(out)
+        return
+    if m == 0 or n == 0:
+        return
+    if c is None:
+        d.zero_()
+    elif c.data_ptr() != d.data_ptr():
+        d.copy_(c)
+    if sum_k == 0:
+        return
+    a_data, b_data = a_data.contiguous(), b_data.contiguous()
+    _L.check_int32_extent("sum_k", sum_k)
+    _L.launch_k_grouped(a_data, b_data, d, grouped_layout, sum_k, sf_cols, mn_major, sfa, sfb, _config)
+
+
+def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks_cpu=None, grouped_layout=None, c=None,
+                                     recipe=(1, 1, 128), compiled_dims: str = "mn", use_psum_layout: bool = False,
+                                     *, ks=None, ks_tensor=None, _config=None) -> None:
+    """K-grouped FP8 GEMM ``d[g] = c[g] + A_g @ B_g.T`` (DeepGEMM SM90 ``k_grouped_fp8_gemm_nt_contiguous``).
+
+    Args:
+        a: ``(A, sfa)``: A float8_e4m3fn holding the per-group row-major ``[M, k_g]`` chunks back to back
+            (``M * sum_k`` elements, any shape, e.g. 1-D); sfa float32 ``[M, sum_g ceil(k_g/128)]`` per-token
+            scales, any strides (upstream: MN-major).
+        b: ``(B, sfb)``: likewise with N.
+        d: ``[G, M, N]`` float32 row-major; written in place.
+        ks_cpu: list of G ints, each ``k_g >= 0`` and a multiple of 128 (0: ``d[g] = c[g]``). Old name: ``ks``.
+        grouped_layout: int32 ``[G]`` on the device with the same values (old name ``ks_tensor``; None: built from
+            ks_cpu). Offsets are derived from it on the device and clamped to the buffers.
+        c: ``[G, M, N]`` float32 or None (zeros); ``c is d`` accumulates in place.
+        recipe: must be ``(1, 1, 128)``. use_psum_layout: must be False (SM90).
+
+    Deterministic: every output tile is owned by one program and summed in a fixed order (bit-identical runs).
+    Raises TypeError/ValueError before launch for bad types, shapes, ks values or scale shapes.
+    """
+    a_data, sfa = _L.check_fp8_pair("a", a, None)
+    b_data, sfb = _L.check_fp8_pair("b", b, None)
+    if recipe is not None and tuple(int(r) for r in recipe) != (1, 1, 128):
+        raise ValueError(f"k-grouped FP8 GEMMs need recipe (1, 1, 128), got {recipe}")
+    ks_cpu, grouped_layout = _ks_args(ks_cpu, grouped_layout, ks, ks_tensor, use_psum_layout, a_data.device)
+    _k_grouped(a_data, b_data, sfa, sfb, d, c, ks_cpu, grouped_layout, False, compiled_dims, _config)
+
+
+def k_grouped_fp8_gemm_tn_contiguous(a, b, d: torch.Tensor, ks_cpu=None, grouped_layout=None, c=None,
+                                     recipe=(1, 1, 128), compiled_dims: str = "mn", use_psum_layout: bool = False,
+                                     *, ks=None, ks_tensor=None, _config=None) -> None:
+    """K-grouped FP8 GEMM ``d[g] = c[g] + A_g.T @ B_g`` (DeepGEMM ``k_grouped_fp8_gemm_tn_contiguous``, SM100
+    upstream; here on SM90 too, with the operand transpose done in shared memory).
+
+    a: ``(A [sum_k, M] float8_e4m3fn row-major, sfa float32 [sum_g ceil(k_g/128), M])`` (per-channel scales, e.g.
+    :func:`deepkernels.quant.per_channel_cast_to_fp8` per group); b likewise with N. Other arguments as
+    :func:`k_grouped_fp8_gemm_nt_contiguous`.
+    """
+    a_data, sfa = _L.check_fp8_pair("a", a, 2)
+    b_data, sfb = _L.check_fp8_pair("b", b, 2)
+    if recipe is not None and tuple(int(r) for r in recipe) != (1, 1, 128):
+        raise ValueError(f"k-grouped FP8 GEMMs need recipe (1, 1, 128), got {recipe}")
+    ks_cpu, grouped_layout = _ks_args(ks_cpu, grouped_layout, ks, ks_tensor, use_psum_layout, a_data.device)
+    _k_grouped(a_data, b_data, sfa, sfb, d, c, ks_cpu, grouped_layout, True, compiled_dims, _config)
+
+
+def k_grouped_bf16_gemm_tn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, ks_cpu=None,
+                                      grouped_layout=None, c=None, compiled_dims: str = "mn",
+                                      use_psum_layout: bool = False, *, ks=None, ks_tensor=None,
+                                      _config=None) -> None:
+    """K-grouped BF16 GEMM ``d[g] = c[g] + A_g.T @ B_g`` (DeepGEMM ``k_grouped_bf16_gemm_tn_contiguous``).
+
+    a ``[sum_k, M]``, b ``[sum_k, N]`` bfloat16 row-major (group g owns rows ``[sum_{j<g} k_j, +k_g)``); d, c,
+    ks_cpu, grouped_layout as :func:`k_grouped_fp8_gemm_nt_contiguous`. FP32 accumulation.
+    """
+    check_tensor("a", a, ndim=2, dtype=torch.bfloat16)
+    check_tensor("b", b, ndim=2, dtype=torch.bfloat16)
+    ks_cpu, grouped_layout = _ks_args(ks_cpu, grouped_layout, ks, ks_tensor, use_psum_layout, a.device)
+    _k_grouped(a, b, None, None, d, c, ks_cpu, grouped_layout, True, compiled_dims, _config)
