@@ -26,7 +26,7 @@ echo "gpu tests rc=$?" | tee -a "$OUT/gpu_tests.log"
 grep -E "passed|failed|error" "$OUT/gpu_tests.log" | tail -3
 
 echo "== sweep (cap ${T_SWEEP}s)"
-timeout -k 5 "$T_SWEEP" python3 benchmarks/gemm.py --sweep --bf16 --out "$OUT/gemm-h200.json" > "$OUT/sweep.log" 2>&1
+timeout -k 5 "$T_SWEEP" python3 benchmarks/gemm.py --sweep --bf16 --graph --out "$OUT/gemm-h200.json" > "$OUT/sweep.log" 2>&1
 echo "sweep rc=$?" | tee -a "$OUT/sweep.log"
 
 ls -la "$OUT"

@@ -60,6 +60,16 @@ def bench(fn, dry: bool, warmup=10, rep=50) -> float:
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e3
 
 
+def bench_graph(fn):
+    """Mean CUDA-graph replay time in µs (host overhead removed; L2 not flushed). None on failure."""
+    try:
+        import triton.testing
+        return triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
+    except Exception as e:  # never let this optional measurement break a run
+        print(f"  (graph timing failed: {type(e).__name__}: {str(e)[:120]})", flush=True)
+        return None
+
+
 def fp8_inputs(m, n, k, device):
     from deepkernels.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
     a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
@@ -159,6 +169,11 @@ def run(args) -> dict:
                 if row["cublas_us"]:
                     row["cublas_tflops"] = flops / row["cublas_us"] / 1e6
                     row["ratio_vs_cublas"] = row["cublas_us"] / best["us"]
+            if args.graph and not dry and best:
+                best_cfg = next(c for c in cands if c.name() == best["config"])
+                row["graph_us"] = bench_graph(lambda: dense.fp8_gemm_nt(A, B, d, _config=best_cfg))
+                if fn is not None:
+                    row["cublas_graph_us"] = bench_graph(fn)
             result["fp8"].append(row)
             print(f"fp8 m={m:5d} n={n:6d} k={k:6d}: ours {row.get('us') or float('nan'):9.1f} us "
                   f"{row.get('tflops', float('nan')):7.1f} TFLOPS {row.get('gbps', float('nan')):7.0f} GB/s "
@@ -238,6 +253,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sweep", action="store_true", help="time every candidate config per shape")
     p.add_argument("--bf16", action="store_true", help="also benchmark the BF16 GEMM against torch.matmul")
+    p.add_argument("--graph", action="store_true",
+                   help="also time the best config and cuBLAS under CUDA-graph replay (no host overhead)")
     p.add_argument("--m", default="", help="comma-separated M values (default 64,128,4096)")
     p.add_argument("--out", default="", help="write JSON results here")
     p.add_argument("--dry-run", action="store_true", help="CPU check of the script at tiny shapes (no timing)")

@@ -85,7 +85,25 @@ def test_bf16_config_compiles_for_sm90(cfg, majors):
 
 def test_splitk_reduce_compiles():
     from deepkernels.gemm._fp8_kernels import _gemm_splitk_reduce_kernel
-    c = compile_sm90(_gemm_splitk_reduce_kernel, {"ws_ptr": "*fp32", "d_ptr": "*bf16", "M": "i32", "N": "i32",
+    c = compile_sm90(_gemm_splitk_reduce_kernel, {"ws_ptr": "*fp32", "d_ptr": "*bf16", "total": "i64", "N": "i32",
                                                   "stride_dm": "i32"},
                      dict(SPLIT_K=2, ACCUMULATE=True, BLOCK=1024), num_warps=4)
     assert not c.uses_local_memory
+
+
+def test_kernels_compile_with_unit_sizes():
+    """Triton turns integer arguments equal to 1 into constexprs (M = 1, N = 1, unit strides): no kernel may
+    call tensor methods on them (found on the H200: ``M.to()`` failed for M = 1 with split-K)."""
+    from deepkernels.gemm._fp8_kernels import _fp8_gemm_nt_kernel, _gemm_splitk_reduce_kernel
+    from deepkernels.gemm._bf16_kernels import _bf16_gemm_nt_kernel
+    cfg = dict(SFB_PER_ROW=False, ACCUMULATE=True, SPLIT_K=2, TMA_STORE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128,
+               GROUP_M=8, NUM_STAGES=3)
+    ones = {"M": 1, "N": 1, "stride_dm": 1, "sfa_sm": 1, "sfb_sn": 1, "sfb_sk": 1}
+    sig = {k: v for k, v in _FP8_SIG.items() if k not in ones}
+    compile_sm90(_fp8_gemm_nt_kernel, sig, {**cfg, **ones}, num_warps=4, num_stages=3)
+    compile_sm90(_gemm_splitk_reduce_kernel, {"ws_ptr": "*fp32", "d_ptr": "*bf16"},
+                 dict(total=1, N=1, stride_dm=1, SPLIT_K=2, ACCUMULATE=True, BLOCK=1024), num_warps=4)
+    bsig = {k: v for k, v in _BF16_SIG.items() if k not in ("M", "N", "stride_dm")}
+    compile_sm90(_bf16_gemm_nt_kernel, bsig, dict(M=1, N=1, stride_dm=1, A_KMAJOR=True, B_KMAJOR=False,
+                                                 ACCUMULATE=True, SPLIT_K=2, UPCAST=False, BLOCK_M=64, BLOCK_N=64,
+                                                 BLOCK_K=64, GROUP_M=8, NUM_STAGES=3), num_warps=4, num_stages=3)

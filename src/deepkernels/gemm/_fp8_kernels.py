@@ -141,11 +141,13 @@ def _fp8_gemm_nt_kernel(a_ptr, b_ptr, d_ptr, sfa_ptr, sfb_ptr, ws_ptr,
 
 
 @triton.jit
-def _gemm_splitk_reduce_kernel(ws_ptr, d_ptr, M, N, stride_dm,
+def _gemm_splitk_reduce_kernel(ws_ptr, d_ptr, total, N, stride_dm,
                                SPLIT_K: tl.constexpr, ACCUMULATE: tl.constexpr, BLOCK: tl.constexpr):
-    """``D[m, n] (+)= sum_s ws[s, m, n]`` in a fixed order (deterministic), one rounding to D's dtype."""
+    """``D[m, n] (+)= sum_s ws[s, m, n]`` in a fixed order (deterministic), one rounding to D's dtype.
+
+    ``total`` = M * N is computed on the host (Triton passes it as i64 when it exceeds 2^31, and as a
+    constexpr when it is 1, so no ``.to()`` is applied to it here)."""
     pid = tl.program_id(0)
-    total = M.to(tl.int64) * N
     offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < total
     acc = tl.zeros([BLOCK], dtype=tl.float32)

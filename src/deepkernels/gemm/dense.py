@@ -32,10 +32,16 @@ __all__ = [
 _NUM_SMS = 0  # 0: use the device's SM count
 
 
+_SM_COUNT: dict = {}
+
+
 def _device_sm_count() -> int | None:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return None
+    if not torch.cuda.is_available():
+        return None
+    dev = torch.cuda.current_device()
+    if dev not in _SM_COUNT:
+        _SM_COUNT[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
+    return _SM_COUNT[dev]
 
 
 def set_num_sms(num_sms: int) -> None:
@@ -114,21 +120,19 @@ def _row_stride(name: str, t: torch.Tensor, k_major: bool, inner: int) -> int:
 
 
 def _normalise_sf(name: str, sf, mn: int, k: int, gran_mn: int) -> tuple[torch.Tensor, bool]:
-    """Scales as fp32 with logical shape [ceil(mn/gran_mn), ceil(k/128)] (or per row if packed UE8M0).
+    """Validate scales (shape ``[ceil(mn/gran_mn), ceil(k/128)]``, :func:`deepkernels.quant.check_sf_layout`).
 
-    Returns (sf, per_row)."""
-    from ..quant import check_sf_layout, get_mn_major_tma_aligned_tensor, unpack_ue8m0_from_int
+    FP32 scales are returned as they are: the kernels read them through their strides, so any layout (row-major,
+    MN-major TMA-aligned, sliced) works without the copy upstream makes. Packed UE8M0 int32 scales are unpacked
+    to FP32 (always per row). Returns (sf, per_row)."""
+    from ..quant import check_sf_layout, unpack_ue8m0_from_int
 
     check_tensor(name, sf, ndim=2, dtype=(torch.float32, torch.int32))
-    sfk = _cdiv(k, 128)
     if sf.dtype == torch.int32:  # packed UE8M0 (SM100 format): always per row
         check_sf_layout(sf, mn, k, 1, 128, name=name)
-        sf = unpack_ue8m0_from_int(sf)[:, :sfk]
-        return get_mn_major_tma_aligned_tensor(sf), True
+        return unpack_ue8m0_from_int(sf)[:, :_cdiv(k, 128)], True
     check_sf_layout(sf, mn, k, gran_mn, 128, name=name)
-    if gran_mn == 1:
-        return get_mn_major_tma_aligned_tensor(sf), True
-    return sf, False  # 128x128 weight scales: any strides (read with plain loads)
+    return sf, gran_mn == 1
 
 
 def _check_fp8_pair(name: str, x) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,7 +175,7 @@ def _grid(m: int, n: int, cfg: GemmConfig) -> tuple[int, int]:
 def _splitk_finish(ws: torch.Tensor, d: torch.Tensor, accumulate: bool, split_k: int) -> None:
     m, n = d.shape
     block = 1024
-    _gemm_splitk_reduce_kernel[(_cdiv(m * n, block),)](ws, d, m, n, d.stride(0), SPLIT_K=split_k,
+    _gemm_splitk_reduce_kernel[(_cdiv(m * n, block),)](ws, d, m * n, n, d.stride(0), SPLIT_K=split_k,
                                                        ACCUMULATE=accumulate, BLOCK=block, num_warps=4)
 
 
@@ -223,7 +227,8 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=Non
     Args:
         a: ``(A, sfa)``: A ``[M, K]`` float8_e4m3fn, K-major (row stride a multiple of 16 B, 16-B aligned base;
             an MN-major A is copied to K-major); sfa ``[M, ceil(K/128)]`` float32 per-token scales (1x128) in any
-            layout (normalised with :func:`deepkernels.quant.get_mn_major_tma_aligned_tensor`), or packed UE8M0
+            layout (checked with :func:`deepkernels.quant.check_sf_layout` and read through its strides, no copy;
+            MN-major TMA-aligned as from ``get_mn_major_tma_aligned_tensor`` is the fastest), or packed UE8M0
             int32 ``[M, ceil(ceil(K/128)/4)]``.
         b: ``(B, sfb)``: B ``[N, K]`` float8_e4m3fn, K-major like A; sfb float32 ``[ceil(N/128), ceil(K/128)]``
             (recipe ``(1, 128, 128)``, any strides) or ``[N, ceil(K/128)]`` (recipe ``(1, 1, 128)``), or packed
