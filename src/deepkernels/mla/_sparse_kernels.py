@@ -70,13 +70,17 @@ def _finish_bf16(x, UPCAST: tl.constexpr):
 
 @triton.jit
 def _gather_dequant(kv_ptr, idx, valid, page, stride_kb,
-                    FMT: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
+                    FMT: tl.constexpr, PAGE_SHIFT: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
     """Gather BLOCK_N token records and dequantise: returns (K_a [BLOCK_N, 512], K_rope [BLOCK_N, 64]).
 
     K_a is the quantised 512-wide part (MODEL1: 448 dims + 64 zeros); K_rope the bf16 RoPE (V3.2, MODEL1; zeros
     otherwise, unused). bf16 on the GPU, bf16-valued fp32 under the interpreter."""
-    blk = idx // page
-    row = idx - blk * page
+    if PAGE_SHIFT >= 0:     # power-of-two page: shift and mask instead of an integer division per token
+        blk = idx >> PAGE_SHIFT
+        row = idx & ((1 << PAGE_SHIFT) - 1)
+    else:
+        blk = idx // page
+        row = idx - blk * page
     d = tl.arange(0, 512)
     dr = tl.arange(0, 64)
     vm = valid[:, None]
@@ -127,7 +131,7 @@ def _gather_dequant(kv_ptr, idx, valid, page, stride_kb,
 @triton.jit
 def _attend_range(acc, acc_r, m_i, l_i, q_a, q_r, kv_ptr, idx_row, t_lo, t_hi, n, page, stride_kb, num_tok,
                   sm_scale_log2,
-                  FMT: tl.constexpr, HAS_ROPE: tl.constexpr, ROPE_IN_V: tl.constexpr,
+                  FMT: tl.constexpr, PAGE_SHIFT: tl.constexpr, HAS_ROPE: tl.constexpr, ROPE_IN_V: tl.constexpr,
                   BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr):
     """Online softmax over positions [t_lo, t_hi) of one index row (positions >= n are invalid)."""
     for t0 in tl.range(t_lo, t_hi, BLOCK_N, num_stages=NUM_STAGES):
@@ -136,7 +140,7 @@ def _attend_range(acc, acc_r, m_i, l_i, q_a, q_r, kv_ptr, idx_row, t_lo, t_hi, n
         idx = tl.load(idx_row + offs, mask=inb, other=-1)
         valid = inb & (idx >= 0) & (idx < num_tok)
         idx = tl.where(valid, idx, 0)
-        ka, kr = _gather_dequant(kv_ptr, idx, valid, page, stride_kb, FMT, BLOCK_N, UPCAST)
+        ka, kr = _gather_dequant(kv_ptr, idx, valid, page, stride_kb, FMT, PAGE_SHIFT, BLOCK_N, UPCAST)
         s = tl.dot(q_a, tl.trans(ka))
         if HAS_ROPE:
             s = tl.dot(q_r, tl.trans(kr), s)
@@ -162,7 +166,7 @@ def _sparse_decode_fwd_kernel(
     stride_kb, page, num_tok, stride_ib, stride_is,
     stride_xkb, xpage, xnum_tok, stride_xib, stride_xis,
     b, s_q, h_q, topk, xtopk, acc_rows, sm_scale_log2,
-    FMT: tl.constexpr, XFMT: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_LEN: tl.constexpr,
+    FMT: tl.constexpr, XFMT: tl.constexpr, PAGE_SHIFT: tl.constexpr, XPAGE_SHIFT: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_LEN: tl.constexpr,
     HAS_XLEN: tl.constexpr, HAS_SINK: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, SBLOCK: tl.constexpr,
     UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr,
@@ -216,7 +220,7 @@ def _sparse_decode_fwd_kernel(
         idx_row = idx_ptr + req64 * stride_ib + si64 * stride_is
         acc, acc_r, m_i, l_i = _attend_range(acc, acc_r, m_i, l_i, q_a, q_r, kv_ptr, idx_row, t_lo,
                                              tl.minimum(t_hi, n), n, page, stride_kb, num_tok, sm_scale_log2,
-                                             FMT, HAS_ROPE, ROPE_IN_V, BLOCK_N, UPCAST, NUM_STAGES)
+                                             FMT, PAGE_SHIFT, HAS_ROPE, ROPE_IN_V, BLOCK_N, UPCAST, NUM_STAGES)
         if HAS_EXTRA:
             nx = xtopk + req * 0
             if HAS_XLEN:
@@ -226,7 +230,8 @@ def _sparse_decode_fwd_kernel(
             acc, acc_r, m_i, l_i = _attend_range(acc, acc_r, m_i, l_i, q_a, q_r, xkv_ptr, xidx_row,
                                                  tl.maximum(t_lo - off, 0), tl.minimum(t_hi - off, nx), nx, xpage,
                                                  stride_xkb, xnum_tok, sm_scale_log2,
-                                                 XFMT, HAS_ROPE, ROPE_IN_V, BLOCK_N, UPCAST, NUM_STAGES)
+                                                 XFMT, XPAGE_SHIFT, HAS_ROPE, ROPE_IN_V, BLOCK_N, UPCAST,
+                                                 NUM_STAGES)
 
         base_row = tl.load(nsplits_ptr + req)
         nsp = tl.load(nsplits_ptr + req + 1) - base_row

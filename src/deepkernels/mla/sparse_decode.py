@@ -193,13 +193,19 @@ def _launch_sparse_decode(out, lse_buf, q, k_cache, indices, sched, num_splits, 
         kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1], indices.stride(0), indices.stride(1),
         xkv.stride(0), xkv.shape[1], xkv.shape[0] * xkv.shape[1], xind.stride(0), xind.stride(1),
         b, s_q, h_q, indices.shape[2], xind.shape[2] if has_x else 0, acc_rows, scale * _LOG2E,
-        FMT=FMT_CODES[fmt], XFMT=FMT_CODES[xfmt] if has_x else FMT_CODES[fmt], HAS_EXTRA=has_x,
+        FMT=FMT_CODES[fmt], XFMT=FMT_CODES[xfmt] if has_x else FMT_CODES[fmt],
+        PAGE_SHIFT=_page_shift(kv.shape[1]), XPAGE_SHIFT=_page_shift(xkv.shape[1]), HAS_EXTRA=has_x,
         HAS_LEN=topk_length is not None, HAS_XLEN=extra_topk_length is not None, HAS_SINK=attn_sink is not None,
         BLOCK_H=block_h, BLOCK_N=block_n, SBLOCK=SCHED_BLOCK, UPCAST=interpret_mode(), NUM_STAGES=stages,
         num_warps=warps, num_stages=stages)
     _sparse_decode_combine_kernel[(b * s_q, triton_cdiv(h_q, 8))](
         o_acc, l_acc, num_splits, out, lse_buf, attn_sink if attn_sink is not None else l_acc, s_q, h_q, acc_rows,
         HAS_SINK=attn_sink is not None, HEADS=8, D_V=512, num_warps=4)
+
+
+def _page_shift(page: int) -> int:
+    """log2(page) for power-of-two page sizes up to 2^12 (shift/mask addressing), else -1 (runtime division)."""
+    return page.bit_length() - 1 if page & (page - 1) == 0 and page <= 4096 else -1
 
 
 def triton_cdiv(a: int, b: int) -> int:
