@@ -24,12 +24,13 @@ D_NOPE, D_PE = 512, 64
 
 # Config table: (BLOCK_M, BLOCK_N, num_warps, num_stages, parts_per_sm) by query rows per kv head
 # (s_q * h_q / h_kv). Rows >= 33 take the compute path (64-row tiles, 8 warps: the 512-wide accumulator is split
-# over two warpgroups); fewer rows take the bandwidth path (rows padded to 16/32, 4 warps, deeper pipelining).
-# Chosen from the compile tier (smem <= 227 KB, no spills) and the device sweep recorded in
-# benchmarks/notes/mla_decode.md (benchmarks/mla_decode.py --sweep).
+# over two warpgroups); fewer rows take the bandwidth path (rows padded to 16/32, 4 warps, 2 programs per SM so
+# twice the KV bytes are in flight). Chosen by the H200 sweep of 2026-11-29 (benchmarks/mla_decode.py --sweep,
+# benchmarks/results/mla_decode-h200.json, notes in benchmarks/notes/mla_decode.md): e.g. h_q=16 s_k=32K
+# (16,32,4,3,2) 2538 GB/s vs (16,64,4,2,1) 1927; h_q=128 (64,64,8,2,1) 230 TFLOPS vs (64,32,8,3,1) 168.
 _CONFIGS = {
-    16: (16, 64, 4, 3, 1),
-    32: (32, 64, 4, 3, 1),
+    16: (16, 32, 4, 3, 2),
+    32: (32, 32, 4, 3, 2),
     64: (64, 64, 8, 2, 1),
 }
 _NUM_SMS: Optional[int] = None
