@@ -36,12 +36,17 @@ class CompiledSM90:
 
 
 def compile_sm90(fn, signature: dict, constexprs: dict | None = None, *, num_warps: int = 4,
-                 num_stages: int = 3, **options) -> CompiledSM90:
+                 num_stages: int = 3, divisible_by_16=None, **options) -> CompiledSM90:
     """Compile ``fn`` (a ``@triton.jit`` function) for sm90.
 
     ``signature`` maps each non-constexpr argument name to a Triton type string ("*fp8e4nv", "*bf16",
     "*fp32", "i32", "i64", "fp32", ...); constexpr arguments are listed in ``constexprs`` and marked
     "constexpr" in the signature automatically.
+
+    ``divisible_by_16``: argument names to hint as multiples of 16 (``tt.divisibility``), as Triton's launcher
+    does for 16-B-aligned pointers and integer arguments divisible by 16. Default: every pointer argument,
+    which is what a launch with torch-allocated tensors sees; without the hints Triton may not vectorise or
+    pipeline (cp.async) the loads, so the compiled code would not be what runs. Pass ``()`` for none.
     """
     import triton
     from triton.backends.compiler import GPUTarget
@@ -53,7 +58,10 @@ def compile_sm90(fn, signature: dict, constexprs: dict | None = None, *, num_war
     sig = dict(signature)
     for k in (constexprs or {}):
         sig[k] = "constexpr"
-    src = ASTSource(jit_fn, signature=sig, constexprs=dict(constexprs or {}))
+    if divisible_by_16 is None:
+        divisible_by_16 = [k for k, v in signature.items() if isinstance(v, str) and v.startswith("*")]
+    attrs = {(jit_fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible_by_16}
+    src = ASTSource(jit_fn, signature=sig, constexprs=dict(constexprs or {}), attrs=attrs)
     opts = {"num_warps": num_warps, "num_stages": num_stages, **options}
     c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     return CompiledSM90(ttgir=c.asm["ttgir"], ptx=c.asm["ptx"], shared=int(c.metadata.shared), num_warps=num_warps)
