@@ -18,7 +18,7 @@ from .._backend import interpret_mode, use_kernels
 from .._validate import check_dtype, check_tensor
 from .metadata import FIXED_OVERHEAD_BLOCKS, SCHED_BLOCK, compute_schedule
 
-__all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache", "set_num_sms"]
+__all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache", "set_mla_num_sms"]
 
 D_NOPE, D_PE = 512, 64
 
@@ -37,8 +37,10 @@ _NUM_SMS: Optional[int] = None
 _POISON_OUTPUTS = False   # test knob: fill out/lse/accumulators with NaN before launch (checks every element is written)
 
 
-def set_num_sms(n: Optional[int]) -> None:
-    """Override the SM count the scheduler balances over (None: the device's count). Raises ValueError if < 1."""
+def set_mla_num_sms(n: Optional[int]) -> None:
+    """Override the SM count the MLA split-KV scheduler balances over (None: the device's count, or the GEMM
+    knob :func:`deepkernels.set_num_sms` when that is set). FlashMLA has no such knob; the top-level
+    ``set_num_sms`` is DeepGEMM's. Raises ValueError if < 1."""
     global _NUM_SMS
     if n is not None and int(n) < 1:
         raise ValueError(f"num_sms must be >= 1 or None, got {n}")
@@ -48,6 +50,10 @@ def set_num_sms(n: Optional[int]) -> None:
 def _num_sms(device: torch.device) -> int:
     if _NUM_SMS is not None:
         return _NUM_SMS
+    from ..gemm import dense as _gemm_dense
+
+    if _gemm_dense._NUM_SMS:
+        return _gemm_dense._NUM_SMS
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4  # interpreter: few parts keep CPU runs cheap while still exercising splits
