@@ -118,7 +118,8 @@ def _dequant(X, k, gran_rows=1):
 
 
 _I_CFGS = [GemmConfig(64, 64, 4, 2), GemmConfig(64, 64, 4, 2, split_k=2, progs_per_sm=2),
-           GemmConfig(64, 256, 8, 2), GemmConfig(64, 64, 4, 2, tma_store=True)]
+           GemmConfig(64, 256, 8, 2), GemmConfig(64, 64, 4, 2, tma_store=True),
+           GemmConfig(64, 64, 4, 2, warp_spec=True), GemmConfig(64, 64, 4, 2, progs_per_sm=2, flatten=True)]
 
 
 @pytest.mark.interpret
@@ -135,6 +136,27 @@ def test_fp8_interpret_shapes(m, n, k, device):
 @pytest.mark.parametrize("cfg", _I_CFGS, ids=lambda c: c.name())
 def test_fp8_interpret_configs(cfg, device):
     _run_fp8(70, 300, 640, device, cfg=cfg)
+
+
+@pytest.mark.interpret
+def test_fp8_interpret_ws_kernel_per_row_accumulate(device):
+    _run_fp8(9, 72, 384, device, cfg=GemmConfig(64, 64, 4, 2, warp_spec=True), out_dtype=torch.float32,
+             per_row_b=True, accumulate=True)
+
+
+@pytest.mark.interpret
+def test_fp8_interpret_cached_plan_reused(device):
+    """A second call with the same signature runs the cached plan (including the copy of a separate c)."""
+    m, n, k = 9, 72, 384
+    _, _, A, B = _fp8_inputs(m, n, k, device)
+    cfg = GemmConfig(64, 64, 4, 2)
+    c = torch.randn(m, n, device=device).bfloat16()
+    want = ref.fp8_gemm_ref(A, B, c=c, out_dtype=torch.float32)
+    for _ in range(2):
+        d = _poison(m, n, torch.bfloat16, device)
+        dense.fp8_gemm_nt(A, B, d, c=c, _config=cfg)
+        assert calc_diff(d.float(), want) < 1e-5
+    assert any(cfg in key for key in dense._FP8_PLANS)
 
 
 @pytest.mark.interpret
@@ -244,6 +266,33 @@ def test_bf16_gpu(cfg, layout):
         getattr(dk, f"bf16_gemm_{layout}")(x, y, d)
         _check_written(d)
         assert calc_diff(d.float(), a.float() @ b.float().T) < 1e-5
+
+
+@pytest.mark.gpu
+def test_fp8_gpu_fast_launch_path():
+    """Repeated calls take the cached-plan fast path (direct CompiledKernel launch), stay correct, capture
+    into a CUDA graph, and a changed signature (other alignment) is validated again."""
+    m, n, k = 64, 2112, 7168
+    _, _, A, B = _fp8_inputs(m, n, k, "cuda")
+    want = _dequant(A, k) @ _dequant(B, k, 128).T
+    d = _poison(m, n, torch.bfloat16, "cuda")
+    dense._FP8_PLANS.clear()
+    for _ in range(3):
+        d.fill_(float("nan"))
+        dk.fp8_gemm_nt(A, B, d)
+        assert calc_diff(d.float(), want) < 1e-3
+    (plan,) = dense._FP8_PLANS.values()
+    assert plan.launcher.fast_calls == 2 and plan.launcher.slow_calls == 1
+    d.fill_(float("nan"))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        dk.fp8_gemm_nt(A, B, d)
+    g.replay()
+    torch.cuda.synchronize()
+    assert calc_diff(d.float(), want) < 1e-3
+    big = torch.empty(m * k + 16, dtype=torch.float8_e4m3fn, device="cuda")
+    with pytest.raises(ValueError, match="16-byte"):
+        dk.fp8_gemm_nt((big[8:8 + m * k].view(m, k), A[1]), B, d)
 
 
 @pytest.mark.gpu

@@ -37,13 +37,21 @@ def _spill_bytes(ptx: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+WS_MAX_SPILL_BYTES = 512  # autoWS kernels: ptxas reports ~360 B (measured on sm90 cross-compiles)
+
+
 def _fp8(cfg: GemmConfig, per_row=False, acc=False, out="*bf16"):
-    from deepkernels.gemm._fp8_kernels import _fp8_gemm_nt_kernel
+    from deepkernels.gemm._fp8_kernels import _fp8_gemm_nt_kernel, _fp8_gemm_nt_ws_kernel
     sig = dict(_FP8_SIG, d_ptr=out)
+    if cfg.warp_spec:
+        sig.pop("ws_ptr")
+        return compile_sm90(_fp8_gemm_nt_ws_kernel, sig, dict(
+            SFB_PER_ROW=per_row, ACCUMULATE=acc, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=128,
+            GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages), num_warps=4, num_stages=cfg.num_stages)
     return compile_sm90(_fp8_gemm_nt_kernel, sig, dict(
         SFB_PER_ROW=per_row, ACCUMULATE=acc, SPLIT_K=cfg.split_k, TMA_STORE=cfg.tma_store and cfg.split_k == 1,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
+        FLATTEN=cfg.flatten), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def _check(c, cfg, max_spill=MAX_SPILL_BYTES):
@@ -61,7 +69,20 @@ _BF16_ALL = list(dict.fromkeys(BF16_CANDIDATES + list(BF16_TABLE.values())))
 
 @pytest.mark.parametrize("cfg", _FP8_ALL, ids=lambda c: c.name())
 def test_fp8_config_compiles_for_sm90(cfg):
-    _check(_fp8(cfg), cfg)
+    c = _fp8(cfg)
+    _check(c, cfg, max_spill=WS_MAX_SPILL_BYTES if cfg.warp_spec else MAX_SPILL_BYTES)
+    if cfg.warp_spec:  # the autoWS pass silently gives up on some loop bodies: make sure it specialised
+        assert "ttg.warp_specialize" in c.ttgir, f"{cfg.name()}: not warp-specialised"
+        assert "setmaxnreg" in c.ptx
+
+
+def test_fp8_ws_variants_compile():
+    """The warp-specialised kernel also specialises with per-row weight scales and with C accumulation."""
+    cfg = GemmConfig(128, 128, 4, 4, warp_spec=True)
+    for per_row, acc, out in ((True, False, "*bf16"), (False, True, "*fp32")):
+        c = _fp8(cfg, per_row=per_row, acc=acc, out=out)
+        assert "ttg.warp_specialize" in c.ttgir
+        _check(c, cfg, max_spill=2048)  # the C load in the epilogue costs registers (~1.3 KB spill)
 
 
 def test_fp8_variants_compile():

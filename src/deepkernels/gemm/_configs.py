@@ -22,6 +22,8 @@ class GemmConfig:
     group_m: int = 8            # L2 tile grouping along M
     tma_store: bool = False     # TMA store of D (needs 16-B aligned D rows; falls back to masked stores)
     block_k: int = 128
+    warp_spec: bool = False     # FP8: tl.range(warp_specialize=True) on the tile loop (needs num_warps=4)
+    flatten: bool = False       # FP8: tl.range(flatten=True) on the tile loop
 
     def name(self) -> str:
         s = f"{self.block_m}x{self.block_n}x{self.block_k}_w{self.num_warps}_s{self.num_stages}"
@@ -31,14 +33,18 @@ class GemmConfig:
             s += f"_p{self.progs_per_sm}"
         if self.tma_store:
             s += "_tma"
+        if self.warp_spec:
+            s += "_ws"
+        if self.flatten:
+            s += "_fl"
         return s
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def _c(bm, bn, w, s, sk=1, p=1, tma=False, bk=128):
-    return GemmConfig(bm, bn, w, s, split_k=sk, progs_per_sm=p, tma_store=tma, block_k=bk)
+def _c(bm, bn, w, s, sk=1, p=1, tma=False, bk=128, ws=False, fl=False):
+    return GemmConfig(bm, bn, w, s, split_k=sk, progs_per_sm=p, tma_store=tma, block_k=bk, warp_spec=ws, flatten=fl)
 
 
 # ---- FP8 candidates (BLOCK_K is always 128 = one scale block) -------------------------------------------
@@ -49,6 +55,8 @@ FP8_SMALL_M_CANDIDATES = [
     *[_c(64, 256, 8, 4, sk, 1) for sk in (1, 2)],
     _c(128, 128, 8, 4, 1, 1),
     *[_c(64, 128, 4, 4, sk, 0) for sk in (1, 2)],
+    _c(64, 128, 4, 4, ws=True),            # autoWS: producer + 2 consumer warpgroups
+    _c(128, 64, 4, 6, ws=True),
 ]
 FP8_LARGE_M_CANDIDATES = [
     _c(128, 128, 8, 4, 1, 1),
@@ -58,6 +66,16 @@ FP8_LARGE_M_CANDIDATES = [
     _c(64, 128, 4, 4, 1, 0),
     _c(64, 256, 8, 4, 1, 1),
     _c(64, 256, 8, 3, 1, 1, tma=True),
+    # Triton autoWS (tl.range(warp_specialize=True), num_warps=4): 1 TMA producer + 2 wgmma/promotion consumer
+    # warpgroups of BLOCK_M/2 rows each -- one consumer's promotion overlaps the other's wgmma (compile tier
+    # checks ttg.warp_specialize). ptxas reports ~360 B spill (128x64: none); 256x128 / 128x256 spill 2-4.7 KB.
+    _c(128, 128, 4, 4, ws=True),
+    _c(128, 128, 4, 5, ws=True),
+    _c(128, 64, 4, 6, ws=True),
+    _c(64, 128, 4, 4, ws=True),
+    # flattened persistent loop (no pipeline drain between tiles)
+    _c(128, 128, 8, 4, 1, 1, fl=True),
+    _c(64, 128, 4, 4, 1, 2, fl=True),
 ]
 # rejected by the compile tier (ptxas spills > 1 KB at 255 registers): 128x256 w8, 256x128 w8, 128x128 w4,
 # 64x256 w4 -- the fresh per-K-block partial doubles the accumulator registers.

@@ -94,12 +94,15 @@ def _fp8_gemm_nt_kernel(a_ptr, b_ptr, d_ptr, sfa_ptr, sfb_ptr, ws_ptr,
                         SFB_PER_ROW: tl.constexpr, ACCUMULATE: tl.constexpr, SPLIT_K: tl.constexpr,
                         TMA_STORE: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr):
+                        GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr, FLATTEN: tl.constexpr = False):
     """Persistent FP8 NT GEMM: ``num_progs`` programs loop over (split, M-block, N-block) tiles.
 
     A ``[M, K]`` / B ``[N, K]`` e4m3, K-major; D ``[M, N]`` bf16/fp32 row-major (row stride ``stride_dm``).
     With SPLIT_K > 1 each tile covers a contiguous share of the K blocks and writes FP32 partials to
     ``ws [SPLIT_K, M, N]``; :func:`_gemm_splitk_reduce_kernel` sums them into D.
+
+    FLATTEN: flatten the tile and K loops into one pipelined loop (no pipeline drain between tiles; ignored by
+    the interpreter). The warp-specialised variant is :func:`_fp8_gemm_nt_ws_kernel`.
     """
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
                                        block_shape=[BLOCK_M, BLOCK_K])
@@ -115,7 +118,7 @@ def _fp8_gemm_nt_kernel(a_ptr, b_ptr, d_ptr, sfa_ptr, sfb_ptr, ws_ptr,
     num_kb = tl.cdiv(K, BLOCK_K)
     kb_per_split = tl.cdiv(num_kb, SPLIT_K)
     num_tiles = num_mn * SPLIT_K
-    for tile_id in tl.range(pid, num_tiles, num_progs):
+    for tile_id in tl.range(pid, num_tiles, num_progs, flatten=FLATTEN):
         split = tile_id // num_mn
         pid_m, pid_n = _tile_coords(tile_id % num_mn, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
@@ -138,6 +141,58 @@ def _fp8_gemm_nt_kernel(a_ptr, b_ptr, d_ptr, sfa_ptr, sfb_ptr, ws_ptr,
         else:
             ws = ws_ptr + split.to(tl.int64) * M * N
             _store_tile(ws, acc, offs_m, offs_n, M, N, N, False)
+
+
+@triton.jit
+def _fp8_gemm_nt_ws_kernel(a_ptr, b_ptr, d_ptr, sfa_ptr, sfb_ptr,
+                           M, N, K, stride_am, stride_bn, stride_dm,
+                           sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
+                           SFB_PER_ROW: tl.constexpr, ACCUMULATE: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """Persistent FP8 NT GEMM with Triton's automatic warp specialisation of the tile loop (sm90 autoWS).
+
+    Same semantics as :func:`_fp8_gemm_nt_kernel` without split-K / TMA store. Compiled with num_warps=4 the
+    sm90 pipeline turns the tile loop into one TMA producer warpgroup plus two consumer warpgroups, each doing
+    the wgmma + FP32 promotion of half the BLOCK_M rows (DeepGEMM's 1 producer + 2 math warpgroups): one
+    consumer's promotion overlaps the other's wgmma. The loop body is kept minimal on purpose (a split-K
+    range or a data-dependent epilogue branch makes the pass silently not specialise; the compile tier
+    asserts ``ttg.warp_specialize`` in TTGIR). BLOCK_N <= 128 for 128x128 weight scales (one scalar per K block).
+    """
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
+                                       block_shape=[BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_bn, 1],
+                                       block_shape=[BLOCK_N, BLOCK_K])
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    num_kb = tl.cdiv(K, BLOCK_K)
+    for tile_id in tl.range(pid, num_tiles, num_progs, warp_specialize=True):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        sfa_base = sfa_ptr + offs_m.to(tl.int64) * sfa_sm
+        if SFB_PER_ROW:
+            sfb_base = sfb_ptr + offs_n.to(tl.int64) * sfb_sn
+        else:
+            sfb_scalar = sfb_ptr + (off_n // 128).to(tl.int64) * sfb_sn
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for kb in tl.range(0, num_kb, num_stages=NUM_STAGES):
+            k = kb * BLOCK_K
+            a = a_desc.load([off_m, k])
+            b = b_desc.load([off_n, k])
+            partial = tl.dot(a, b.T)  # fresh FP32 partial per 128-wide K block
+            sa = tl.load(sfa_base + kb * sfa_sk, mask=offs_m < M, other=0.0)
+            if SFB_PER_ROW:
+                sb = tl.load(sfb_base + kb * sfb_sk, mask=offs_n < N, other=0.0)
+                acc += partial * (sa[:, None] * sb[None, :])
+            else:
+                sb = tl.load(sfb_scalar + kb * sfb_sk)
+                acc += partial * (sa * sb)[:, None]
+        _store_tile(d_ptr, acc, offs_m, offs_n, M, N, stride_dm, ACCUMULATE)
 
 
 @triton.jit

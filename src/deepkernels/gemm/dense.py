@@ -12,15 +12,17 @@ without ``c``; N need not be a multiple of 8; an odd ``set_num_sms`` value is ac
 """
 from __future__ import annotations
 
+import os
+
 import torch
-import triton
 
 from .._backend import ensure_tma_allocator, interpret_mode, use_kernels
+from .._launch import KernelLauncher
 from .._validate import check_tensor
 from ..reference import gemm as _ref
 from ._bf16_kernels import _bf16_gemm_nt_kernel
 from ._configs import GemmConfig, select_bf16_config, select_fp8_config
-from ._fp8_kernels import _fp8_gemm_nt_kernel, _gemm_splitk_reduce_kernel
+from ._fp8_kernels import _fp8_gemm_nt_kernel, _fp8_gemm_nt_ws_kernel, _gemm_splitk_reduce_kernel
 
 __all__ = [
     "fp8_gemm_nt", "fp8_gemm_nn", "fp8_gemm_tn", "fp8_gemm_tt",
@@ -144,14 +146,6 @@ def _check_fp8_pair(name: str, x) -> tuple[torch.Tensor, torch.Tensor]:
     return data, sf
 
 
-def _prepare_accumulate(d: torch.Tensor, c) -> bool:
-    if c is None:
-        return False
-    if c is not d and c.data_ptr() != d.data_ptr():
-        d.copy_(c)
-    return True
-
-
 def _early_exit(d: torch.Tensor, c, m: int, n: int, k: int) -> bool:
     if m == 0 or n == 0:
         return True
@@ -164,7 +158,88 @@ def _early_exit(d: torch.Tensor, c, m: int, n: int, k: int) -> bool:
     return False
 
 
-# --------------------------------------------------------------------------------------------- launchers
+# --------------------------------------------------------------------------------------------- launch plans
+# Host fast path: a call whose *signature* (dtype, shape, strides, device and 16-B alignment of every tensor, the
+# c/d aliasing facts, recipe, compiled_dims, config override, set_num_sms value, interpreter flag) equals one
+# that already passed validation gets the cached plan: every check is a function of that signature, so its
+# verdict is reused (no check is skipped for an input that would fail it), and the plan launches the compiled
+# kernel directly (deepkernels._launch.KernelLauncher). Calls that needed a copy (MN-major FP8, packed UE8M0
+# scales) or that launch nothing are never cached and take the full path every time.
+_PLAN_LIMIT = 4096
+_FP8_PLANS: dict = {}
+_BF16_PLANS: dict = {}
+_T = torch.Tensor
+_ENV = os.environ
+_RUNTIME = None
+
+
+def _interp() -> bool:
+    global _RUNTIME
+    if _RUNTIME is None:
+        try:
+            from triton import knobs
+            _RUNTIME = knobs.runtime
+        except Exception:  # pragma: no cover
+            return interpret_mode()
+    return bool(_RUNTIME.interpret)
+
+
+def _tsig(t: torch.Tensor) -> tuple:
+    return (t.dtype, t.shape, t.stride(), t.device, t.data_ptr() & 15)
+
+
+def _c_sig(c, d):
+    if c is None:
+        return None
+    if type(c) is not _T:
+        raise TypeError  # unusual argument: full path
+    return (_tsig(c), c is d, c.data_ptr() == d.data_ptr())
+
+
+def _fp8_sig(a, b, d, c, recipe, compiled_dims, cfg):
+    """Hashable signature of an FP8 call, or None when it has unusual argument types (full path)."""
+    try:
+        if type(a) not in (tuple, list) or type(b) not in (tuple, list) or len(a) != 2 or len(b) != 2:
+            return None
+        ad, sa = a
+        bd, sb = b
+        if type(ad) is not _T or type(sa) is not _T or type(bd) is not _T or type(sb) is not _T or type(d) is not _T:
+            return None
+        return (_tsig(ad), _tsig(sa), _tsig(bd), _tsig(sb), _tsig(d), _c_sig(c, d),
+                None if recipe is None else tuple(recipe), compiled_dims, cfg, _NUM_SMS, _interp())
+    except Exception:
+        return None
+
+
+def _bf16_sig(a, b, d, c, compiled_dims, cfg):
+    try:
+        if type(a) is not _T or type(b) is not _T or type(d) is not _T:
+            return None
+        return (_tsig(a), _tsig(b), _tsig(d), _c_sig(c, d), compiled_dims, cfg, _NUM_SMS, _interp())
+    except Exception:
+        return None
+
+
+def _store_plan(cache: dict, sig, plan) -> None:
+    if sig is None:
+        return
+    try:
+        if len(cache) >= _PLAN_LIMIT:
+            cache.clear()
+        cache[sig] = plan
+    except TypeError:  # unhashable piece (e.g. compiled_dims given as a list): no caching
+        pass
+
+
+def _lookup(cache: dict, sig):
+    if sig is None or _ENV.get("DEEPKERNELS_FORCE_REFERENCE", "0") not in ("", "0"):
+        return None
+    try:
+        return cache.get(sig)
+    except TypeError:
+        return None
+
+
 def _grid(m: int, n: int, cfg: GemmConfig) -> tuple[int, int]:
     tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n) * cfg.split_k
     if cfg.progs_per_sm == 0:  # not persistent: one program per tile
@@ -172,50 +247,107 @@ def _grid(m: int, n: int, cfg: GemmConfig) -> tuple[int, int]:
     return tiles, max(1, min(tiles, get_num_sms() * cfg.progs_per_sm))
 
 
+_REDUCE_LAUNCHERS: dict = {}
+
+
 def _splitk_finish(ws: torch.Tensor, d: torch.Tensor, accumulate: bool, split_k: int) -> None:
     m, n = d.shape
     block = 1024
-    _gemm_splitk_reduce_kernel[(_cdiv(m * n, block),)](ws, d, m * n, n, d.stride(0), SPLIT_K=split_k,
-                                                       ACCUMULATE=accumulate, BLOCK=block, num_warps=4)
+    key = (split_k, accumulate, d.dtype, spec := (m * n, n, d.stride(0)), d.data_ptr() & 15)
+    launcher = _REDUCE_LAUNCHERS.get(key)
+    if launcher is None:
+        if len(_REDUCE_LAUNCHERS) >= _PLAN_LIMIT:
+            _REDUCE_LAUNCHERS.clear()
+        launcher = _REDUCE_LAUNCHERS[key] = KernelLauncher(
+            _gemm_splitk_reduce_kernel, dict(SPLIT_K=split_k, ACCUMULATE=accumulate, BLOCK=block, num_warps=4))
+    launcher((_cdiv(m * n, block),), ws, d, *spec)
 
 
-def _launch_fp8(a, sfa, b, sfb, d, accumulate: bool, sfb_per_row: bool, cfg: GemmConfig | None = None) -> None:
+class _Plan:
+    """One validated call signature: launch arguments fixed except the tensors."""
+
+    __slots__ = ("launcher", "grid", "ints", "copy_c", "split_k", "ws_shape", "accumulate", "ws_kernel")
+
+    def __call__(self, a, sfa, b, sfb, d, c) -> None:
+        if self.copy_c:
+            d.copy_(c)
+        if self.ws_kernel:
+            self.launcher(self.grid, a, b, d, sfa, sfb, *self.ints)
+            return
+        ws = d if self.split_k == 1 else torch.empty(self.ws_shape, dtype=torch.float32, device=d.device)
+        self.launcher(self.grid, a, b, d, sfa, sfb, ws, *self.ints)
+        if self.split_k > 1:
+            _splitk_finish(ws, d, self.accumulate, self.split_k)
+
+
+def _fp8_plan(a, sfa, b, sfb, d, c, sfb_per_row: bool, cfg: GemmConfig | None) -> _Plan:
     m, k = a.shape
     n = b.shape[0]
     cfg = cfg or select_fp8_config(m, n, k, get_num_sms())
     ensure_tma_allocator()
+    accumulate = c is not None
     stride_am = _row_stride("a[0]", a, True, k)
     stride_bn = _row_stride("b[0]", b, True, k)
-    tma_store = cfg.tma_store and cfg.split_k == 1 and (d.stride(0) * d.element_size()) % 16 == 0 \
-        and d.data_ptr() % 16 == 0
     _, grid = _grid(m, n, cfg)
-    ws = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=d.device) if cfg.split_k > 1 else d
-    _fp8_gemm_nt_kernel[(grid,)](
-        a, b, d, sfa, sfb, ws, m, n, k, stride_am, stride_bn, d.stride(0),
-        sfa.stride(0), sfa.stride(1), sfb.stride(0), sfb.stride(1), grid,
-        SFB_PER_ROW=sfb_per_row, ACCUMULATE=accumulate, SPLIT_K=cfg.split_k, TMA_STORE=tma_store,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if cfg.split_k > 1:
-        _splitk_finish(ws, d, accumulate, cfg.split_k)
+    plan = _Plan()
+    plan.grid = (grid,)
+    plan.copy_c = accumulate and c is not d and c.data_ptr() != d.data_ptr()
+    plan.accumulate = accumulate
+    plan.split_k = cfg.split_k
+    plan.ws_shape = (cfg.split_k, m, n)
+    ints = (m, n, k, stride_am, stride_bn, d.stride(0), sfa.stride(0), sfa.stride(1), sfb.stride(0), sfb.stride(1),
+            grid)
+    # the warp-specialised kernel covers 128x128 weight scales and per-row scales, no split-K / TMA store
+    plan.ws_kernel = cfg.warp_spec and cfg.split_k == 1 and (sfb_per_row or cfg.block_n <= 128)
+    if plan.ws_kernel:
+        plan.launcher = KernelLauncher(_fp8_gemm_nt_ws_kernel, dict(
+            SFB_PER_ROW=sfb_per_row, ACCUMULATE=accumulate, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=128,
+            GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages, num_warps=4, num_stages=cfg.num_stages))
+    else:
+        tma_store = cfg.tma_store and cfg.split_k == 1 and (d.stride(0) * d.element_size()) % 16 == 0 \
+            and d.data_ptr() % 16 == 0
+        plan.launcher = KernelLauncher(_fp8_gemm_nt_kernel, dict(
+            SFB_PER_ROW=sfb_per_row, ACCUMULATE=accumulate, SPLIT_K=cfg.split_k, TMA_STORE=tma_store,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=128, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
+            FLATTEN=cfg.flatten, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    plan.ints = ints
+    return plan
 
 
-def _launch_bf16(a, a_kmajor, b, b_kmajor, d, accumulate: bool, cfg: GemmConfig | None = None) -> None:
+class _Bf16Plan(_Plan):
+    __slots__ = ()
+
+    def __call__(self, a, b, d, c) -> None:
+        if self.copy_c:
+            d.copy_(c)
+        ws = d if self.split_k == 1 else torch.empty(self.ws_shape, dtype=torch.float32, device=d.device)
+        self.launcher(self.grid, a, b, d, ws, *self.ints)
+        if self.split_k > 1:
+            _splitk_finish(ws, d, self.accumulate, self.split_k)
+
+
+def _bf16_plan(a, a_kmajor, b, b_kmajor, d, c, cfg: GemmConfig | None) -> _Bf16Plan:
     m, k = a.shape
     n = b.shape[0]
     cfg = cfg or select_bf16_config(m, n, k, get_num_sms())
     ensure_tma_allocator()
+    accumulate = c is not None
     stride_a = _row_stride("a", a, a_kmajor, k if a_kmajor else m)
     stride_b = _row_stride("b", b, b_kmajor, k if b_kmajor else n)
     _, grid = _grid(m, n, cfg)
-    ws = torch.empty((cfg.split_k, m, n), dtype=torch.float32, device=d.device) if cfg.split_k > 1 else d
-    _bf16_gemm_nt_kernel[(grid,)](
-        a, b, d, ws, m, n, k, stride_a, stride_b, d.stride(0), grid,
+    plan = _Bf16Plan()
+    plan.grid = (grid,)
+    plan.copy_c = accumulate and c is not d and c.data_ptr() != d.data_ptr()
+    plan.accumulate = accumulate
+    plan.split_k = cfg.split_k
+    plan.ws_shape = (cfg.split_k, m, n)
+    plan.ws_kernel = False
+    plan.ints = (m, n, k, stride_a, stride_b, d.stride(0), grid)
+    plan.launcher = KernelLauncher(_bf16_gemm_nt_kernel, dict(
         A_KMAJOR=a_kmajor, B_KMAJOR=b_kmajor, ACCUMULATE=accumulate, SPLIT_K=cfg.split_k,
         UPCAST=interpret_mode(), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if cfg.split_k > 1:
-        _splitk_finish(ws, d, accumulate, cfg.split_k)
+        GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    return plan
 
 
 # --------------------------------------------------------------------------------------------- public ops
@@ -249,6 +381,11 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=Non
         TypeError for wrong types/dtypes; ValueError for shape mismatches, wrong scale shapes, unsupported
         recipes, misaligned strides (before any launch).
     """
+    sig = _fp8_sig(a, b, d, c, recipe, compiled_dims, _config)
+    plan = _lookup(_FP8_PLANS, sig)
+    if plan is not None:  # same signature as a validated call: same verdict, launch directly
+        plan(a[0], a[1], b[0], b[1], d, c)
+        return
     a_data, sfa = _check_fp8_pair("a", a)
     b_data, sfb = _check_fp8_pair("b", b)
     _check_compiled_dims(compiled_dims)
@@ -258,6 +395,7 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=Non
         raise ValueError(f"a[0] [M, K] and b[0] [N, K] must share K, got {list(a_data.shape)} and {list(b_data.shape)}")
     _check_out(d, c, m, n, (torch.bfloat16, torch.float32))
     gran = _ref.resolve_recipe(recipe, n, k, sfb)
+    sfa_in, sfb_in, a_in, b_in = sfa, sfb, a_data, b_data
     sfa, _ = _normalise_sf("a[1]", sfa, m, k, 1)
     sfb, sfb_per_row = _normalise_sf("b[1]", sfb, n, k, gran[1])
     if m and n and k:  # empty work launches nothing, so no layout rules apply
@@ -270,8 +408,10 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=Non
         return
     if _early_exit(d, c, m, n, k):
         return
-    accumulate = _prepare_accumulate(d, c)
-    _launch_fp8(a_data, sfa, b_data, sfb, d, accumulate, sfb_per_row, _config)
+    plan = _fp8_plan(a_data, sfa, b_data, sfb, d, c, sfb_per_row, _config)
+    if sfa is sfa_in and sfb is sfb_in and a_data is a_in and b_data is b_in:  # no copies were made
+        _store_plan(_FP8_PLANS, sig, plan)
+    plan(a_data, sfa, b_data, sfb, d, c)
 
 
 def _t(x):
@@ -317,6 +457,11 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
     ``m == 0 or n == 0``: no-op; ``k == 0``: ``d = c`` or zeros. Raises TypeError/ValueError before launch for
     wrong dtypes, shapes or misaligned strides.
     """
+    sig = _bf16_sig(a, b, d, c, compiled_dims, _config)
+    plan = _lookup(_BF16_PLANS, sig)
+    if plan is not None:
+        plan(a, b, d, c)
+        return
     check_tensor("a", a, ndim=2, dtype=torch.bfloat16)
     check_tensor("b", b, ndim=2, dtype=torch.bfloat16)
     _check_compiled_dims(compiled_dims)
@@ -336,8 +481,9 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
         return
     if _early_exit(d, c, m, n, k):
         return
-    accumulate = _prepare_accumulate(d, c)
-    _launch_bf16(a, a_km, b, b_km, d, accumulate, _config)
+    plan = _bf16_plan(a, a_km, b, b_km, d, c, _config)
+    _store_plan(_BF16_PLANS, sig, plan)  # _k_major never copies with allow_mn_major=True
+    plan(a, b, d, c)
 
 
 def bf16_gemm_nn(a, b, d, c=None, compiled_dims: str = "nk") -> None:

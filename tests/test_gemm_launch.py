@@ -1,0 +1,179 @@
+"""Host fast path (any tier, no device): deepkernels._launch.KernelLauncher with a stand-in JIT function, and
+the dense GEMMs' validated-signature plan cache (every check still applies to a new signature)."""
+import pytest
+import torch
+
+from deepkernels import _launch
+from deepkernels.gemm import dense
+from deepkernels.gemm._configs import GemmConfig
+from deepkernels.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+
+
+class _Param:
+    def __init__(self, name, default=None, has_default=False):
+        self.name, self.default, self.has_default = name, default, has_default
+
+
+class _FakeCompiled:
+    function = "fn-handle"
+    packed_metadata = "packed"
+
+    def __init__(self, log):
+        self.log = log
+
+    def run(self, *args):
+        self.log.append(("fast", args))
+
+
+class _FakeJit:
+    """Looks like a JITFunction: params, and fn[grid](*args, **meta) launching + returning a compiled kernel."""
+    params = [_Param("x"), _Param("n"), _Param("BLOCK"), _Param("FLAG", False, True)]
+
+    def __init__(self):
+        self.log = []
+        self.compiled = _FakeCompiled(self.log)
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.log.append(("slow", grid, args, meta))
+            return self.compiled
+        return launch
+
+
+def test_launcher_binds_after_first_call_and_passes_constexpr_tail(monkeypatch):
+    monkeypatch.setattr(_launch, "_bindable", lambda args: True)
+    monkeypatch.setattr(_launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(_launch, "_stream_getter", lambda: (lambda dev: 1234))
+    fn = _FakeJit()
+    launcher = _launch.KernelLauncher(fn, dict(BLOCK=128, num_warps=4))
+    x = torch.zeros(4)
+    launcher((3,), x, 7)
+    launcher((3, 2), x, 7)
+    assert fn.log[0][0] == "slow" and fn.log[0][3] == dict(BLOCK=128, num_warps=4)
+    kind, args = fn.log[1]
+    # grid, stream, function, packed metadata, launch metadata, hooks, then every parameter in order
+    assert kind == "fast" and args[:9] == (3, 2, 1, 1234, "fn-handle", "packed", None, None, None)
+    assert args[9] is x and args[10:] == (7, 128, False)
+    assert (launcher.fast_calls, launcher.slow_calls) == (1, 1)
+
+
+def test_launcher_slow_path_with_hooks_or_other_device(monkeypatch):
+    from triton import knobs
+    monkeypatch.setattr(_launch, "_bindable", lambda args: True)
+    dev = [0]
+    monkeypatch.setattr(_launch, "_current_device", lambda: dev[0])
+    monkeypatch.setattr(_launch, "_stream_getter", lambda: (lambda d: 0))
+    fn = _FakeJit()
+    launcher = _launch.KernelLauncher(fn, dict(BLOCK=64))
+    launcher((1,), 1, 2)
+    dev[0] = 1
+    launcher((1,), 1, 2)
+    dev[0] = 0
+    hook = lambda *a: None  # noqa: E731
+    if hasattr(knobs.runtime.launch_enter_hook, "add"):  # Triton 3.6: a HookChain, empty by default
+        knobs.runtime.launch_enter_hook.add(hook)
+        try:
+            launcher((1,), 1, 2)
+        finally:
+            knobs.runtime.launch_enter_hook.remove(hook)
+    else:
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hook)
+        launcher((1,), 1, 2)
+    assert [e[0] for e in fn.log] == ["slow", "slow", "slow"]
+
+
+def test_launcher_never_binds_for_cpu_tensors():
+    fn = _FakeJit()
+    launcher = _launch.KernelLauncher(fn, {})
+    launcher((1,), torch.zeros(2), 1)
+    launcher((1,), torch.zeros(2), 1)
+    assert launcher.slow_calls == 2 and launcher._run is None
+
+
+def test_spec_key():
+    a = torch.zeros(64)
+    assert _launch.spec_key(a, 1, 32) != _launch.spec_key(a[1:], 1, 32)   # alignment
+    assert _launch.spec_key(a, 1, 32) != _launch.spec_key(a, 2, 32)       # value 1
+    assert _launch.spec_key(a, 1, 32) != _launch.spec_key(a, 1, 33)       # divisibility
+    assert _launch.spec_key(a, 1, 32) == _launch.spec_key(a.clone(), 1, 48)
+
+
+# ------------------------------------------------------------------------------------- plan cache (mocked)
+@pytest.fixture
+def recorded(monkeypatch):
+    """Route the GEMMs to the kernel path on CPU tensors, recording launches instead of running them."""
+    log = []
+    monkeypatch.setattr(dense, "use_kernels", lambda *t: True)
+    monkeypatch.setattr(_launch.KernelLauncher, "__call__", lambda self, grid, *args: log.append((self, args)))
+    dense._FP8_PLANS.clear()
+    dense._BF16_PLANS.clear()
+    yield log
+    dense._FP8_PLANS.clear()
+    dense._BF16_PLANS.clear()
+
+
+def _fp8(m=64, n=256, k=512):
+    A = per_token_cast_to_fp8(torch.randn(m, k).bfloat16(), use_ue8m0=False)
+    B = per_block_cast_to_fp8(torch.randn(n, k).bfloat16(), use_ue8m0=False)
+    return A, B, torch.empty(m, n, dtype=torch.bfloat16)
+
+
+def test_plan_cached_and_reused(recorded):
+    A, B, d = _fp8()
+    dense.fp8_gemm_nt(A, B, d)
+    dense.fp8_gemm_nt(A, B, d)
+    A2, B2, d2 = _fp8()  # other tensors, same signature: same plan
+    dense.fp8_gemm_nt(A2, B2, d2)
+    assert len(dense._FP8_PLANS) == 1 and len(recorded) == 3
+    assert recorded[0][0] is recorded[2][0] and recorded[2][1][0] is A2[0] and recorded[2][1][2] is d2
+    assert recorded[0][1][6:] == recorded[2][1][6:]  # ints: m, n, k, strides, grid
+
+
+def test_new_signature_is_validated_again(recorded):
+    A, B, d = _fp8()
+    dense.fp8_gemm_nt(A, B, d)
+    buf = torch.empty(64 * 512 + 16, dtype=torch.float8_e4m3fn)
+    shifted = buf[8:8 + 64 * 512].view(64, 512)  # same shape/strides, base not 16-B aligned
+    with pytest.raises(ValueError, match="16-byte"):
+        dense.fp8_gemm_nt((shifted, A[1]), B, d)
+    with pytest.raises(TypeError, match="d must have dtype"):
+        dense.fp8_gemm_nt(A, B, d.half())
+    with pytest.raises(ValueError, match="c shares d's storage"):
+        dense.fp8_gemm_nt(A, B, d, c=d.as_strided((64, 256), (0, 1)))
+    with pytest.raises(ValueError, match="b\\[1\\]"):
+        dense.fp8_gemm_nt(A, (B[0], B[1][:, :1]), d)
+    assert len(dense._FP8_PLANS) == 1 and len(recorded) == 1
+
+
+def test_copies_and_reference_are_not_cached(recorded, monkeypatch):
+    A, B, d = _fp8()
+    mn_major = A[0].T.contiguous().T  # copied to K-major on every call
+    dense.fp8_gemm_nt((mn_major, A[1]), B, d)
+    assert not dense._FP8_PLANS and len(recorded) == 1
+    dense.fp8_gemm_nt(A, B, d)
+    monkeypatch.setenv("DEEPKERNELS_FORCE_REFERENCE", "1")
+    monkeypatch.setattr(dense, "use_kernels", lambda *t: False)
+    d.fill_(float("nan"))
+    dense.fp8_gemm_nt(A, B, d)  # cached signature, but the reference is forced: no launch
+    assert len(recorded) == 2 and not torch.isnan(d).any()
+
+
+def test_plan_keys_config_and_num_sms(recorded):
+    A, B, d = _fp8()
+    dense.fp8_gemm_nt(A, B, d, _config=GemmConfig(64, 64, 4, 2))
+    dense.fp8_gemm_nt(A, B, d, _config=GemmConfig(64, 128, 4, 2))
+    dense.set_num_sms(3)
+    try:
+        dense.fp8_gemm_nt(A, B, d, _config=GemmConfig(64, 128, 4, 2))
+    finally:
+        dense.set_num_sms(0)
+    assert len(dense._FP8_PLANS) == 3 and recorded[2][1][-1] == 2  # grid = min(tiles=2, 3 SMs)
+
+
+def test_bf16_plan(recorded):
+    a, b = torch.randn(64, 256).bfloat16(), torch.randn(128, 256).bfloat16()
+    d = torch.empty(64, 128, dtype=torch.bfloat16)
+    dense.bf16_gemm_nt(a, b, d)
+    dense.bf16_gemm_nt(a, b.T.contiguous().T, d)  # MN-major B: another signature, another kernel
+    dense.bf16_gemm_nt(a, b, d)
+    assert len(dense._BF16_PLANS) == 2 and len(recorded) == 3 and recorded[0][0] is recorded[2][0]
