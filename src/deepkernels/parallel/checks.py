@@ -43,7 +43,9 @@ def small_mla_config(num_heads: int = 8) -> MLAConfig:
 
 
 def _randn(shape, gen, device, dtype=torch.bfloat16, std=1.0):
-    return (torch.randn(shape, generator=gen, dtype=torch.float32) * std).to(device=device, dtype=dtype)
+    """Gaussian drawn with ``gen`` on its own device (the same seed gives the same numbers on every rank)."""
+    return (torch.randn(shape, generator=gen, device=gen.device, dtype=torch.float32) * std).to(device=device,
+                                                                                               dtype=dtype)
 
 
 def _build_mla(cfg: MLAConfig, gen, device, std: float) -> MLAAttention:
@@ -76,7 +78,7 @@ def tp_mla_check(rank: int, world_size: int, device, cfg: MLAConfig | None = Non
     """
     cfg = cfg or small_mla_config()
     seed = shared_seed(device)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     full = _build_mla(cfg, gen, device, std)
     tp = TPMLAAttention.from_full(full, rank, world_size)
     new_cache = lambda: PagedLatentCache(batch, max_seq_len, cfg.kv_cache_dim, fmt, page_block_size, device=device)
@@ -128,7 +130,7 @@ def ep_moe_check(rank: int, world_size: int, device, cfg: MoEConfig | None = Non
     if len(tokens) != world_size:
         raise ValueError(f"tokens needs one count per rank ({world_size}), got {tokens}")
     seed = shared_seed(device)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     layer = MoELayer(cfg, device=device).reset_parameters(gen, std)
     with torch.no_grad():
         for e in dead_experts:
@@ -173,7 +175,8 @@ def run_cases(rank: int, world_size: int, device, cases: list) -> list:
         if kind not in fns:
             raise ValueError(f"case kind must be one of {sorted(fns)}, got {kind!r}")
         try:
-            r = fns[kind](rank, world_size, device, **kw)
+            with torch.no_grad():
+                r = fns[kind](rank, world_size, device, **kw)
         except Exception as e:  # noqa: BLE001 - recorded, the next case still runs
             r = {"error": f"{type(e).__name__}: {e}"}
         out.append({"kind": kind, **{k: v for k, v in kw.items() if k != "cfg"}, **r})
