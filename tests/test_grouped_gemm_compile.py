@@ -71,9 +71,9 @@ _CONTIG_CFGS = sorted({(L.contiguous_config(al, fp8), fp8) for al in (128, 64, 3
 
 @pytest.mark.parametrize("cfg,is_fp8", _CONTIG_CFGS, ids=lambda x: x.name() if hasattr(x, "name") else str(x))
 def test_m_grouped_contiguous_compiles(cfg, is_fp8):
-    from deepkernels.gemm._grouped_kernels import _m_grouped_contiguous_kernel
+    from deepkernels.gemm._grouped_kernels import _m_grouped_contiguous_mma_kernel
     sig = _CONTIG_SIG if is_fp8 else _bf16(_CONTIG_SIG)
-    c = compile_sm90(_m_grouped_contiguous_kernel, sig,
+    c = compile_sm90(_m_grouped_contiguous_mma_kernel, sig,
                      _consts(cfg, IS_FP8=is_fp8, B_KMAJOR=True, UPCAST=False),
                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     _check(c, cfg.name())
@@ -82,8 +82,8 @@ def test_m_grouped_contiguous_compiles(cfg, is_fp8):
 @pytest.mark.parametrize("cfg", [L.contiguous_config(128, False), L.contiguous_config(64, False)],
                          ids=lambda c: c.name())
 def test_m_grouped_bf16_nn_compiles(cfg):
-    from deepkernels.gemm._grouped_kernels import _m_grouped_contiguous_kernel
-    c = compile_sm90(_m_grouped_contiguous_kernel, _bf16(_CONTIG_SIG),
+    from deepkernels.gemm._grouped_kernels import _m_grouped_contiguous_mma_kernel
+    c = compile_sm90(_m_grouped_contiguous_mma_kernel, _bf16(_CONTIG_SIG),
                      _consts(cfg, IS_FP8=False, B_KMAJOR=False, UPCAST=False),
                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     _check(c, cfg.name())
@@ -94,9 +94,9 @@ _MASKED_CFGS = sorted({(L.masked_config(em, fp8), fp8) for em in (16, 256) for f
 
 @pytest.mark.parametrize("cfg,is_fp8", _MASKED_CFGS, ids=lambda x: x.name() if hasattr(x, "name") else str(x))
 def test_m_grouped_masked_compiles(cfg, is_fp8):
-    from deepkernels.gemm._grouped_kernels import _m_grouped_masked_kernel
+    from deepkernels.gemm._grouped_kernels import _m_grouped_masked_mma_kernel
     sig = _MASKED_SIG if is_fp8 else _bf16(_MASKED_SIG)
-    c = compile_sm90(_m_grouped_masked_kernel, sig, _consts(cfg, IS_FP8=is_fp8, UPCAST=False),
+    c = compile_sm90(_m_grouped_masked_mma_kernel, sig, _consts(cfg, IS_FP8=is_fp8, UPCAST=False),
                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     _check(c, cfg.name())
 
@@ -104,10 +104,10 @@ def test_m_grouped_masked_compiles(cfg, is_fp8):
 @pytest.mark.parametrize("is_fp8,mn_major", [(True, False), (True, True), (False, True)],
                          ids=["fp8_nt", "fp8_tn", "bf16_tn"])
 def test_k_grouped_compiles(is_fp8, mn_major):
-    from deepkernels.gemm._grouped_kernels import _k_grouped_kernel
+    from deepkernels.gemm._grouped_kernels import _k_grouped_mma_kernel
     cfg = L.k_grouped_config(is_fp8)
     sig = _KG_SIG if is_fp8 else _bf16(_KG_SIG)
-    c = compile_sm90(_k_grouped_kernel, sig, _consts(cfg, IS_FP8=is_fp8, MN_MAJOR=mn_major, UPCAST=False),
+    c = compile_sm90(_k_grouped_mma_kernel, sig, _consts(cfg, IS_FP8=is_fp8, MN_MAJOR=mn_major, UPCAST=False),
                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     # the 1D1D promotion multiplies by a [BM, BN] scale product: allow the same small spill as the dense 1D1D test
     _check(c, cfg.name(), max_spill=512 if is_fp8 else MAX_SPILL_BYTES)

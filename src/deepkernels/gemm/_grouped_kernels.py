@@ -78,7 +78,7 @@ def _store_rows(d_ptr, acc, offs_m, offs_n, row_sel, N, stride_dm):
 
 
 @triton.jit
-def _m_grouped_contiguous_kernel(a_ptr, b_ptr, d_ptr, sfa_ptr, sfb_ptr, gid_ptr,
+def _m_grouped_contiguous_mma_kernel(a_ptr, b_ptr, d_ptr, sfa_ptr, sfb_ptr, gid_ptr,
                                  M, N, K, G, stride_am, stride_b, stride_dm,
                                  sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs,
                                  IS_FP8: tl.constexpr, B_KMAJOR: tl.constexpr, UPCAST: tl.constexpr,
@@ -133,7 +133,7 @@ def _m_grouped_contiguous_kernel(a_ptr, b_ptr, d_ptr, sfa_ptr, sfb_ptr, gid_ptr,
 
 
 @triton.jit
-def _m_grouped_masked_kernel(a_ptr, b_ptr, d_ptr, sfa_ptr, sfb_ptr, masked_m_ptr,
+def _m_grouped_masked_mma_kernel(a_ptr, b_ptr, d_ptr, sfa_ptr, sfb_ptr, masked_m_ptr,
                              M_MAX, N, K, G, stride_am, stride_b, stride_dm, stride_dg,
                              sfa_sg, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs,
                              IS_FP8: tl.constexpr, UPCAST: tl.constexpr,
@@ -181,7 +181,7 @@ def _m_grouped_masked_kernel(a_ptr, b_ptr, d_ptr, sfa_ptr, sfb_ptr, masked_m_ptr
 
 
 @triton.jit
-def _k_grouped_kernel(a_ptr, b_ptr, d_ptr, sfa_ptr, sfb_ptr, ks_ptr, koff_ptr, sfoff_ptr,
+def _k_grouped_mma_kernel(a_ptr, b_ptr, d_ptr, sfa_ptr, sfb_ptr, ks_ptr, koff_ptr, sfoff_ptr,
                       M, N, G, SUM_K, stride_dg, stride_dm, sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
                       IS_FP8: tl.constexpr, MN_MAJOR: tl.constexpr, UPCAST: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,

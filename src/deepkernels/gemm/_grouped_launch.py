@@ -13,7 +13,7 @@ import torch
 from .._backend import ensure_tma_allocator, interpret_mode
 from .._validate import check_tensor
 from ._configs import GemmConfig
-from ._grouped_kernels import _k_grouped_kernel, _m_grouped_contiguous_kernel, _m_grouped_masked_kernel
+from ._grouped_kernels import _k_grouped_mma_kernel, _m_grouped_contiguous_mma_kernel, _m_grouped_masked_mma_kernel
 
 INT32_MAX = 2**31 - 1
 
@@ -131,7 +131,7 @@ def launch_m_contiguous(a, b, b_kmajor: bool, d, gid, sfa=None, sfb=None, cfg: G
     tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     grid = num_progs(tiles, cfg)
     dummy = d
-    _m_grouped_contiguous_kernel[(grid,)](
+    _m_grouped_contiguous_mma_kernel[(grid,)](
         a, b, d, sfa if is_fp8 else dummy, sfb if is_fp8 else dummy, gid,
         m, n, k, g_num, row_stride(a), b_store_stride, d.stride(0),
         sfa.stride(0) if is_fp8 else 0, sfa.stride(1) if is_fp8 else 0,
@@ -151,7 +151,7 @@ def launch_m_masked(a, b, d, masked_m, expected_m: int, sfa=None, sfb=None, cfg:
     tiles_upper = g_num * cdiv(m_max, cfg.block_m) * cdiv(n, cfg.block_n)
     grid = num_progs(tiles_upper, cfg)
     dummy = d
-    _m_grouped_masked_kernel[(grid,)](
+    _m_grouped_masked_mma_kernel[(grid,)](
         a, b, d, sfa if is_fp8 else dummy, sfb if is_fp8 else dummy, masked_m,
         m_max, n, k, g_num, row_stride(a), row_stride(b), d.stride(1), d.stride(0),
         *(sfa.stride() if is_fp8 else (0, 0, 0)), *(sfb.stride() if is_fp8 else (0, 0, 0)), grid,
@@ -177,7 +177,7 @@ def launch_k_grouped(a, b, d, ks_dev, sum_k: int, sf_cols: int, mn_major: bool, 
     tiles = g_num * cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     grid = num_progs(tiles, cfg)
     dummy = d
-    _k_grouped_kernel[(grid,)](
+    _k_grouped_mma_kernel[(grid,)](
         a, b, d, sfa if is_fp8 else dummy, sfb if is_fp8 else dummy, ks64, koff, sfoff,
         m, n, g_num, sum_k, d.stride(0), d.stride(1),
         sfa.stride(0) if is_fp8 else 0, sfa.stride(1) if is_fp8 else 0,
