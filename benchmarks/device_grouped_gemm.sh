@@ -22,7 +22,7 @@ cat "$OUT/grouped_env.log"
 
 echo "== grouped gemm gpu tests (cap ${T_TESTS}s)"
 TO=""; python3 -c "import pytest_timeout" 2>/dev/null && TO="--timeout=120"
-timeout -k 10 "$T_TESTS" python3 -m pytest tests/test_grouped_gemm.py tests/test_grouped_gemm_compile.py \
+timeout -k 10 "$T_TESTS" python3 -m pytest tests/test_grouped_gemm*.py \
   -m gpu -q -x -p no:cacheprovider -rfE --durations=10 $TO > "$OUT/grouped_gpu_tests.log" 2>&1
 echo "gpu tests rc=$?" | tee -a "$OUT/grouped_gpu_tests.log"
 grep -E "^(FAILED|ERROR)|passed|failed|error" "$OUT/grouped_gpu_tests.log" | tail -8
