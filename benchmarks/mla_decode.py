@@ -28,18 +28,27 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 import deepkernels.mla.decode as dec  # noqa: E402
 from deepkernels.mla.metadata import compute_schedule  # noqa: E402
 
-# Candidate configs per query-row bucket: (BLOCK_M, BLOCK_N, num_warps, num_stages, parts_per_sm).
-# All compile for sm90 within 227 KB smem without spills (tests/test_mla_decode_compile.py).
+# Candidate configs per query-row bucket (deepkernels.mla.decode._rows_bucket: 16 / 32 / 64 / 128 rows per kv
+# head): (BLOCK_M, BLOCK_N, num_warps, num_stages, parts_per_sm[, flags]); flags "p" one block-table load per
+# tile, "v" output columns split over 2 programs, "l" lazy rescale (see decode._CONFIGS). The first entry of each
+# list is the previous production config (baseline). All compile for sm90 within 227 KB smem without spills.
 CANDIDATES = {
-    16: [(16, 64, 4, 2, 1), (16, 32, 4, 3, 1), (16, 32, 4, 3, 2), (16, 128, 4, 2, 1)],
-    32: [(32, 64, 4, 2, 1), (32, 32, 4, 3, 2), (64, 32, 8, 3, 1)],
-    64: [(64, 64, 8, 2, 1), (64, 32, 8, 3, 1), (64, 64, 4, 2, 1), (64, 16, 8, 4, 1)],
+    16: [(16, 32, 4, 3, 2), (16, 32, 4, 3, 2, "p"), (16, 32, 4, 3, 3, "p"), (16, 32, 4, 3, 4, "p"),
+         (16, 64, 4, 3, 2, "p"), (16, 64, 4, 4, 2, "p"), (16, 64, 4, 3, 3, "p"), (16, 16, 4, 4, 4, "p"),
+         (16, 16, 4, 4, 6, "p")],
+    32: [(32, 32, 4, 3, 2), (32, 32, 4, 3, 2, "p"), (32, 32, 4, 3, 3, "p"), (32, 64, 4, 3, 2, "p"),
+         (32, 16, 4, 4, 4, "p"), (32, 32, 4, 3, 2, "pv"), (32, 32, 4, 3, 4, "pv")],
+    64: [(64, 64, 8, 2, 1), (64, 64, 8, 2, 1, "p"), (64, 64, 8, 2, 1, "pl"), (32, 32, 4, 3, 2, "p"),
+         (32, 32, 4, 3, 2, "pv"), (64, 64, 4, 2, 1, "pv"), (64, 32, 4, 3, 2, "pv")],
+    128: [(64, 64, 8, 2, 1), (64, 64, 8, 2, 1, "p"), (64, 64, 8, 2, 1, "pl"), (64, 64, 4, 2, 1, "pv"),
+          (64, 64, 4, 2, 1, "pvl"), (128, 32, 8, 2, 1, "pv"), (128, 32, 8, 2, 1, "pvl")],
 }
+ERR_LIMIT = 4e-3   # max |out - torch bf16 MQA reference|; larger marks a candidate wrong (never picked as best)
 D_QK, D_V, PAGE = 576, 512, 64
 
 
 def bucket(rows):
-    return 16 if rows <= 16 else 32 if rows <= 32 else 64
+    return dec._rows_bucket(rows)
 
 
 def make_inputs(b, s_q, h_q, h_kv, s_k, seed=0, device="cuda", dtype=torch.bfloat16):
@@ -127,38 +136,112 @@ def run(args, prov=None):
                     del k_pad, mask
                 except Exception as e:  # noqa: BLE001 - an OOM in the anchor must not stop the sweep
                     print(f"  reference failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
-                best = None
+                best, base_ms = None, float("nan")
                 for cfg in cands:
                     parts = dec._num_sm_parts(q.device, rows, 1, cfg)
                     sched, ns = compute_schedule(seqlens, parts)
                     fn = lambda: dec._dense_launch(q, k_cache, bt, seqlens, sched, ns, scale, causal, cfg)  # noqa: E731
                     try:
-                        o, _ = fn()
+                        o, lse_o = fn()
                         err = float("nan") if o_ref is None else float((o.float() - o_ref.float()).abs().max())
-                        ms = do_bench(fn, warmup=5, rep=30)
+                        bad = bool(torch.isnan(o).any() or torch.isnan(lse_o).any()) or not (err <= ERR_LIMIT)
+                        ms = do_bench(fn, warmup=3, rep=args.rep)
                     except Exception as e:  # noqa: BLE001
                         print(f"  config {cfg} failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
+                        sweep_out.append(dict(s_q=s_q, h_q=h_q, s_k=s_k, config=list(cfg), failed=True,
+                                              error=f"{type(e).__name__}: {str(e)[:300]}"))
                         continue
                     rec = dict(op="mla_decode_dense", b=args.b, s_q=s_q, h_q=h_q, h_kv=1, s_k=s_k, causal=causal,
                                config=list(cfg), parts=parts, ms=ms, tflops=flop / ms / 1e9, gbps=byts / ms / 1e6,
-                               max_abs_err_vs_torch=err)
+                               max_abs_err_vs_torch=err, wrong=bad)
                     sweep_out.append(rec)
-                    if best is None or ms < best["ms"]:
+                    if cfg == cands[0]:
+                        base_ms = ms
+                    print(f"    {str(tuple(cfg)):28s} parts {parts:4d} {ms*1e3:8.1f} us {rec['tflops']:6.1f} TF "
+                          f"{rec['gbps']:7.1f} GB/s err {err:.1e}{'  WRONG' if bad else ''}", flush=True)
+                    if not bad and (best is None or ms < best["ms"]):
                         best = rec
                 if best is None:
                     continue
                 sched_ms = do_bench(lambda: compute_schedule(seqlens, best["parts"]), warmup=5, rep=20)
                 row = dict(best, provider="deepkernels", torch_ms=ref_ms, torch_tflops=flop / ref_ms / 1e9,
-                           speedup_vs_torch=ref_ms / best["ms"], scheduler_ms=sched_ms)
+                           speedup_vs_torch=ref_ms / best["ms"], scheduler_ms=sched_ms,
+                           baseline_config=list(cands[0]), baseline_ms=base_ms, speedup_vs_baseline=base_ms / best["ms"])
                 rows_out.append(row)
                 dump()
                 print(f"s_q={s_q} h_q={h_q:3d} s_k={s_k:5d}: {best['ms']*1e3:8.1f} us  {best['tflops']:6.1f} TFLOPS "
                       f"{best['gbps']:7.1f} GB/s  cfg={tuple(best['config'])}  torch {ref_ms*1e3:8.1f} us "
                       f"({row['speedup_vs_torch']:.2f}x)  err {best['max_abs_err_vs_torch']:.1e}  "
-                      f"sched {sched_ms*1e3:.1f} us", flush=True)
+                      f"sched {sched_ms*1e3:.1f} us  x{row['speedup_vs_baseline']:.2f} vs {tuple(cands[0])}", flush=True)
                 del q, k_cache, bt, seqlens, o_ref
                 torch.cuda.empty_cache()
     return rows_out, sweep_out
+
+
+def overhead(args):
+    """Host cost of one decode step on a tiny shape (GPU time negligible): whole public call (do_bench), CUDA-graph
+    replay of the same call, and host-side submit time per call (perf_counter over back-to-back calls)."""
+    import deepkernels as dk
+    from triton.testing import do_bench
+    out = []
+    for h_q, s_q in ((128, 1), (16, 1)):
+        q, k_cache, bt, seqlens = make_inputs(1, s_q, h_q, 1, 256)
+        meta, _ = dk.get_mla_metadata()
+        call = lambda: dk.flash_mla_with_kvcache(q, k_cache, bt, seqlens, D_V, meta)  # noqa: E731
+        call()
+        torch.cuda.synchronize()
+        n = 200
+        t0 = time.perf_counter()
+        for _ in range(n):
+            call()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        host_us = (t1 - t0) / n * 1e6
+        whole_ms = do_bench(call, warmup=10, rep=50)
+        meta_cold, _ = dk.get_mla_metadata()
+        cold = lambda: dk.flash_mla_with_kvcache(q, k_cache, bt, seqlens, D_V, meta_cold)  # noqa: E731
+        cold()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            call()
+        g.replay()
+        graph_ms = do_bench(g.replay, warmup=10, rep=50)
+        sched_ms = do_bench(lambda: compute_schedule(seqlens, dec._num_sm_parts(q.device, s_q * h_q, 1)),
+                            warmup=5, rep=30)
+        rec = dict(op="mla_decode_overhead", b=1, s_q=s_q, h_q=h_q, s_k=256, host_submit_us=host_us,
+                   whole_call_us=whole_ms * 1e3, graph_replay_us=graph_ms * 1e3, scheduler_us=sched_ms * 1e3)
+        out.append(rec)
+        print(f"OVERHEAD h_q={h_q} s_q={s_q}: host submit {host_us:.1f} us/call, whole call {whole_ms*1e3:.1f} us, "
+              f"graph replay {graph_ms*1e3:.1f} us, scheduler {sched_ms*1e3:.1f} us", flush=True)
+    return out
+
+
+def compile_only(args):
+    """Compile (by launching once on a tiny input of the same specialisation) every candidate of this shard;
+    fills Triton's disk cache so the timed sweep does not pay compile time. Shard ``i/n`` of the (s_q, h_q, cfg)
+    list."""
+    i, n = (int(x) for x in args.shard.split("/"))
+    jobs = []
+    for s_q in args.sq:
+        for h_q in args.hq:
+            rows = s_q * h_q
+            for cfg in (CANDIDATES[bucket(rows)] if args.sweep else [dec._pick_config(rows)]):
+                key = (s_q > 1, tuple(cfg[:4]), cfg[5] if len(cfg) > 5 else "")
+                if key not in [j[0] for j in jobs]:
+                    jobs.append((key, s_q, h_q, cfg))
+    for idx, (_, s_q, h_q, cfg) in enumerate(jobs):
+        if idx % n != i:
+            continue
+        t0 = time.time()
+        try:
+            q, k_cache, bt, seqlens = make_inputs(4, s_q, h_q, 1, 300)
+            sched, ns = compute_schedule(seqlens, dec._num_sm_parts(q.device, s_q * h_q, 1, cfg))
+            dec._dense_launch(q, k_cache, bt, seqlens, sched, ns, D_QK ** -0.5, s_q > 1, cfg)
+            torch.cuda.synchronize()
+            print(f"compiled s_q={s_q} h_q={h_q} {cfg} in {time.time() - t0:.1f} s", flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"compile failed s_q={s_q} h_q={h_q} {cfg}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    return 0
 
 
 def main(argv=None):
@@ -169,17 +252,34 @@ def main(argv=None):
     ap.add_argument("--sq", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     ap.add_argument("--sk", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 8192, 16384, 32768])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--rep", type=int, default=30, help="do_bench rep (ms) per candidate")
+    ap.add_argument("--compile-only", action="store_true", help="only compile the candidates (see --shard)")
+    ap.add_argument("--shard", default="0/1", help="i/n: this process compiles every n-th candidate from i")
+    ap.add_argument("--overhead", action="store_true", help="also time host overhead / CUDA-graph replay")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("mla_decode benchmark needs a CUDA device")
         return 0
+    if args.compile_only:
+        return compile_only(args)
     prov = provenance()
     print(json.dumps(prov), flush=True)
+    over = []
+    if args.overhead:
+        try:
+            over = overhead(args)
+        except Exception as e:  # noqa: BLE001
+            print(f"overhead timing failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        prov = dict(prov, overhead=over)
     rows, sweep = run(args, prov)
-    print("\nSUMMARY  s_q h_q  s_k    us      TFLOPS  GB/s    torchTF  x_torch  config")
+    for r in over:
+        print(f"SUMMARY  overhead h_q={r['h_q']} s_q={r['s_q']}: host {r['host_submit_us']:.1f} us, whole "
+              f"{r['whole_call_us']:.1f} us, graph {r['graph_replay_us']:.1f} us, sched {r['scheduler_us']:.1f} us")
+    print("\nSUMMARY  s_q h_q  s_k    us      TFLOPS  GB/s    torchTF  x_torch  x_base  config")
     for r in rows:
         print(f"SUMMARY  {r['s_q']:3d} {r['h_q']:3d} {r['s_k']:5d} {r['ms']*1e3:8.1f} {r['tflops']:7.1f} "
-              f"{r['gbps']:7.1f} {r['torch_tflops']:7.1f} {r['speedup_vs_torch']:6.2f}  {tuple(r['config'])}")
+              f"{r['gbps']:7.1f} {r['torch_tflops']:7.1f} {r['speedup_vs_torch']:6.2f} "
+              f"{r.get('speedup_vs_baseline', float('nan')):6.2f}  {tuple(r['config'])}")
     return 0
 
 

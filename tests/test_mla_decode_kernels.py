@@ -50,6 +50,28 @@ def test_interpret_dense_decode(case, poison):
     assert int(meta.num_splits[-1]) >= b
 
 
+def _run_config_and_check(q, k, bt, sl, causal, cfg, tol_out, tol_lse):
+    from deepkernels.mla.metadata import compute_schedule
+    b, s_q, h_q, _ = q.shape
+    rows = s_q * h_q // k.shape[2]
+    sched, ns = compute_schedule(sl, dec._num_sm_parts(q.device, rows, k.shape[2], cfg))
+    o, l = dec._dense_launch(q, k, bt, sl, sched, ns, 576 ** -0.5, causal, cfg)
+    o_ref, l_ref = ref.dense_decode(q.cpu(), k.cpu(), bt.cpu(), sl.cpu(), 512, None, causal)
+    assert not torch.isnan(o).any() and not torch.isnan(l).any()
+    assert check_is_allclose("out", o.cpu(), o_ref, *tol_out)
+    assert check_is_allclose("lse", l.cpu(), l_ref, *tol_lse)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("cfg,page", [((16, 16, 4, 1, 2, "pvl"), 64), ((16, 32, 4, 1, 1, "p"), 16)])
+def test_interpret_config_flags(cfg, page, poison):
+    """One block-table load per tile ("p", falls back to per-row loads when BLOCK_N > page), output split over
+    two programs ("v"), lazy rescale ("l"); huge-logit rows make the lazy path rescale mid-sequence."""
+    q, k, bt, sl = make_case(2, 2, 8, 1, [100, 300], page=page, dtype=torch.float16)
+    q[1, :, :3] *= 40
+    _run_config_and_check(q, k, bt, sl, True, cfg, (2e-3, 2.01 / 128, 5e-5), (1e-5, 8.01 / 65536))
+
+
 @pytest.mark.interpret
 def test_interpret_noncontiguous_q_and_block_table():
     q, k, bt, sl = make_case(2, 2, 8, 1, [65, 129], dtype=torch.float16)
@@ -103,14 +125,15 @@ _DIV16 = ["q_ptr", "k_ptr", "bt_ptr", "seqlens_ptr", "meta_ptr", "nsplits_ptr", 
           "lacc_ptr", "stride_qb", "stride_qs", "stride_qh", "stride_kb", "stride_kt", "stride_kh"]
 
 
-def compile_decode_config(bm, bn, warps, stages, causal=False):
+def compile_decode_config(bm, bn, warps, stages, causal=False, flags=""):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from deepkernels.mla._dense_decode_kernels import _mla_decode_fwd_kernel as kern
     ce = dict(CAUSAL=causal, PAGE=64, SBLOCK=64, BLOCK_M=bm, BLOCK_N=bn, D_NOPE=512, D_PE=64, UPCAST=False,
-              NUM_STAGES=stages)
+              NUM_STAGES=stages, TILE_IN_PAGE="p" in flags and 64 % bn == 0, V_SPLIT=2 if "v" in flags else 1,
+              LAZY_RESCALE="l" in flags, WARP_SPEC="w" in flags)
     sig = dict(_SIG, **{k: "constexpr" for k in ce})
     attrs = {(kern.arg_names.index(n),): [["tt.divisibility", 16]] for n in _DIV16}
     return triton.compile(ASTSource(kern, signature=sig, constexprs=ce, attrs=attrs),
@@ -118,17 +141,31 @@ def compile_decode_config(bm, bn, warps, stages, causal=False):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("key,causal", [(16, False), (32, False), (64, False), (64, True)])
+@pytest.mark.parametrize("key,causal", [(16, False), (32, False), (64, False), (128, False), (128, True)])
 def test_compile_production_configs(key, causal):
     from deepkernels.testing.compile import SM90_SMEM_LIMIT
-    bm, bn, warps, stages, _ = dec._CONFIGS[key]
-    c = compile_decode_config(bm, bn, warps, stages, causal)
+    cfg = dec._CONFIGS[key]
+    c = compile_decode_config(*cfg[:4], causal, dec._config_flags(cfg))
     ptx, ttgir = c.asm["ptx"], c.asm["ttgir"]
     assert c.metadata.shared <= SM90_SMEM_LIMIT
     assert not re.search(r"\.local\b|ld\.local|st\.local", ptx), "register spills / local memory"
     assert "async_copy_global_to_local" in ttgir, "KV loads are not pipelined"
-    if bm >= 64:
+    if cfg[0] >= 64:
         assert "wgmma.mma_async" in ptx
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg", [(16, 32, 4, 3, 2, "p"), (64, 64, 4, 2, 1, "pvl"), (128, 32, 8, 2, 1, "pv")])
+def test_compile_flag_configs(cfg):
+    from deepkernels.testing.compile import SM90_SMEM_LIMIT
+    c = compile_decode_config(*cfg[:4], False, cfg[5])
+    ptx, ttgir = c.asm["ptx"], c.asm["ttgir"]
+    assert c.metadata.shared <= SM90_SMEM_LIMIT
+    assert not re.search(r"\.local\b|ld\.local|st\.local", ptx), "register spills / local memory"
+    assert "async_copy_global_to_local" in ttgir, "KV loads are not pipelined"
+    # 16-byte cp.async for the KV rows; with one page id per tile no per-row 4-byte page-table copies remain
+    assert re.search(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", ptx)
+    assert len(re.findall(r"cp\.async\.ca\.shared\.global", ptx)) <= 4
 
 
 @pytest.mark.compile
@@ -181,6 +218,31 @@ def test_gpu_dense_decode_grid(b, s_q, s_k, h_q, h_kv, varlen, causal, poison):
 def test_gpu_corner_zero_seqlens(h_q, h_kv, causal, poison):
     q, k, bt, sl = _gpu_case(128, 2, 4096, h_q, h_kv, True, zero_frac=0.5)
     _run_and_check(q, k, bt, sl, causal)
+
+
+def _sweep_candidates():
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "mla_decode.py"
+    spec = importlib.util.spec_from_file_location("_mla_decode_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.CANDIDATES
+
+
+# (s_q, h_q) pairs of the benchmark per bucket (same specialisations as the sweep, so its compile cache is reused)
+_BUCKET_SHAPES = {16: [(1, 16)], 32: [(1, 32), (2, 16)], 64: [(1, 64), (2, 32)], 128: [(1, 128), (2, 64)]}
+GPU_CANDIDATE_CASES = [(s_q, h_q, cfg) for key, cands in _sweep_candidates().items()
+                       for (s_q, h_q) in _BUCKET_SHAPES[key] for cfg in cands]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("s_q,h_q,cfg", GPU_CANDIDATE_CASES, ids=lambda v: str(v).replace(" ", ""))
+def test_gpu_every_sweep_candidate(s_q, h_q, cfg, poison):
+    """Every config the benchmark sweep may pick is exact on varlen/zero-length/NaN-padded inputs."""
+    sl = [0, 1, 63, 64, 65, 700, 1500, 3000]
+    q, k, bt, sl = make_case(8, s_q, h_q, 1, sl, device="cuda")
+    _run_config_and_check(q, k, bt, sl, s_q > 1, cfg, (8e-4, 2.01 / 128, 5e-6), (1e-6, 8.01 / 65536))
 
 
 @pytest.mark.gpu

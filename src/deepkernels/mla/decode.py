@@ -22,16 +22,20 @@ __all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache", "s
 
 D_NOPE, D_PE = 512, 64
 
-# Config table: (BLOCK_M, BLOCK_N, num_warps, num_stages, parts_per_sm) by query rows per kv head
-# (s_q * h_q / h_kv). Rows >= 33 take the compute path (64-row tiles, 8 warps: the 512-wide accumulator is split
-# over two warpgroups); fewer rows take the bandwidth path (rows padded to 16/32, 4 warps, 2 programs per SM so
-# twice the KV bytes are in flight). Chosen by the H200 sweep of 2026-11-29 (benchmarks/mla_decode.py --sweep,
-# benchmarks/results/mla_decode-h200.json, notes in benchmarks/notes/mla_decode.md): e.g. h_q=16 s_k=32K
-# (16,32,4,3,2) 2538 GB/s vs (16,64,4,2,1) 1927; h_q=128 (64,64,8,2,1) 230 TFLOPS vs (64,32,8,3,1) 168.
+# Config table: (BLOCK_M, BLOCK_N, num_warps, num_stages, parts_per_sm[, flags]) by query rows per kv head
+# (s_q * h_q / h_kv), keyed by the bucket 16 (<= 16 rows), 32 (<= 32), 64 (<= 64), 128 (more). flags (optional
+# 6th element, a string): "p" one block-table load per KV tile (tile inside a page; ignored when BLOCK_N does not
+# divide the page), "v" split the 512 output columns over 2 programs, "l" lazy rescale, "w" warp_specialize.
+# Bandwidth path (<= 32 rows): rows padded to 16/32, 4 warps, several programs per SM so more KV bytes are in
+# flight. Compute path: 64-row tiles, 8 warps (the 512-wide accumulator split over two warpgroups).
+# H200 sweep of 2026-11-29 (benchmarks/mla_decode.py --sweep, benchmarks/results/mla_decode-h200.json, notes in
+# benchmarks/notes/mla_decode.md): e.g. h_q=16 s_k=32K (16,32,4,3,2) 2538 GB/s vs (16,64,4,2,1) 1927; h_q=128
+# (64,64,8,2,1) 230 TFLOPS vs (64,32,8,3,1) 168.
 _CONFIGS = {
     16: (16, 32, 4, 3, 2),
     32: (32, 32, 4, 3, 2),
     64: (64, 64, 8, 2, 1),
+    128: (64, 64, 8, 2, 1),
 }
 _NUM_SMS: Optional[int] = None
 _POISON_OUTPUTS = False   # test knob: fill out/lse/accumulators with NaN before launch (checks every element is written)
@@ -59,14 +63,24 @@ def _num_sms(device: torch.device) -> int:
     return 4  # interpreter: few parts keep CPU runs cheap while still exercising splits
 
 
+def _rows_bucket(rows: int) -> int:
+    return 16 if rows <= 16 else 32 if rows <= 32 else 64 if rows <= 64 else 128
+
+
 def _pick_config(rows: int):
-    key = 16 if rows <= 16 else 32 if rows <= 32 else 64
-    return _CONFIGS[key]
+    return _CONFIGS[_rows_bucket(rows)]
+
+
+def _config_flags(config) -> str:
+    return config[5] if len(config) > 5 else ""
 
 
 def _num_sm_parts(device, rows: int, h_kv: int, config=None) -> int:
-    bm, _, _, _, per_sm = config or _pick_config(rows)
-    m_blocks = -(-rows // bm)
+    """Scheduler parts: ``num_sms * parts_per_sm`` programs in all, shared by the kv heads, the query-row blocks
+    and (flag "v") the two output halves."""
+    config = config or _pick_config(rows)
+    bm, per_sm = config[0], config[4]
+    m_blocks = -(-rows // bm) * (2 if "v" in _config_flags(config) else 1)
     return max(_num_sms(device) * per_sm // h_kv // m_blocks, 1)
 
 
@@ -207,7 +221,11 @@ def _dense_launch(q, k_cache, block_table, cache_seqlens, sched, num_splits, sca
     nb, page, h_kv, _ = k_cache.shape
     group = h_q // h_kv
     rows = s_q * group
-    bm, bn, warps, stages, _ = config or _pick_config(rows)
+    config = config or _pick_config(rows)
+    bm, bn, warps, stages = config[:4]
+    flags = _config_flags(config)
+    v_split = 2 if "v" in flags else 1
+    tile_in_page = "p" in flags and page % bn == 0 and SCHED_BLOCK % bn == 0
     parts = sched.shape[0]
     m_blocks = triton.cdiv(rows, bm)
     out = torch.empty(b, s_q, h_q, D_NOPE, dtype=q.dtype, device=q.device)
@@ -221,7 +239,7 @@ def _dense_launch(q, k_cache, block_table, cache_seqlens, sched, num_splits, sca
     seqlens = cache_seqlens.contiguous()
     if block_table.stride(1) != 1:
         block_table = block_table.contiguous()
-    grid = (parts * h_kv * m_blocks,)
+    grid = (parts * h_kv * m_blocks * v_split,)
     _mla_decode_fwd_kernel[grid](
         q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc,
         q.stride(0), q.stride(1), q.stride(2),
@@ -231,6 +249,7 @@ def _dense_launch(q, k_cache, block_table, cache_seqlens, sched, num_splits, sca
         scale, scale * math.log2(math.e),
         CAUSAL=bool(causal and s_q > 1), PAGE=page, SBLOCK=SCHED_BLOCK, BLOCK_M=bm, BLOCK_N=bn,
         D_NOPE=D_NOPE, D_PE=D_PE, UPCAST=interpret_mode(), NUM_STAGES=stages,
+        TILE_IN_PAGE=tile_in_page, V_SPLIT=v_split, LAZY_RESCALE="l" in flags, WARP_SPEC="w" in flags,
         num_warps=warps, num_stages=stages)
     combine_splits_(out, lse, o_acc, l_acc, num_splits)
     return out, lse
