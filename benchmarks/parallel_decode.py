@@ -15,7 +15,8 @@ broadcasts it, so all ranks take the same steps):
      W^UV, o_proj, all_reduce); 1 GPU = 128 heads on rank 0, 2 ranks = 64 heads each;
    - ``mla_kernel``: flash_mla_with_kvcache alone at h_q = 128 (1 GPU) vs 64 (per rank);
    - ``moe_<backend>``: the MoE layer, 1 GPU = b tokens, all experts; 2 ranks = b/2 tokens each, 8 experts each;
-   - ``layer``: attention (TP) + MoE (EP, bf16) + all_gather of the MoE outputs = a decode step of one layer.
+   - ``layer_<backend>``: attention (TP) + MoE (EP; masked bf16 GEMM, or the torch.bmm anchor) + all_gather of the
+     MoE outputs = a decode step of one layer.
 4. JSON (``--out``/parallel_decode.json, rewritten after every step) and a short table printed last.
 """
 from __future__ import annotations
@@ -168,10 +169,10 @@ def attn_step(layer, hidden, cache):
     return y
 
 
-def bench_rows(args, rank, world_size, device, seed) -> list[dict]:
-    """All timing rows for one batch size list (1-GPU rows on rank 0 while the other ranks wait at a barrier)."""
+def bench_rows(args, rank, world_size, device, seed, rows: list, save=lambda: None, go=lambda: True) -> list[dict]:
+    """Timing rows for every batch size, appended to ``rows`` (rank 0) and saved after each one; ``go()`` (the same
+    answer on every rank) says whether time is left. 1-GPU timings run on rank 0 while the others wait."""
     import deepkernels
-    rows = []
     mcfg, ecfg = mla_cfg(args.cpu), moe_cfg(args)
     gen = torch.Generator(device=device).manual_seed(seed)  # draws on the device
     full = checks._build_mla(mcfg, gen, device, 0.02)
@@ -208,8 +209,12 @@ def bench_rows(args, rank, world_size, device, seed) -> list[dict]:
         ops = [("attn", lambda m: (lambda: attn_step(m[0], hidden, cache))),
                ("mla_kernel", None)]
         ops += [(f"moe_{be}", be) for be in ("bf16", "fp8", "bmm")]
-        ops += [("layer", "layer")]
+        ops += [("layer_bf16", "bf16"), ("layer_bmm", "bmm")]
         for name, spec in ops:
+            if not go():
+                if rank == 0:
+                    rows.append({"op": name, "b": b, "skipped": f"past --budget-s {args.budget_s}"})
+                continue
             row = {"op": name, "b": b, "s_k": args.seqlen, "h_q_total": mcfg.num_heads,
                    "h_q_per_rank": mcfg.num_heads // world_size, "experts": ecfg.n_routed_experts,
                    "topk": ecfg.num_experts_per_tok, "hidden": ecfg.hidden_size}
@@ -220,8 +225,8 @@ def bench_rows(args, rank, world_size, device, seed) -> list[dict]:
                         fn = spec(one)
                     elif name == "mla_kernel":
                         fn = kernel_fn(meta_q(mcfg.num_heads))
-                    elif name == "layer":
-                        fn = layer_fn(one[0], one[1]["bf16"], 1)
+                    elif name.startswith("layer"):
+                        fn = layer_fn(one[0], one[1][spec], 1)
                     else:
                         fn = (lambda m, x=x_moe: (lambda: m(x)))(one[1][spec])
                     row["one_gpu"] = time_fn(fn, device, args.warmup, args.iters)
@@ -234,8 +239,8 @@ def bench_rows(args, rank, world_size, device, seed) -> list[dict]:
                     fn = spec((tp, eps))
                 elif name == "mla_kernel":
                     fn = kernel_fn(meta_q(mcfg.num_heads // world_size))
-                elif name == "layer":
-                    fn = layer_fn(tp, eps["bf16"], world_size)
+                elif name.startswith("layer"):
+                    fn = layer_fn(tp, eps[spec], world_size)
                 else:
                     xl = x_moe[rank * t_local:(rank + 1) * t_local].contiguous()
                     fn = (lambda m, x=xl: (lambda: m(x)))(eps[spec])
@@ -249,6 +254,7 @@ def bench_rows(args, rank, world_size, device, seed) -> list[dict]:
                 if "median_us" in row.get("one_gpu", {}) and len(ok) == world_size:
                     row["speedup_vs_one_gpu"] = row["one_gpu"]["median_us"] / max(ok)
                 rows.append(row)
+                save()
             barrier(world_size)
         del cache
     return rows
@@ -300,11 +306,14 @@ def main(argv=None) -> int:
             with open(out_path, "w") as f:
                 json.dump(report, f, indent=1, default=str)
 
-    def step(name, fn):
+    def time_left() -> bool:  # rank 0 decides, everyone follows (same collectives on every rank)
         go = torch.tensor([1 if time.time() - t_start < args.budget_s else 0], device=device)
         if world_size > 1:
             dist.broadcast(go, 0)
-        if not go.item():
+        return bool(go.item())
+
+    def step(name, fn):
+        if not time_left():
             report["steps"][name] = {"skipped": f"past --budget-s {args.budget_s}"}
             save()
             return None
@@ -332,7 +341,8 @@ def main(argv=None) -> int:
                 c["verdict"] = verdict(c)
             except Exception as e:  # noqa: BLE001
                 c["verdict"] = f"error: {type(e).__name__}: {e}"
-    report["timing"] = step("timing", lambda: bench_rows(args, rank, world_size, device, seed))
+    report["timing"] = []
+    step("timing", lambda: bench_rows(args, rank, world_size, device, seed, report["timing"], save, time_left))
     report["total_s"] = round(time.time() - t_start, 1)
     save()
     if rank == 0:
@@ -358,6 +368,9 @@ def print_table(report: dict) -> None:
     print(f"\n== decode-step time per rank vs one GPU (median µs; total {report.get('total_s')} s)")
     print(f"  {'op':11s} {'b':>4s} {'1 GPU':>10s} {'rank 0':>10s} {'rank 1':>10s} {'speedup':>8s}")
     for r in report.get("timing") or []:
+        if "skipped" in r:
+            print(f"  {r['op']:11s} {r['b']:4d} skipped ({r['skipped']})")
+            continue
         one = r.get("one_gpu", {})
         per = [p.get("median_us") for p in r.get("per_rank", [])]
         fmt = lambda v: f"{v:10.1f}" if isinstance(v, (int, float)) else f"{'err':>10s}"

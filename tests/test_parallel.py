@@ -51,7 +51,10 @@ def test_head_range_and_shard_shapes():
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_tp_partials_sum_to_one_rank(world_size):
-    """No process group: each rank's partial o_proj output (reduce=False), summed, equals the 1-rank layer."""
+    """No process group: each rank's partial o_proj output (reduce=False, float32), summed, equals the 1-rank layer.
+
+    Not bit-exact in general: the head count changes the BLAS path of the per-head einsums, and q̃ (rounded to bf16
+    before FlashMLA) or a head's output can then round the other way; measured ≤ 3e-4 (usually ~5e-8)."""
     cfg = checks.small_mla_config(num_heads=8)
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
     full = checks._build_mla(cfg, gen, "cpu", 0.1)
@@ -60,15 +63,16 @@ def test_tp_partials_sum_to_one_rank(world_size):
     c1, c2 = (PagedLatentCache(2, 96, 576, "bf16") for _ in range(2))
     for s in (33, 1, 2):
         hidden = torch.randn(2, s, cfg.hidden_size).bfloat16()
-        y1 = one(hidden, c1)
+        y1 = one(hidden, c1, reduce=False)                          # float32, the whole o_proj
         lens = c2.cache_seqlens.clone()
         partial = []
         for p in parts:  # every rank appends the same latent rows to its own copy: rewind between ranks
             c2.cache_seqlens.copy_(lens)
             partial.append(p(hidden, c2, reduce=False))
         assert all(p.last_route == "dense" for p in parts)
-        y = torch.stack(partial).sum(0).bfloat16()
-        assert checks.rel_l2(y, y1) < 1e-5, (s, checks.rel_l2(y, y1))
+        y = torch.stack(partial).sum(0)
+        assert checks.rel_l2(y, y1) < 1e-3, (s, checks.rel_l2(y, y1))
+        assert checks.within_bf16_ulp(checks._cmp(y.bfloat16(), y1.bfloat16())), s
 
 
 def test_moe_one_rank_matches_reference():
@@ -112,7 +116,8 @@ def test_tp_mla_two_ranks_equal_one_rank():
             assert row["ranks_agree_max_abs"] == 0.0, row                 # every rank holds the reduced output
             assert row["route"] in ("dense", "sparse") and row["route"] == row["route_1rank"], row
             # same math, only the head split and the all-reduce order differ
-            assert row["vs_1rank"]["rel_l2"] < 1e-5 and row["vs_1rank"]["identical_frac"] > 0.999, row
+            # (up to bf16 rounding flips of intermediates: see test_tp_partials_sum_to_one_rank)
+            assert row["vs_1rank"]["rel_l2"] < 1e-3 and checks.within_bf16_ulp(row["vs_1rank"]), row
             assert row["vs_unsharded"]["rel_l2"] < 1e-3, row              # the model's own absorbed forward
 
 

@@ -18,7 +18,7 @@ from ..model.mla import MLAAttention
 from .ep_moe import EPMoE, MoEConfig, MoELayer, moe_reference
 from .tp_mla import TPMLAAttention
 
-__all__ = ["shared_seed", "rel_l2", "small_mla_config", "tp_mla_check", "ep_moe_check", "run_cases"]
+__all__ = ["shared_seed", "rel_l2", "within_bf16_ulp", "small_mla_config", "tp_mla_check", "ep_moe_check", "run_cases"]
 
 
 def shared_seed(device) -> int:
@@ -60,7 +60,14 @@ def _build_mla(cfg: MLAConfig, gen, device, std: float) -> MLAAttention:
 def _cmp(a: torch.Tensor, b: torch.Tensor) -> dict:
     a, b = a.float(), b.float()
     return {"rel_l2": rel_l2(a, b), "max_abs": (a - b).abs().max().item() if a.numel() else 0.0,
+            "ref_max_abs": b.abs().max().item() if b.numel() else 0.0,
             "identical_frac": (a == b).float().mean().item() if a.numel() else 1.0}
+
+
+def within_bf16_ulp(cmp: dict, ulps: float = 1.0) -> bool:
+    """True when a :func:`_cmp` result differs by at most ``ulps`` bf16 ulps of the reference's largest magnitude
+    (2^-7 relative: 8 significant bits) — a rounding flip, not a different computation."""
+    return cmp["max_abs"] <= ulps * 2.0 ** -7 * cmp["ref_max_abs"]
 
 
 def tp_mla_check(rank: int, world_size: int, device, cfg: MLAConfig | None = None, batch: int = 2,
