@@ -12,10 +12,11 @@ MODEL1 block order, spec §4). Per BLOCK_N positions it
    ``(idx // page) * stride(0) + (idx % page) * record_bytes``;
 3. dequantises in registers to bf16: fp32(e4m3 / e2m1) x fp32 scale, rounded once (V3.2 fp32 scales used as stored;
    UE8M0 / e4m3 scales are exact powers of two or exact products);
-4. ``S = Q_a K_a^T (+ Q_rope K_rope^T)`` where K_a is the 512-wide quantised part (MODEL1: dims 448..511 of K_a
-   are zero and its RoPE is a 64-wide side tile), online softmax in base 2 with the running max in raw-score units
-   (the max element gives exactly 2^0), P rounded to bf16 only as the PV operand, row sum from fp32 P;
-5. ``O += P V`` with V = K_a (+ the RoPE side tile for MODEL1, whose V includes RoPE).
+4. ``S = Q_a K_a^T (+ Q_rope K_rope^T for V3.2)`` where K_a is the 512-wide K = V tile (V3.2: the NoPE dims;
+   MODEL1: 448 dequantised dims with its bf16 RoPE spliced into dims 448..511; V4.1/FP4: all 512), online softmax
+   in base 2 with the running max in raw-score units (the max element gives exactly 2^0), P rounded to bf16 only as
+   the PV operand, row sum from fp32 P;
+5. ``O += P K_a``.
 
 Invalid tokens load as zeros (masked loads) and their scores are set to -inf by selection, so NaN in unreferenced
 cache slots can never reach the output. A request with one split writes ``out`` and ``lse`` directly (sink applied
@@ -52,12 +53,16 @@ def _ue8m0_to_f32(e):
 
 
 @triton.jit
-def _e2m1_to_f32(nib):
-    """4-bit e2m1 code (sign bit 3) -> fp32: magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}."""
-    c = (nib & 7).to(tl.int32)
-    normal = ((c << 22) + (126 << 23)).to(tl.float32, bitcast=True)
-    mag = tl.where(c >= 2, normal, c.to(tl.float32) * 0.5)
-    return tl.where((nib & 8) != 0, -mag, mag)
+def _e2m1_pair_to_f32(raw):
+    """Packed e2m1 bytes -> (even, odd) element values in fp32. The 3 magnitude bits go to fp32 bits 22..24 (exponent
+    field = e2m1 exponent, top mantissa bit = e2m1 mantissa) and the sign to bit 31: that float is exactly the e2m1
+    value times 2^-126 (the e2m1 subnormal 0.5 maps to an fp32 subnormal), so one exact multiply by 2^126 decodes
+    {0, .5, 1, 1.5, 2, 3, 4, 6} with signs (mul.f32 keeps subnormals; no table, no select)."""
+    r = raw.to(tl.int32)
+    lo = ((r & 7) << 22) | ((r & 8) << 28)
+    hi = ((r & 0x70) << 18) | ((r & 0x80) << 24)
+    return (lo.to(tl.float32, bitcast=True) * 8.507059173023462e37,
+            hi.to(tl.float32, bitcast=True) * 8.507059173023462e37)
 
 
 @triton.jit
@@ -73,8 +78,9 @@ def _gather_dequant(kv_ptr, idx, valid, page, stride_kb,
                     FMT: tl.constexpr, PAGE_SHIFT: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
     """Gather BLOCK_N token records and dequantise: returns (K_a [BLOCK_N, 512], K_rope [BLOCK_N, 64]).
 
-    K_a is the quantised 512-wide part (MODEL1: 448 dims + 64 zeros); K_rope the bf16 RoPE (V3.2, MODEL1; zeros
-    otherwise, unused). bf16 on the GPU, bf16-valued fp32 under the interpreter."""
+    K_a is the 512-wide K = V tile (V3.2: the NoPE dims; MODEL1: 448 dequantised dims + the bf16 RoPE in dims
+    448..511; V4.1/FP4: all 512). K_rope is V3.2's separate bf16 RoPE (zeros for the other formats, unused).
+    bf16 on the GPU, bf16-valued fp32 under the interpreter."""
     if PAGE_SHIFT >= 0:     # power-of-two page: shift and mask instead of an integer division per token
         blk = idx >> PAGE_SHIFT
         row = idx & ((1 << PAGE_SHIFT) - 1)
@@ -92,7 +98,7 @@ def _gather_dequant(kv_ptr, idx, valid, page, stride_kb,
         x = tl.reshape(raw.to(tl.float8e4nv, bitcast=True).to(tl.float32), (BLOCK_N, 4, 128))
         ka = tl.reshape(x * sc[:, :, None], (BLOCK_N, 512))
         kr = tl.load((kv_ptr + rec + 528).to(tl.pointer_type(tl.bfloat16))[:, None] + dr[None, :], mask=vm, other=0.0)
-    elif FMT == 1:      # MODEL1: per block [B x (448 e4m3, 64 bf16)] then [B x (7 ue8m0, pad)]
+    elif FMT == 1:      # MODEL1: per block [B x (448 e4m3, 64 bf16)] then [B x (7 ue8m0, pad)]; RoPE -> tile 7
         base = blk.to(tl.int64) * stride_kb
         rec = base + row.to(tl.int64) * 576
         raw = tl.load(kv_ptr + rec[:, None] + d[None, :], mask=vm & (d[None, :] < 448), other=0)
@@ -100,9 +106,10 @@ def _gather_dequant(kv_ptr, idx, valid, page, stride_kb,
         e = tl.load(kv_ptr + (base + page.to(tl.int64) * 576 + row.to(tl.int64) * 8)[:, None] + t[None, :],
                     mask=vm & (t[None, :] < 7), other=0)
         sc = tl.where(t[None, :] < 7, _ue8m0_to_f32(e), 0.0)
-        x = tl.reshape(raw.to(tl.float8e4nv, bitcast=True).to(tl.float32), (BLOCK_N, 8, 64))
-        ka = tl.reshape(x * sc[:, :, None], (BLOCK_N, 512))
-        kr = tl.load((kv_ptr + rec + 448).to(tl.pointer_type(tl.bfloat16))[:, None] + dr[None, :], mask=vm, other=0.0)
+        kr = tl.load((kv_ptr + rec + 448).to(tl.pointer_type(tl.bfloat16))[:, None] + dr[None, :], mask=vm,
+                     other=0.0).to(tl.float32)
+        x = tl.reshape(raw.to(tl.float8e4nv, bitcast=True).to(tl.float32), (BLOCK_N, 8, 64)) * sc[:, :, None]
+        ka = tl.reshape(tl.where(t[None, :, None] == 7, kr[:, None, :], x), (BLOCK_N, 512))
     elif FMT == 2:      # V4.1: [512 e4m3 (RoPE incl.)][16 ue8m0]
         rec = blk.to(tl.int64) * stride_kb + row.to(tl.int64) * 528
         raw = tl.load(kv_ptr + rec[:, None] + d[None, :], mask=vm, other=0)
@@ -115,12 +122,15 @@ def _gather_dequant(kv_ptr, idx, valid, page, stride_kb,
         rec = blk.to(tl.int64) * stride_kb + row.to(tl.int64) * 288
         raw = tl.load(kv_ptr + rec[:, None] + tl.arange(0, 256)[None, :], mask=vm, other=0)
         e = tl.load(kv_ptr + (rec + 256)[:, None] + tl.arange(0, 32)[None, :], mask=vm, other=0)
-        sc = e.to(tl.float8e4nv, bitcast=True).to(tl.float32)[:, :, None]
-        lo = tl.reshape(_e2m1_to_f32(raw & 0xF), (BLOCK_N, 32, 8)) * sc
-        hi = tl.reshape(_e2m1_to_f32(raw >> 4), (BLOCK_N, 32, 8)) * sc
-        ka = tl.reshape(tl.join(tl.reshape(lo, (BLOCK_N, 256)), tl.reshape(hi, (BLOCK_N, 256))), (BLOCK_N, 512))
+        sc = e.to(tl.float8e4nv, bitcast=True).to(tl.float32)[:, :, None]      # tile of byte j: j // 8
+        lo, hi = _e2m1_pair_to_f32(raw)
+        lo = tl.reshape(tl.reshape(lo, (BLOCK_N, 32, 8)) * sc, (BLOCK_N, 256))
+        hi = tl.reshape(tl.reshape(hi, (BLOCK_N, 32, 8)) * sc, (BLOCK_N, 256))
+        ka = tl.reshape(tl.join(lo, hi), (BLOCK_N, 512))                       # element 2j = lo, 2j+1 = hi
         kr = tl.zeros([BLOCK_N, 64], dtype=tl.float32)
     ka = _finish_bf16(ka, UPCAST)
+    if FMT == 1:
+        kr = tl.zeros([BLOCK_N, 64], dtype=tl.float32)
     if UPCAST:
         kr = kr.to(tl.float32)
     else:
@@ -129,9 +139,9 @@ def _gather_dequant(kv_ptr, idx, valid, page, stride_kb,
 
 
 @triton.jit
-def _attend_range(acc, acc_r, m_i, l_i, q_a, q_r, kv_ptr, idx_row, t_lo, t_hi, n, page, stride_kb, num_tok,
+def _attend_range(acc, m_i, l_i, q_a, q_r, kv_ptr, idx_row, t_lo, t_hi, n, page, stride_kb, num_tok,
                   sm_scale_log2,
-                  FMT: tl.constexpr, PAGE_SHIFT: tl.constexpr, HAS_ROPE: tl.constexpr, ROPE_IN_V: tl.constexpr,
+                  FMT: tl.constexpr, PAGE_SHIFT: tl.constexpr, HAS_ROPE: tl.constexpr,
                   BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr):
     """Online softmax over positions [t_lo, t_hi) of one index row (positions >= n are invalid)."""
     for t0 in tl.range(t_lo, t_hi, BLOCK_N, num_stages=NUM_STAGES):
@@ -152,10 +162,8 @@ def _attend_range(acc, acc_r, m_i, l_i, q_a, q_r, kv_ptr, idx_row, t_lo, t_hi, n
         l_i = l_i * alpha + tl.sum(p, 1)
         pb = _finish_bf16(p, UPCAST)
         acc = tl.dot(pb, ka, acc * alpha[:, None])
-        if ROPE_IN_V:
-            acc_r = tl.dot(pb, kr, acc_r * alpha[:, None])
         m_i = m_new
-    return acc, acc_r, m_i, l_i
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -168,15 +176,15 @@ def _sparse_decode_fwd_kernel(
     b, s_q, h_q, topk, xtopk, acc_rows, sm_scale_log2,
     FMT: tl.constexpr, XFMT: tl.constexpr, PAGE_SHIFT: tl.constexpr, XPAGE_SHIFT: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_LEN: tl.constexpr,
     HAS_XLEN: tl.constexpr, HAS_SINK: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, SBLOCK: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, XBLOCK_N: tl.constexpr, SBLOCK: tl.constexpr,
     UPCAST: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
-    HAS_ROPE: tl.constexpr = FMT <= 1
-    ROPE_IN_V: tl.constexpr = FMT == 1
+    HAS_ROPE: tl.constexpr = FMT == 0      # V3.2: separate 64-wide bf16 RoPE tile (QK only); MODEL1's RoPE sits
+    #                                        in dims 448..511 of its 512-wide K = V tile
     D_A: tl.constexpr = 512
     pid = tl.program_id(0)
     zero64 = pid.to(tl.int64) * 0
-    n_hb = h_q // BLOCK_H
+    n_hb = (h_q + BLOCK_H - 1) // BLOCK_H         # BLOCK_H may exceed h_q (padded head rows, masked)
     hb = pid % n_hb
     tmp = pid // n_hb
     si = tmp % s_q
@@ -189,6 +197,8 @@ def _sparse_decode_fwd_kernel(
     begin_split = tl.load(rec + 4)
 
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    hm = heads < h_q
+    heads = tl.where(hm, heads, 0)
     da = tl.arange(0, D_A)
     dr = tl.arange(0, 64)
     si64 = si + zero64
@@ -196,11 +206,9 @@ def _sparse_decode_fwd_kernel(
     for req in range(begin_req, end_req + 1):
         req64 = req + zero64
         q_row = q_ptr + req64 * stride_qb + si64 * stride_qs + heads64[:, None] * stride_qh
-        q_a = tl.load(q_row + da[None, :])
-        if HAS_ROPE and not ROPE_IN_V:
-            q_r = tl.load(q_row + D_A + dr[None, :])
-        elif HAS_ROPE:
-            q_r = tl.load(q_row + 448 + dr[None, :])
+        q_a = tl.load(q_row + da[None, :], mask=hm[:, None], other=0.0)
+        if HAS_ROPE:
+            q_r = tl.load(q_row + D_A + dr[None, :], mask=hm[:, None], other=0.0)
         else:
             q_r = tl.zeros([BLOCK_H, 64], dtype=tl.bfloat16)
         if UPCAST:
@@ -216,22 +224,20 @@ def _sparse_decode_fwd_kernel(
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, D_A], dtype=tl.float32)
-        acc_r = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
         idx_row = idx_ptr + req64 * stride_ib + si64 * stride_is
-        acc, acc_r, m_i, l_i = _attend_range(acc, acc_r, m_i, l_i, q_a, q_r, kv_ptr, idx_row, t_lo,
+        acc, m_i, l_i = _attend_range(acc, m_i, l_i, q_a, q_r, kv_ptr, idx_row, t_lo,
                                              tl.minimum(t_hi, n), n, page, stride_kb, num_tok, sm_scale_log2,
-                                             FMT, PAGE_SHIFT, HAS_ROPE, ROPE_IN_V, BLOCK_N, UPCAST, NUM_STAGES)
+                                      FMT, PAGE_SHIFT, HAS_ROPE, BLOCK_N, UPCAST, NUM_STAGES)
         if HAS_EXTRA:
             nx = xtopk + req * 0
             if HAS_XLEN:
                 nx = tl.minimum(tl.maximum(tl.load(xlen_ptr + req), 0), xtopk)
             off = n_blk * SBLOCK
             xidx_row = xidx_ptr + req64 * stride_xib + si64 * stride_xis
-            acc, acc_r, m_i, l_i = _attend_range(acc, acc_r, m_i, l_i, q_a, q_r, xkv_ptr, xidx_row,
+            acc, m_i, l_i = _attend_range(acc, m_i, l_i, q_a, q_r, xkv_ptr, xidx_row,
                                                  tl.maximum(t_lo - off, 0), tl.minimum(t_hi - off, nx), nx, xpage,
                                                  stride_xkb, xnum_tok, sm_scale_log2,
-                                                 XFMT, XPAGE_SHIFT, HAS_ROPE, ROPE_IN_V, BLOCK_N, UPCAST,
-                                                 NUM_STAGES)
+                                          XFMT, XPAGE_SHIFT, HAS_ROPE, XBLOCK_N, UPCAST, NUM_STAGES)
 
         base_row = tl.load(nsplits_ptr + req)
         nsp = tl.load(nsplits_ptr + req + 1) - base_row
@@ -239,7 +245,6 @@ def _sparse_decode_fwd_kernel(
         empty = (l_i == 0.0) | (l_i != l_i)
         l_safe = tl.where(empty, 1.0, l_i)
         m_log2 = m_i * sm_scale_log2
-        hm = heads < h_q
         row_off = (req64 * s_q + si64) * h_q + heads64
         if nsp <= 1:
             denom = l_safe
@@ -253,25 +258,14 @@ def _sparse_decode_fwd_kernel(
             o = acc * inv[:, None]
             if UPCAST:
                 o = _rne_bf16(o)
-            if ROPE_IN_V:
-                tl.store(o_ptr + da[None, :], o.to(out_ptr.dtype.element_ty), mask=hm[:, None] & (da[None, :] < 448))
-                o_r = acc_r * inv[:, None]
-                if UPCAST:
-                    o_r = _rne_bf16(o_r)
-                tl.store(o_ptr + 448 + dr[None, :], o_r.to(out_ptr.dtype.element_ty), mask=hm[:, None])
-            else:
-                tl.store(o_ptr + da[None, :], o.to(out_ptr.dtype.element_ty), mask=hm[:, None])
+            tl.store(o_ptr + da[None, :], o.to(out_ptr.dtype.element_ty), mask=hm[:, None])
         else:
             inv = tl.where(empty, 0.0, 1.0 / l_safe)
             ok = (acc_row >= 0) & (acc_row < acc_rows)
             a_off = (acc_row * s_q + si64) * h_q + heads64
             tl.store(lacc_ptr + a_off, tl.where(empty, float("-inf"), tl.log2(l_safe) + m_log2), mask=hm & ok)
             a_ptr = oacc_ptr + a_off[:, None] * 512
-            if ROPE_IN_V:
-                tl.store(a_ptr + da[None, :], acc * inv[:, None], mask=(hm & ok)[:, None] & (da[None, :] < 448))
-                tl.store(a_ptr + 448 + dr[None, :], acc_r * inv[:, None], mask=(hm & ok)[:, None])
-            else:
-                tl.store(a_ptr + da[None, :], acc * inv[:, None], mask=(hm & ok)[:, None])
+            tl.store(a_ptr + da[None, :], acc * inv[:, None], mask=(hm & ok)[:, None])
 
 
 @triton.jit

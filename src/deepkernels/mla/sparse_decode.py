@@ -26,7 +26,8 @@ from ..quant.kvcache import KV_FORMATS
 from ..reference.mla_sparse import detect_sparse_formats, sparse_decode_ref
 from .metadata import FIXED_OVERHEAD_BLOCKS, SCHED_BLOCK, compute_schedule
 
-__all__ = ["set_sparse_decode_batch_invariant", "sparse_decode_batch_invariant", "SPARSE_DECODE_CONFIGS"]
+__all__ = ["set_sparse_decode_batch_invariant", "sparse_decode_batch_invariant", "sparse_decode_config",
+           "SPARSE_DECODE_CONFIGS"]
 
 _LOG2E = 1.4426950408889634
 _CACHE_DTYPES = (torch.float8_e4m3fn, torch.int8, torch.uint8)
@@ -34,15 +35,30 @@ _CACHE_DTYPES = (torch.float8_e4m3fn, torch.int8, torch.uint8)
 # Config table by h_q: (BLOCK_H, BLOCK_N, num_warps, num_stages, parts_per_sm). BLOCK_H <= 64 keeps the
 # [64, 512] fp32 accumulator at 128 registers/thread over two warpgroups (a 128-head accumulator is the whole
 # register file, which is why FlashMLA splits h_q=128 over a 2-CTA cluster; plain Triton has no DSMEM, so h_q=128
-# runs as two 64-head programs that each dequantise the tokens). Every entry compiles for sm90 without local
-# memory within 227 KB of shared memory (tests/test_mla_sparse_kernels.py, compile tier); the candidates timed on
-# the H200 are in benchmarks/mla_sparse_decode.py (--sweep).
+# runs as two 64-head programs that each dequantise the tokens). MODEL1 uses BLOCK_N=32: its RoPE is spliced into
+# dims 448..511 of the K = V tile and at BLOCK_N=64 ptxas spills inside the token loop. Every entry compiles for
+# sm90 within 227 KB of shared memory with no spills inside the token loop (SASS checked:
+# tests/test_mla_sparse_kernels.py, compile tier); candidates are timed by benchmarks/mla_sparse_decode.py --sweep.
 SPARSE_DECODE_CONFIGS = {
-    16: (16, 64, 4, 2, 1),
-    32: (32, 64, 4, 2, 1),
+    16: (16, 64, 8, 2, 1),
+    32: (64, 64, 8, 2, 1),      # 32 heads padded to a 64-row wgmma tile (a 32-row mma.sync tile spills)
     64: (64, 64, 8, 2, 1),
     128: (64, 64, 8, 2, 1),
 }
+_FMT_BLOCK_N = {"model1": 32}     # MODEL1 splices its RoPE into the tile: more registers, smaller token tiles
+
+
+def sparse_decode_config(h_q: int, fmt: str) -> tuple:
+    """The (BLOCK_H, BLOCK_N, num_warps, num_stages, parts_per_sm) used for ``h_q`` heads and a main-cache format
+    (the extra cache's token tile is ``_block_n(config, extra_fmt)``)."""
+    bh, bn, w, st, per_sm = SPARSE_DECODE_CONFIGS[h_q]
+    return bh, _block_n(bn, fmt), w, st, per_sm
+
+
+def _block_n(bn: int, fmt: str) -> int:
+    return min(bn, _FMT_BLOCK_N.get(fmt, bn))
+
+
 _BATCH_INVARIANT = os.environ.get("DEEPKERNELS_BATCH_INVARIANT", "0") not in ("", "0")
 _POISON_OUTPUTS = False   # test knob: fill out/lse/accumulators with NaN before launch (checks every element is written)
 
@@ -65,7 +81,7 @@ def sparse_decode_batch_invariant() -> bool:
 
 def _num_sms(device: torch.device) -> int:
     try:
-        from .decode import _num_sms as dense_num_sms   # honours deepkernels.set_num_sms
+        from .decode import _num_sms as dense_num_sms   # honours set_mla_num_sms and the GEMM knob
         return dense_num_sms(device)
     except ImportError:  # pragma: no cover
         return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
@@ -73,7 +89,7 @@ def _num_sms(device: torch.device) -> int:
 
 def _num_sm_parts(device, s_q: int, h_q: int, config) -> int:
     block_h, _, _, _, per_sm = config
-    return max(_num_sms(device) * per_sm // s_q // max(h_q // block_h, 1), 1)
+    return max(_num_sms(device) * per_sm // s_q // -(-h_q // block_h), 1)
 
 
 def _check_cache(name: str, c: torch.Tensor, fmt: str):
@@ -169,7 +185,7 @@ def _launch_sparse_decode(out, lse_buf, q, k_cache, indices, sched, num_splits, 
     from ._sparse_kernels import FMT_CODES, _sparse_decode_combine_kernel, _sparse_decode_fwd_kernel
 
     b, s_q, h_q, _ = q.shape
-    block_h, block_n, warps, stages, _ = config or SPARSE_DECODE_CONFIGS[h_q]
+    block_h, block_n, warps, stages, _ = config or sparse_decode_config(h_q, fmt)
     parts = sched.shape[0]
     acc_rows = b + parts
     dev = q.device
@@ -183,8 +199,7 @@ def _launch_sparse_decode(out, lse_buf, q, k_cache, indices, sched, num_splits, 
     xkv = extra_k_cache.view(torch.uint8) if has_x else kv
     xind = extra_indices if has_x else indices
     dummy = l_acc
-    grid = (parts * s_q * (h_q // block_h),)
-    _sparse_decode_fwd_kernel[grid](
+    _sparse_decode_fwd_kernel[_fwd_grid(parts, s_q, h_q, block_h)](
         q, kv, indices, topk_length if topk_length is not None else dummy,
         xkv, xind, extra_topk_length if extra_topk_length is not None else dummy,
         attn_sink if attn_sink is not None else dummy,
@@ -196,9 +211,9 @@ def _launch_sparse_decode(out, lse_buf, q, k_cache, indices, sched, num_splits, 
         FMT=FMT_CODES[fmt], XFMT=FMT_CODES[xfmt] if has_x else FMT_CODES[fmt],
         PAGE_SHIFT=_page_shift(kv.shape[1]), XPAGE_SHIFT=_page_shift(xkv.shape[1]), HAS_EXTRA=has_x,
         HAS_LEN=topk_length is not None, HAS_XLEN=extra_topk_length is not None, HAS_SINK=attn_sink is not None,
-        BLOCK_H=block_h, BLOCK_N=block_n, SBLOCK=SCHED_BLOCK, UPCAST=interpret_mode(), NUM_STAGES=stages,
+        BLOCK_H=block_h, BLOCK_N=block_n, XBLOCK_N=_block_n(block_n, xfmt) if has_x else block_n, SBLOCK=SCHED_BLOCK, UPCAST=interpret_mode(), NUM_STAGES=stages,
         num_warps=warps, num_stages=stages)
-    _sparse_decode_combine_kernel[(b * s_q, triton_cdiv(h_q, 8))](
+    _sparse_decode_combine_kernel[_combine_grid(b, s_q, h_q)](
         o_acc, l_acc, num_splits, out, lse_buf, attn_sink if attn_sink is not None else l_acc, s_q, h_q, acc_rows,
         HAS_SINK=attn_sink is not None, HEADS=8, D_V=512, num_warps=4)
 
@@ -208,8 +223,14 @@ def _page_shift(page: int) -> int:
     return page.bit_length() - 1 if page & (page - 1) == 0 and page <= 4096 else -1
 
 
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+def _fwd_grid(parts: int, s_q: int, h_q: int, block_h: int) -> tuple:
+    """Split-KV grid: (part, s_q position, head block) flattened on axis 0 (no 65,535 limit; B08/B09)."""
+    return (parts * s_q * -(-h_q // block_h),)
+
+
+def _combine_grid(b: int, s_q: int, h_q: int) -> tuple:
+    """Combine grid: b*s_q on axis 0, head blocks of 8 on axis 1 (h_q <= 128 -> at most 16)."""
+    return (b * s_q, -(-h_q // 8))
 
 
 def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metadata, num_splits=None,
@@ -288,7 +309,7 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
                                    is_fp8_kvcache=True, topk=topk,
                                    extra_page_block_size=None if extra_k_cache is None else extra_k_cache.shape[1],
                                    extra_topk=xtopk)
-    config = config or SPARSE_DECODE_CONFIGS[h_q]
+    config = config or sparse_decode_config(h_q, fmt)
     if q.stride(-1) != 1:
         q = q.contiguous()
     counts_fn = lambda: _token_counts(b, topk, topk_length, xtopk, extra_topk_length,  # noqa: E731

@@ -1,0 +1,337 @@
+"""Sparse MLA decode kernels: interpreter (tiny shapes), compile (sm90 cross-compile of every production config)
+and GPU tiers (FlashMLA sparse-decode tolerances over a trimmed version of its shape grid, spec/mla.md §5.2-§5.4).
+
+Every run poisons out / lse / the split accumulators with NaN (``_POISON_OUTPUTS``) and writes NaN into every KV
+token that no valid in-length index references; anomaly-position matching in ``check_is_allclose`` then proves that
+every output element was written and that no unreferenced token leaked in.
+"""
+import math
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+import torch
+
+import deepkernels as dk
+import deepkernels.mla.sparse_decode as sd
+from deepkernels.testing.numerics import check_is_allclose
+
+from test_mla_sparse_reference import TOL_LSE, TOL_OUT, _public, make_case, ref_call
+
+
+@pytest.fixture
+def poison():
+    sd._POISON_OUTPUTS = True
+    yield
+    sd._POISON_OUTPUTS = False
+
+
+@pytest.fixture
+def sms():
+    """Set the SM count the scheduler balances over (forces split-KV at tiny shapes); restored afterwards."""
+    from deepkernels.mla import decode as dec
+
+    def _set(n):
+        dec.set_mla_num_sms(n)
+    yield _set
+    dec.set_mla_num_sms(None)
+
+
+# tiny interpreter shapes average over few tokens: bf16 P rounding gives a noisier cosine difference there
+TOL_OUT_TINY = dict(TOL_OUT, cos_diff_tol=2e-5)
+
+
+def run_and_check(kw, tol_out=TOL_OUT, tol_lse=TOL_LSE, meta=None):
+    meta = meta or dk.get_mla_metadata()[0]
+    o, l_ = _public(kw, meta)
+    ro, rl = ref_call(kw)
+    b, s_q, h_q = kw["q"].shape[:3]
+    assert o.shape == (b, s_q, h_q, 512) and o.dtype == torch.bfloat16
+    assert l_.shape == (b, h_q, s_q) and l_.stride() == (s_q * h_q, 1, h_q)   # transposed view of [b, s_q, h_q]
+    assert not torch.isnan(o).any() and not torch.isnan(l_).any()
+    assert check_is_allclose("out", o.float().cpu(), ro.float().cpu(), **tol_out)
+    assert check_is_allclose("lse", l_.cpu(), rl.cpu(), **tol_lse)
+    return o, l_, meta
+
+
+# ------------------------------------------------------------------ interpreter tier (tiny shapes)
+INTERP_CASES = [
+    # id, b, s_q, h_q, fmt, topk, s_k, page, extra (xfmt, xtopk, xpage), flags
+    ("v32_p64", 2, 1, 16, "v32", 70, 90, 64, None, dict(sink=True)),
+    ("v32_p2_B19", 2, 2, 16, "v32", 64, 40, 2, None, dict(nonpow2=True, with_len=True)),
+    ("model1_p61_x2", 2, 2, 16, "model1", 70, 90, 61, ("model1", 40, 2), dict(with_len=True, with_xlen=True,
+                                                                              sink=True)),
+    ("v41_fp4_p53_x69", 3, 1, 32, "v41", 100, 120, 53, ("fp4", 50, 69), dict(with_len=True, sink=True)),
+    ("v41_p576_h64", 1, 2, 64, "v41", 64, 200, 576, None, dict(with_len=True)),
+    ("v41_v41_p1_B22", 2, 1, 16, "v41", 30, 40, 1, ("v41", 20, 1), dict(with_xlen=True)),
+    ("all_invalid_zero_len", 3, 2, 16, "model1", 64, 64, 16, ("model1", 64, 16), dict(all_invalid=True, sink=True)),
+    ("zero_seqlen_rows", 4, 1, 16, "v32", 64, 64, 64, None, dict(zero_len=True, sink=True)),
+]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("case", INTERP_CASES, ids=[c[0] for c in INTERP_CASES])
+def test_interpret_sparse_decode(case, poison, sms):
+    _, b, s_q, h_q, fmt, topk, s_k, page, extra, flags = case
+    sms(8)                                            # several parts per request: exercises split-KV + combine
+    x = dict(xfmt=extra[0], xtopk=extra[1], xpage=extra[2]) if extra else {}
+    kw = make_case(b, s_q, h_q, fmt, topk, s_k, page, **x, **flags)
+    o, l_, meta = run_and_check(kw, TOL_OUT_TINY)
+    if case[0] == "v32_p64":
+        assert int(meta.num_splits[-1]) > b                           # split-KV + combine really ran
+    if flags.get("all_invalid"):
+        assert (o == 0).all() and torch.isposinf(l_).all()
+
+
+@pytest.mark.interpret
+def test_interpret_zero_length_rows_and_inf_sinks(poison, sms):
+    sms(6)
+    kw = make_case(3, 2, 16, "v41", 128, 150, 64, xfmt="fp4", xtopk=64, lengths=[0, 128, 5], xlengths=[0, 0, 64])
+    s = torch.randn(16)
+    s[:4], s[4:8] = math.inf, -math.inf
+    kw["attn_sink"] = s
+    o, l_, _ = run_and_check(kw, TOL_OUT_TINY)
+    assert (o[0] == 0).all() and torch.isposinf(l_[0]).all()          # no token: out 0, lse +inf (with a sink)
+    assert (o[1:, :, :4] == 0).all()                                   # +inf sink -> 0
+    o2, l2 = _public(dict(kw, attn_sink=None))
+    assert torch.equal(l_, l2)                                         # the sink never changes lse
+
+
+@pytest.mark.interpret
+def test_interpret_split_matches_batch_invariant_and_is_invariant(sms):
+    sms(16)
+    kw = make_case(3, 1, 16, "v41", 192, 250, 64, with_len=True)
+    o_split, l_split = _public(kw)
+    sd.set_sparse_decode_batch_invariant(True)
+    try:
+        o_bi, l_bi = _public(kw)
+        one = {k: (v[1:2] if isinstance(v, torch.Tensor) and k in ("q", "indices", "topk_length") else v)
+               for k, v in kw.items()}
+        o_one, l_one = _public(one)
+    finally:
+        sd.set_sparse_decode_batch_invariant(False)
+    assert torch.equal(o_bi[1:2], o_one) and torch.equal(l_bi[1:2], l_one)   # no dependence on the rest of the batch
+    assert check_is_allclose("out", o_split.float(), o_bi.float(), **TOL_OUT_TINY)
+    assert check_is_allclose("lse", l_split, l_bi, **TOL_LSE)
+
+
+@pytest.mark.interpret
+def test_B07_B17_stale_or_padded_schedule_is_safe(sms):
+    """A schedule planned for other lengths, with padded no-work parts (begin_req = b), never faults."""
+    from deepkernels.mla.metadata import compute_schedule
+    sms(4)
+    kw = make_case(2, 1, 16, "v41", 64, 80, 64)
+    q = kw["q"]
+    sched, ns = compute_schedule(torch.tensor([1, 1], dtype=torch.int32), 3)
+    sched = torch.cat([sched, torch.tensor([[2, 1, 0, 0, 0, 0, 0, 0]], dtype=torch.int32)])
+    out = torch.full((2, 1, 16, 512), float("nan"), dtype=torch.bfloat16)
+    lse = torch.full((2, 1, 16), float("nan"))
+    sd._launch_sparse_decode(out, lse, q, kw["k_cache"], kw["indices"], sched, ns, 0.05, "v41")
+    assert not torch.isnan(out).any()                                  # every row written, no fault
+    meta = dk.get_mla_metadata()[0]
+    _public(kw, meta)
+    with pytest.raises(ValueError, match="reused"):                    # B17: q rows no longer match the metadata
+        _public(dict(kw, q=torch.cat([q, q]), indices=torch.cat([kw["indices"]] * 2)), meta)
+
+
+@pytest.mark.interpret
+def test_B18_topk_length_clamped_in_kernel():
+    kw = make_case(1, 1, 16, "v32", 64, 64, 64, lengths=[1000])
+    o, l_ = _public(kw)
+    o2, l2 = _public(dict(kw, topk_length=torch.tensor([64], dtype=torch.int32)))
+    assert torch.equal(o, o2) and torch.equal(l_, l2)
+
+
+@pytest.mark.reference
+def test_B08_B09_grids_keep_large_counts_on_axis0():
+    for parts, s_q, h_q in [(1, 70000, 128), (132, 2 ** 20 + 1, 64), (66, 3, 16)]:
+        g = sd._fwd_grid(parts, s_q, h_q, sd.SPARSE_DECODE_CONFIGS[h_q][0])
+        assert len(g) == 1 and g[0] < 2 ** 31
+        c = sd._combine_grid(1, s_q, h_q)
+        assert c[0] == s_q and c[1] <= 16
+
+
+# ------------------------------------------------------------------ compile tier (sm90 cross-compile)
+_SIG = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", xkv_ptr="*u8", xidx_ptr="*i32",
+            xlen_ptr="*i32", sink_ptr="*fp32", meta_ptr="*i32", nsplits_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32",
+            oacc_ptr="*fp32", lacc_ptr="*fp32", stride_qb="i32", stride_qs="i32", stride_qh="i32", stride_kb="i32",
+            page="i32", num_tok="i32", stride_ib="i32", stride_is="i32", stride_xkb="i32", xpage="i32",
+            xnum_tok="i32", stride_xib="i32", stride_xis="i32", b="i32", s_q="i32", h_q="i32", topk="i32",
+            xtopk="i32", acc_rows="i32", sm_scale_log2="fp32")
+# what Triton's launcher specialises as 16-divisible for aligned tensors (pointers, strides of real caches)
+_DIV16 = ["q_ptr", "kv_ptr", "idx_ptr", "len_ptr", "xkv_ptr", "xidx_ptr", "xlen_ptr", "sink_ptr", "meta_ptr",
+          "nsplits_ptr", "out_ptr", "lse_ptr", "oacc_ptr", "lacc_ptr", "stride_qb", "stride_qs", "stride_qh",
+          "stride_kb", "stride_ib", "stride_is", "stride_xkb", "stride_xib", "stride_xis"]
+FMTS = {"v32": (0, 0, False), "model1+x": (1, 1, True), "v41+fp4": (2, 3, True), "v41": (2, 2, False)}
+
+
+def compile_sparse_config(config, fmt="v41+fp4", page_shift=6, xblock_n=None):
+    """Cross-compile ``_sparse_decode_fwd_kernel`` for sm90 with a (BLOCK_H, BLOCK_N, warps, stages, _) config."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from deepkernels.mla._sparse_kernels import _sparse_decode_fwd_kernel as kern
+    bh, bn, warps, stages, _ = config
+    f, xf, has_x = FMTS[fmt]
+    ce = dict(FMT=f, XFMT=xf, PAGE_SHIFT=page_shift, XPAGE_SHIFT=page_shift, HAS_EXTRA=has_x, HAS_LEN=True,
+              HAS_XLEN=has_x, HAS_SINK=True, BLOCK_H=bh, BLOCK_N=bn,
+              XBLOCK_N=xblock_n or sd._block_n(bn, {"v32": "v32", "model1+x": "model1", "v41+fp4": "fp4",
+                                                      "v41": "v41"}[fmt]), SBLOCK=64, UPCAST=False, NUM_STAGES=stages)
+    sig = dict(_SIG, **{k: "constexpr" for k in ce})
+    attrs = {(kern.arg_names.index(n),): [["tt.divisibility", 16]] for n in _DIV16}
+    return triton.compile(ASTSource(kern, signature=sig, constexprs=ce, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+
+
+def _nvidia_bin(name):
+    import triton
+    p = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+    return p if os.path.exists(p) else shutil.which(name)
+
+
+def sass_spill_report(ptx: str):
+    """(spill bytes from ptxas -v, spill instructions inside innermost loops) or None if ptxas is missing.
+
+    The PTX has no local memory even when ptxas spills, so the register allocation is checked on the SASS."""
+    ptxas, nvdisasm = _nvidia_bin("ptxas"), _nvidia_bin("nvdisasm")
+    if not ptxas or not nvdisasm:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        src, cub = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
+        open(src, "w").write(ptx)
+        info = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", cub], capture_output=True, text=True).stderr
+        sass = subprocess.run([nvdisasm, "-c", cub], capture_output=True, text=True).stdout
+    m = re.search(r"(\d+) bytes spill stores", info)
+    spill_bytes = int(m.group(1)) if m else 0
+    ins, labels, pending = [], {}, []
+    for line in sass.splitlines():
+        lm = re.match(r"^(\.L_x_\d+):", line)
+        if lm:
+            pending.append(lm.group(1))
+            continue
+        m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(.*?);", line)
+        if m:
+            pc = int(m.group(1), 16)
+            labels.update({p: pc for p in pending})
+            pending = []
+            ins.append((pc, m.group(2)))
+    loops = []
+    for pc, txt in ins:
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", txt)
+        if m and labels.get(m.group(1), 1 << 62) < pc:
+            loops.append((labels[m.group(1)], pc))
+    inner = [lp for lp in loops if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
+    in_loop = sum(1 for a, b_ in inner for pc, t in ins if a <= pc <= b_ and re.search(r"\b(STL|LDL)\b", t))
+    return spill_bytes, in_loop
+
+
+COMPILE_CASES = [(128, "v32", 6), (128, "model1+x", -1), (128, "v41+fp4", 6), (128, "v41", -1),
+                 (32, "v41+fp4", 6), (16, "v32", -1)]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("h_q,fmt,shift", COMPILE_CASES)
+def test_compile_production_configs(h_q, fmt, shift):
+    from deepkernels.testing.compile import SM90_SMEM_LIMIT
+    cfg = sd.sparse_decode_config(h_q, fmt.split("+")[0])
+    c = compile_sparse_config(cfg, fmt, shift)
+    ptx, ttgir = c.asm["ptx"], c.asm["ttgir"]
+    assert c.metadata.shared <= SM90_SMEM_LIMIT
+    assert not re.search(r"\.local\b|ld\.local|st\.local", ptx)
+    assert "async_copy_global_to_local" in ttgir, "token gathers are not pipelined"
+    if cfg[0] >= 64:
+        assert "wgmma.mma_async" in ptx
+    rep = sass_spill_report(ptx)
+    if rep is not None:
+        spill_bytes, in_loop = rep
+        assert in_loop == 0, "register spills inside the token loop"
+        assert spill_bytes <= 512, f"{spill_bytes} bytes of spills (prologue/epilogue)"
+
+
+@pytest.mark.compile
+def test_compile_combine():
+    from deepkernels.mla._sparse_kernels import _sparse_decode_combine_kernel
+    from deepkernels.testing.compile import compile_sm90
+    c = compile_sm90(_sparse_decode_combine_kernel,
+                     dict(oacc_ptr="*fp32", lacc_ptr="*fp32", nsplits_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32",
+                          sink_ptr="*fp32", s_q="i32", h_q="i32", acc_rows="i32"),
+                     dict(HAS_SINK=True, HEADS=8, D_V=512), num_warps=4)
+    assert not c.uses_local_memory
+
+
+# ------------------------------------------------------------------ GPU tier
+# Trimmed FlashMLA sparse-decode correctness grid (spec §5.4): (s_k, topk, page) x h_q x (b, s_q) x format.
+_SHAPES = [(512, 64, 2), (512, 64, 69), (1024, 576, 61), (2046, 2048, 64), (2046, 2048, 576), (650, 576, 53)]
+_FORMATS = [("v32", None), ("model1", "model1"), ("v41", "fp4"), ("v41", None)]
+GPU_GRID = [(fmt, xfmt, h_q, b, s_q, s_k, topk, page)
+            for (s_k, topk, page) in _SHAPES for h_q in (64, 128) for (b, s_q) in ((4, 1), (74, 3))
+            for (fmt, xfmt) in _FORMATS]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,xfmt,h_q,b,s_q,s_k,topk,page", GPU_GRID[::5])
+def test_gpu_sparse_decode_grid(fmt, xfmt, h_q, b, s_q, s_k, topk, page, poison):
+    x = dict(xfmt=xfmt, xtopk=max(topk // 4, 64), xpage=2 if page == 64 else 64) if xfmt else {}
+    kw = make_case(b, s_q, h_q, fmt, topk, s_k, page, with_len=fmt != "v32", with_xlen=xfmt is not None,
+                   sink=True, device="cuda", **x)
+    run_and_check(kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,xfmt", _FORMATS)
+@pytest.mark.parametrize("flags", [dict(all_invalid=True), dict(zero_len=True), dict(all_invalid=True, sink=True),
+                                   dict(zero_len=True, sink=True)])
+def test_gpu_corner_cases(fmt, xfmt, flags, poison):
+    x = dict(xfmt=xfmt, xtopk=128, xpage=61) if xfmt else {}
+    kw = make_case(74, 3, 128, fmt, 576, 650, 53, with_len=fmt != "v32", **x, **flags, device="cuda")
+    o, l_, _ = run_and_check(kw)
+    if flags.get("all_invalid"):
+        assert (o == 0).all() and torch.isposinf(l_).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h_q", [16, 32])
+def test_gpu_small_head_counts(h_q, poison):
+    kw = make_case(64, 2, h_q, "v41", 2048, 4096, 64, xfmt="fp4", xtopk=512, xpage=64, with_len=True,
+                   with_xlen=True, sink=True, device="cuda")
+    run_and_check(kw)
+
+
+@pytest.mark.gpu
+def test_gpu_B19_nonpow2_scales_and_oob_indices(poison):
+    kw = make_case(8, 2, 64, "v32", 128, 120, 64, nonpow2=True, lengths=[60] * 8, device="cuda")
+    nt = kw["k_cache"].shape[0] * kw["k_cache"].shape[1]
+    kw["indices"][:, :, -12:] = torch.arange(nt, nt + 12, dtype=torch.int32, device="cuda")
+    run_and_check(kw)
+
+
+@pytest.mark.gpu
+def test_gpu_batch_invariant_mode_and_determinism():
+    kw = make_case(74, 2, 128, "v41", 2048, 4096, 64, with_len=True, device="cuda")
+    o1, l1 = _public(kw)
+    o2, l2 = _public(kw)
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)                 # fixed input -> bit-identical output
+    sd.set_sparse_decode_batch_invariant(True)
+    try:
+        ob, lb = _public(kw)
+        part = {k: (v[5:9] if isinstance(v, torch.Tensor) and k in ("q", "indices", "topk_length") else v)
+                for k, v in kw.items()}
+        op, lp = _public(part)
+    finally:
+        sd.set_sparse_decode_batch_invariant(False)
+    assert torch.equal(ob[5:9], op) and torch.equal(lb[5:9], lp)
+    assert check_is_allclose("out", ob.float(), o1.float(), **TOL_OUT)
+
+
+@pytest.mark.gpu
+def test_gpu_huge_logits_max_element_exact(poison):
+    """FlashMLA d626421: with huge logits the max element must give exp2(0) = 1 (no fused-FMA drift)."""
+    kw = make_case(2, 1, 64, "v41", 64, 64, 64, device="cuda")
+    kw["q"] = (kw["q"] * 0 + 1).bfloat16()
+    kw["softmax_scale"] = 1e3
+    o, l_, _ = run_and_check(kw)
+    assert torch.isfinite(o).all() and torch.isfinite(l_).all()
