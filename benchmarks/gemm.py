@@ -6,7 +6,13 @@ as in shared/ANCHORS.md. FLOPs = 2MNK; bytes as DeepGEMM's ``count_bytes(a, b, d
 tensors + BF16 output). ``--sweep`` times every candidate config per shape (after a correctness check) and
 reports the best one, which is what ``gemm/_configs.py``'s table is set from.
 
-    python benchmarks/gemm.py [--sweep] [--bf16] [--out FILE.json] [--dry-run]
+Every swept candidate gets both the whole-call time (``us``; host overhead included, what users see) and,
+with ``--graph``, the CUDA-graph replay time (``graph_us``; kernel only, L2 warm); cuBLAS likewise. ``--host``
+measures the host cost per call (no GPU wait: a 200-call loop of a launch-bound shape) for the cached fast
+path and for the full validate + ``JITFunction.run`` path. ``--precompile N`` compiles every candidate in N
+worker processes first (shared Triton disk cache), so the sweep does not pay compiles serially.
+
+    python benchmarks/gemm.py [--sweep] [--bf16] [--graph] [--host] [--precompile N] [--out FILE.json] [--dry-run]
 """
 from __future__ import annotations
 
@@ -49,7 +55,7 @@ def _git_sha():
         return None
 
 
-def bench(fn, dry: bool, warmup=10, rep=50) -> float:
+def bench(fn, dry: bool, warmup=5, rep=25) -> float:
     """Median µs per call."""
     if dry:
         fn()
@@ -64,7 +70,7 @@ def bench_graph(fn):
     """Mean CUDA-graph replay time in µs (host overhead removed; L2 not flushed). None on failure."""
     try:
         import triton.testing
-        return triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
+        return triton.testing.do_bench_cudagraph(fn, rep=20) * 1e3
     except Exception as e:  # never let this optional measurement break a run
         print(f"  (graph timing failed: {type(e).__name__}: {str(e)[:120]})", flush=True)
         return None
@@ -101,6 +107,84 @@ def dequant_ref(A, B, k):
     return (A[0].float() * sa) @ (B[0].float() * sb).T
 
 
+def host_overhead(device: str) -> dict:
+    """Host µs per call (200 back-to-back calls of a launch-bound shape, one sync at the end): the cached
+    fast path vs the full path (plan cache cleared before every call: validation + JITFunction.run)."""
+    from deepkernels.gemm import dense
+    m, n, k = (64, 2112, 7168) if device == "cuda" else (8, 64, 128)
+    A, B = fp8_inputs(m, n, k, device)
+    d = torch.empty(m, n, dtype=torch.bfloat16, device=device)
+    a16, b16 = torch.randn(m, k, device=device).bfloat16(), torch.randn(n, k, device=device).bfloat16()
+    out = {}
+
+    def loop(fn, reps=200):
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        host = (time.perf_counter() - t) / reps * 1e6
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return host
+
+    def full_fp8():
+        dense._FP8_PLANS.clear()
+        dense.fp8_gemm_nt(A, B, d)
+
+    def full_bf16():
+        dense._BF16_PLANS.clear()
+        dense.bf16_gemm_nt(a16, b16, d)
+    out["fp8_fast"] = loop(lambda: dense.fp8_gemm_nt(A, B, d))
+    out["fp8_full"] = loop(full_fp8)
+    out["bf16_fast"] = loop(lambda: dense.bf16_gemm_nt(a16, b16, d))
+    out["bf16_full"] = loop(full_bf16)
+    if device == "cuda":
+        sfa, sfb = A[1].T.contiguous().T, B[1].contiguous().T
+        out["cublas_scaled_mm"] = loop(lambda: torch._scaled_mm(A[0], B[0].T, scale_a=sfa, scale_b=sfb,
+                                                                out_dtype=torch.bfloat16))
+    print("host us/call:", {k_: round(v, 1) for k_, v in out.items()}, flush=True)
+    return out
+
+
+def _precompile_one(task):
+    kind, cfg_dict, shapes = task
+    import deepkernels  # noqa: F401
+    from deepkernels.gemm import dense
+    from deepkernels.gemm._configs import GemmConfig
+    cfg = GemmConfig(**cfg_dict)
+    try:
+        for m, n, k in shapes:
+            if kind == "fp8":
+                A, B = fp8_inputs(m, n, k, "cuda")
+                dense.fp8_gemm_nt(A, B, torch.empty(m, n, dtype=torch.bfloat16, device="cuda"), _config=cfg)
+            else:
+                a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+                b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+                dense.bf16_gemm_nt(a, b, torch.empty(m, n, dtype=torch.bfloat16, device="cuda"), _config=cfg)
+        torch.cuda.synchronize()
+        return None
+    except Exception as e:
+        return f"{kind} {cfg.name()}: {type(e).__name__}: {str(e)[:150]}"
+
+
+def precompile(workers: int, bf16: bool) -> None:
+    """Compile every candidate (at production-like and test-like specialisations) in parallel processes; the
+    Triton disk cache makes the later in-process compiles cache hits."""
+    import multiprocessing as mp
+    from deepkernels.gemm._configs import BF16_CANDIDATES, BF16_TABLE, FP8_CANDIDATES, FP8_TABLE
+    shapes = [(64, 2112, 7168), (300, 1000, 1152)]
+    tasks = [("fp8", c.to_dict(), shapes) for c in dict.fromkeys(FP8_CANDIDATES + list(FP8_TABLE.values()))]
+    if bf16:
+        tasks += [("bf16", c.to_dict(), shapes) for c in dict.fromkeys(BF16_CANDIDATES + list(BF16_TABLE.values()))]
+    t = time.perf_counter()
+    with mp.get_context("spawn").Pool(workers) as pool:
+        errs = [e for e in pool.map(_precompile_one, tasks, chunksize=1) if e]
+    print(f"precompiled {len(tasks)} configs in {time.perf_counter() - t:.1f} s with {workers} workers; "
+          f"errors: {errs}", flush=True)
+
+
 def run(args) -> dict:
     import deepkernels as dk
     from deepkernels.gemm import dense
@@ -116,6 +200,11 @@ def run(args) -> dict:
         ms = [8, 200]
     result = {"provenance": provenance(), "fp8": [], "bf16": [], "args": vars(args)}
     num_sms = dense.get_num_sms()
+    if args.host:
+        try:
+            result["host"] = host_overhead(device)
+        except Exception as e:
+            print(f"host timing failed: {type(e).__name__}: {e}", flush=True)
 
     def save():
         if args.out:
@@ -156,11 +245,16 @@ def run(args) -> dict:
                     entry["diff"] = float(calc_diff(d.float(), ref))
                     entry["ok"] = bool(entry["diff"] < 1e-4 and not torch.isnan(d).any())
                     entry["us"] = bench(call, dry) if entry["ok"] else None
+                    if entry["ok"] and args.graph and not dry:
+                        entry["graph_us"] = bench_graph(call)
                 except Exception as e:
                     entry["ok"], entry["us"], entry["error"] = False, None, f"{type(e).__name__}: {str(e)[:200]}"
                 sweep.append(entry)
             good = [e for e in sweep if e.get("us")]
             best = min(good, key=lambda e: e["us"]) if good else None
+            gbest = min((e for e in good if e.get("graph_us")), key=lambda e: e["graph_us"], default=None)
+            if gbest:
+                row.update(graph_best_config=gbest["config"], graph_best_us=gbest["graph_us"])
             row["sweep"] = sweep
             row["selected_us"] = sweep[0].get("us")
             if best:
@@ -170,18 +264,23 @@ def run(args) -> dict:
                     row["cublas_tflops"] = flops / row["cublas_us"] / 1e6
                     row["ratio_vs_cublas"] = row["cublas_us"] / best["us"]
             if args.graph and not dry and best:
-                best_cfg = next(c for c in cands if c.name() == best["config"])
-                row["graph_us"] = bench_graph(lambda: dense.fp8_gemm_nt(A, B, d, _config=best_cfg))
+                row["graph_us"] = best.get("graph_us")
                 if fn is not None:
                     row["cublas_graph_us"] = bench_graph(fn)
+                    if row.get("graph_best_us") and row["cublas_graph_us"]:
+                        row["graph_ratio_vs_cublas"] = row["cublas_graph_us"] / row["graph_best_us"]
             result["fp8"].append(row)
             print(f"fp8 m={m:5d} n={n:6d} k={k:6d}: ours {row.get('us') or float('nan'):9.1f} us "
                   f"{row.get('tflops', float('nan')):7.1f} TFLOPS {row.get('gbps', float('nan')):7.0f} GB/s "
                   f"[{row.get('best_config')}] | cuBLAS {row['cublas_us'] or float('nan'):9.1f} us "
-                  f"ratio {row.get('ratio_vs_cublas', float('nan')):.2f} {why or ''}", flush=True)
+                  f"ratio {row.get('ratio_vs_cublas', float('nan')):.2f} {why or ''}| graph ours "
+                  f"{row.get('graph_best_us') or float('nan'):.1f} [{row.get('graph_best_config')}] cuBLAS "
+                  f"{row.get('cublas_graph_us') or float('nan'):.1f}", flush=True)
             save()
     ratios = [r["ratio_vs_cublas"] for r in result["fp8"] if r.get("ratio_vs_cublas")]
     result["fp8_geomean_vs_cublas"] = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
+    result["fp8_graph_geomean_vs_cublas"] = _geo([r["graph_ratio_vs_cublas"] for r in result["fp8"]
+                                                  if r.get("graph_ratio_vs_cublas")])
     result["fp8_geomean_selected_vs_cublas"] = _geo([r["cublas_us"] / r["selected_us"] for r in result["fp8"]
                                                      if r.get("cublas_us") and r.get("selected_us")])
     save()
@@ -196,6 +295,8 @@ def run(args) -> dict:
                 ref = torch.matmul(a, b.T)
                 row = {"op": "bf16_gemm_nt", "m": m, "n": n, "k": k, "flops": flops, "bytes": nbytes,
                        "torch_us": bench(lambda: torch.matmul(a, b.T), dry)}
+                if args.graph and not dry:
+                    row["torch_graph_us"] = bench_graph(lambda: torch.matmul(a, b.T))
                 sel = select_bf16_config(m, n, k, num_sms)
                 cands = [sel] + ([c for c in BF16_CANDIDATES if c != sel] if args.sweep else [])
                 sweep = []
@@ -208,6 +309,8 @@ def run(args) -> dict:
                         entry["diff"] = float(calc_diff(d.float(), ref.float()))
                         entry["ok"] = bool(entry["diff"] < 1e-5 and not torch.isnan(d).any())
                         entry["us"] = bench(call, dry) if entry["ok"] else None
+                        if entry["ok"] and args.graph and not dry:
+                            entry["graph_us"] = bench_graph(call)
                     except Exception as e:
                         entry["ok"], entry["us"], entry["error"] = False, None, f"{type(e).__name__}: {str(e)[:200]}"
                     sweep.append(entry)
@@ -237,14 +340,20 @@ def _geo(xs):
 
 def summary(result: dict) -> None:
     print("\n== FP8 GEMM summary (best swept config) ==")
-    print(f"{'M':>5} {'N':>6} {'K':>6} {'us':>9} {'TFLOPS':>7} {'GB/s':>6} {'cuBLAS TF':>9} {'ratio':>6}  config")
+    nan = float("nan")
+    print(f"{'M':>5} {'N':>6} {'K':>6} {'us':>8} {'TFLOPS':>7} {'GB/s':>6} {'cuBLAS TF':>9} {'ratio':>6} "
+          f"{'config':26s} | {'graph us':>8} {'cuBLAS g':>8} {'g ratio':>7} graph config")
     for r in result["fp8"]:
-        print(f"{r['m']:5d} {r['n']:6d} {r['k']:6d} {r.get('us') or float('nan'):9.1f} "
-              f"{r.get('tflops', float('nan')):7.1f} {r.get('gbps', float('nan')):6.0f} "
-              f"{r.get('cublas_tflops', float('nan')):9.1f} {r.get('ratio_vs_cublas', float('nan')):6.2f}  "
-              f"{r.get('best_config')}")
+        print(f"{r['m']:5d} {r['n']:6d} {r['k']:6d} {r.get('us') or nan:8.1f} "
+              f"{r.get('tflops', nan):7.1f} {r.get('gbps', nan):6.0f} "
+              f"{r.get('cublas_tflops', nan):9.1f} {r.get('ratio_vs_cublas', nan):6.2f} "
+              f"{str(r.get('best_config')):26s} | {r.get('graph_best_us') or nan:8.1f} "
+              f"{r.get('cublas_graph_us') or nan:8.1f} {r.get('graph_ratio_vs_cublas', nan):7.2f} "
+              f"{r.get('graph_best_config')}")
     print(f"geomean vs cuBLAS: best {result.get('fp8_geomean_vs_cublas')}, "
-          f"selected {result.get('fp8_geomean_selected_vs_cublas')}")
+          f"selected {result.get('fp8_geomean_selected_vs_cublas')}, graph {result.get('fp8_graph_geomean_vs_cublas')}")
+    if result.get("host"):
+        print("host us/call:", json.dumps(result["host"]))
     if result.get("bf16"):
         print(f"BF16 geomean vs torch.matmul: {result.get('bf16_geomean_vs_torch')}")
 
@@ -255,12 +364,17 @@ def main(argv=None):
     p.add_argument("--bf16", action="store_true", help="also benchmark the BF16 GEMM against torch.matmul")
     p.add_argument("--graph", action="store_true",
                    help="also time the best config and cuBLAS under CUDA-graph replay (no host overhead)")
+    p.add_argument("--host", action="store_true", help="measure host µs per call (fast vs full path)")
+    p.add_argument("--precompile", type=int, default=0, help="compile all candidates in N processes and exit")
     p.add_argument("--m", default="", help="comma-separated M values (default 64,128,4096)")
     p.add_argument("--out", default="", help="write JSON results here")
     p.add_argument("--dry-run", action="store_true", help="CPU check of the script at tiny shapes (no timing)")
     args = p.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         sys.exit("needs CUDA (use --dry-run to check the script on a CPU)")
+    if args.precompile:
+        precompile(args.precompile, args.bf16)
+        return
     run(args)
 
 

@@ -42,7 +42,7 @@ def _bf16_mma_tile(a_desc, b_desc, a_row, b_row, kb_begin, kb_end,
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_progs"])  # grid size: no recompiles per grid
 def _bf16_gemm_nt_kernel(a_ptr, b_ptr, d_ptr, ws_ptr,
                          M, N, K, stride_a, stride_b, stride_dm, num_progs,
                          A_KMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr, ACCUMULATE: tl.constexpr,

@@ -87,7 +87,7 @@ def _store_tile(d_ptr, acc, offs_m, offs_n, M, N, stride_dm, ACCUMULATE: tl.cons
     tl.store(ptrs, acc.to(d_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_progs"])  # grid size: no recompiles per grid
 def _fp8_gemm_nt_kernel(a_ptr, b_ptr, d_ptr, sfa_ptr, sfb_ptr, ws_ptr,
                         M, N, K, stride_am, stride_bn, stride_dm,
                         sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
@@ -143,7 +143,7 @@ def _fp8_gemm_nt_kernel(a_ptr, b_ptr, d_ptr, sfa_ptr, sfb_ptr, ws_ptr,
             _store_tile(ws, acc, offs_m, offs_n, M, N, N, False)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_progs"])  # grid size: no recompiles per grid
 def _fp8_gemm_nt_ws_kernel(a_ptr, b_ptr, d_ptr, sfa_ptr, sfb_ptr,
                            M, N, K, stride_am, stride_bn, stride_dm,
                            sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
