@@ -7,16 +7,19 @@ Steps (each wrapped: a failing step is recorded and the next one runs; rank 0 de
 broadcasts it, so all ranks take the same steps):
 1. provenance: GPU names, driver, torch / triton / NCCL versions, git sha, world size, multicast-off variables.
 2. checks (``deepkernels.parallel.checks``): TP MLA at DeepSeek-V3 attention dims (128 heads → 64 per rank) over a
-   BF16 cache (dense decode) and a V3.2 FP8 cache (route ``auto``: sparse FP8 decode when present, else dense over
-   dequantized pages; and route ``sparse`` explicitly); EP MoE (16 experts, top-4, hidden 7168, I 2048) with BF16 and
-   FP8 masked grouped GEMMs, uneven tokens and an expert with no token.
+   BF16 cache (dense decode) and a V3.2 FP8 cache (FlashMLA's sparse FP8 decode; and the same cache dequantized
+   through the dense decode); EP MoE (16 experts, top-4, hidden 7168, I 2048) with BF16 and FP8 masked grouped
+   GEMMs, uneven tokens and an expert with no token.
 3. timing (CUDA events, median of ``--iters`` after ``--warmup``): for b in ``--batch``, s_k = ``--seqlen``:
    - ``attn``: one absorbed decode step of the attention layer (projections, cache append, flash_mla_with_kvcache,
      W^UV, o_proj, all_reduce); 1 GPU = 128 heads on rank 0, 2 ranks = 64 heads each;
+   - ``attn_v32``: the same over a V3.2 FP8 cache (656 B/token), route ``auto`` = FlashMLA's sparse FP8 decode with
+     index lists of every cached token (topk = s_k rounded up to 64) when present (the route is recorded);
    - ``mla_kernel``: flash_mla_with_kvcache alone at h_q = 128 (1 GPU) vs 64 (per rank);
    - ``moe_<backend>``: the MoE layer, 1 GPU = b tokens, all experts; 2 ranks = b/2 tokens each, 8 experts each;
    - ``layer_<backend>``: attention (TP) + MoE (EP; masked bf16 GEMM, or the torch.bmm anchor) + all_gather of the
-     MoE outputs = a decode step of one layer.
+     MoE outputs = a decode step of one layer;
+   - ``all_reduce_fp32``: the TP attention's all_reduce alone ([b, hidden] float32; 2 ranks only).
 4. JSON (``--out``/parallel_decode.json, rewritten after every step) and a short table printed last.
 """
 from __future__ import annotations
@@ -144,7 +147,7 @@ def gather_obj(obj, world_size):
 
 
 def mla_cfg(cpu: bool) -> MLAConfig:
-    return checks.small_mla_config(num_heads=8) if cpu else MLAConfig()
+    return checks.small_mla_config(num_heads=32) if cpu else MLAConfig()  # 32 → 16 per rank: sparse decode runs
 
 
 def moe_cfg(args) -> MoEConfig:
@@ -154,10 +157,17 @@ def moe_cfg(args) -> MoEConfig:
                      num_experts_per_tok=args.topk)
 
 
-def filled_cache(b: int, s_k: int, d_qk: int, device, gen) -> PagedLatentCache:
-    """A BF16 cache with ``s_k`` random rows per request (timing only: content need not come from a prefill)."""
-    cache = PagedLatentCache(b, s_k + 64, d_qk, "bf16", 64, device=device)
-    cache.k_cache.copy_(torch.randn(cache.k_cache.shape, generator=gen, device=device).to(cache.k_cache.dtype))
+def filled_cache(b: int, s_k: int, d_qk: int, device, gen, fmt: str = "bf16") -> PagedLatentCache:
+    """A cache with ``s_k`` random rows per request (timing only: content need not come from a prefill); ``"v32"``
+    holds the V3.2 FP8 encoding of random rows."""
+    cache = PagedLatentCache(b, s_k + 64, d_qk, fmt, 64, device=device)
+    rows = torch.randn((cache.num_blocks, 64, 1, d_qk), generator=gen, device=device).to(torch.bfloat16)
+    if fmt == "bf16":
+        cache.k_cache.copy_(rows)
+    else:
+        from deepkernels.quant import quantize_kv_cache
+        cache.k_cache.copy_(quantize_kv_cache(rows, fmt))
+    del rows
     cache.cache_seqlens.fill_(s_k)
     return cache
 
@@ -188,7 +198,16 @@ def bench_rows(args, rank, world_size, device, seed, rows: list, save=lambda: No
         hidden = torch.randn(b, 1, mcfg.hidden_size, generator=gen, device=device).to(torch.bfloat16)
         x_moe = torch.randn(b, ecfg.hidden_size, generator=gen, device=device).to(torch.bfloat16)
         cache = filled_cache(b, args.seqlen, mcfg.kv_cache_dim, device, gen)
-        meta_q = lambda h: torch.randn(b, 1, h, mcfg.kv_cache_dim, generator=gen, device=device).to(torch.bfloat16)
+        cache_v32 = None
+        if mcfg.kv_cache_dim == 576:
+            try:  # every rank builds it (same generator draws) or none does
+                cache_v32 = filled_cache(b, args.seqlen, mcfg.kv_cache_dim, device, gen, "v32")
+            except Exception as e:  # noqa: BLE001
+                cache_v32 = f"{type(e).__name__}: {e}"
+        # every rank draws the same tensors in the same order (the generator must stay in step across ranks)
+        q_full, q_local = (torch.randn(b, 1, h, mcfg.kv_cache_dim, generator=gen, device=device).to(torch.bfloat16)
+                           for h in (mcfg.num_heads, mcfg.num_heads // world_size))
+        reduce_buf = torch.randn(b, mcfg.hidden_size, generator=gen, device=device)
 
         def kernel_fn(q):
             meta, _ = deepkernels.get_mla_metadata()
@@ -206,10 +225,16 @@ def bench_rows(args, rank, world_size, device, seed, rows: list, save=lambda: No
                 return full_out
             return f
 
+        def v32_step(m):
+            if isinstance(cache_v32, str):
+                raise RuntimeError(f"no V3.2 cache: {cache_v32}")
+            return lambda: attn_step(m[0], hidden, cache_v32)
+
         ops = [("attn", lambda m: (lambda: attn_step(m[0], hidden, cache))),
+               ("attn_v32", v32_step),
                ("mla_kernel", None)]
         ops += [(f"moe_{be}", be) for be in ("bf16", "fp8", "bmm")]
-        ops += [("layer_bf16", "bf16"), ("layer_bmm", "bmm")]
+        ops += [("layer_bf16", "bf16"), ("layer_bmm", "bmm"), ("all_reduce_fp32", None)]
         for name, spec in ops:
             if not go():
                 if rank == 0:
@@ -219,33 +244,39 @@ def bench_rows(args, rank, world_size, device, seed, rows: list, save=lambda: No
                    "h_q_per_rank": mcfg.num_heads // world_size, "experts": ecfg.n_routed_experts,
                    "topk": ecfg.num_experts_per_tok, "hidden": ecfg.hidden_size}
             # 1 GPU (rank 0 alone)
-            if rank == 0:
+            if rank == 0 and name != "all_reduce_fp32":  # the collective alone has no 1-GPU counterpart
                 try:
-                    if name == "attn":
+                    if name.startswith("attn"):
                         fn = spec(one)
                     elif name == "mla_kernel":
-                        fn = kernel_fn(meta_q(mcfg.num_heads))
+                        fn = kernel_fn(q_full)
                     elif name.startswith("layer"):
                         fn = layer_fn(one[0], one[1][spec], 1)
                     else:
                         fn = (lambda m, x=x_moe: (lambda: m(x)))(one[1][spec])
                     row["one_gpu"] = time_fn(fn, device, args.warmup, args.iters)
+                    if name.startswith("attn"):
+                        row["one_gpu"]["route"] = one[0].last_route
                 except Exception as e:  # noqa: BLE001
                     row["one_gpu"] = {"error": f"{type(e).__name__}: {e}"}
             barrier(world_size)
             # W ranks, timed together
             try:
-                if name == "attn":
+                if name.startswith("attn"):
                     fn = spec((tp, eps))
                 elif name == "mla_kernel":
-                    fn = kernel_fn(meta_q(mcfg.num_heads // world_size))
+                    fn = kernel_fn(q_local)
                 elif name.startswith("layer"):
                     fn = layer_fn(tp, eps[spec], world_size)
+                elif name == "all_reduce_fp32":  # the TP attention's collective: [b, hidden] float32
+                    fn = (lambda: dist.all_reduce(reduce_buf)) if world_size > 1 else (lambda: None)
                 else:
                     xl = x_moe[rank * t_local:(rank + 1) * t_local].contiguous()
                     fn = (lambda m, x=xl: (lambda: m(x)))(eps[spec])
                 barrier(world_size)
                 mine = time_fn(fn, device, args.warmup, args.iters)
+                if name.startswith("attn"):
+                    mine["route"] = tp.last_route
             except Exception as e:  # noqa: BLE001
                 mine = {"error": f"{type(e).__name__}: {e}"}
             row["per_rank"] = gather_obj(mine, world_size)
@@ -256,20 +287,22 @@ def bench_rows(args, rank, world_size, device, seed, rows: list, save=lambda: No
                 rows.append(row)
                 save()
             barrier(world_size)
-        del cache
+        del cache, cache_v32
     return rows
 
 
 def check_cases(args) -> list:
     if args.cpu:
-        return [("tp_mla", dict(fmt="bf16")), ("tp_mla", dict(fmt="v32", prefill=(9, 66), steps=(1, 2))),
+        return [("tp_mla", dict(fmt="bf16")),
+                ("tp_mla", dict(cfg=checks.small_mla_config(32), fmt="v32", route="sparse", prefill=(9, 66),
+                                steps=(1, 2))),
                 ("ep_moe", dict(tokens=(5, 11), dead_experts=(3,))),
                 ("ep_moe", dict(tokens=(7, 4), dead_experts=(2,), backend="fp8"))]
     v3 = dict(cfg=MLAConfig(), batch=4, prefill=(300, 77, 129, 5), steps=(1, 1, 2), std=0.02, max_seq_len=320)
     moe = dict(cfg=moe_cfg(args), tokens=(37, 91), dead_experts=(5,))
     return [("tp_mla", dict(v3, fmt="bf16", route="dense")),
-            ("tp_mla", dict(v3, fmt="v32", route="auto")),
-            ("tp_mla", dict(v3, fmt="v32", route="sparse")),
+            ("tp_mla", dict(v3, fmt="v32", route="sparse")),     # FlashMLA sparse FP8 decode at 64 heads per rank
+            ("tp_mla", dict(v3, fmt="v32", route="dense")),      # the same cache dequantized, dense decode
             ("ep_moe", dict(moe, backend="bf16")),
             ("ep_moe", dict(moe, backend="fp8"))]
 
@@ -346,7 +379,10 @@ def main(argv=None) -> int:
     report["total_s"] = round(time.time() - t_start, 1)
     save()
     if rank == 0:
-        print_table(report)
+        try:
+            print_table(report)
+        except Exception:  # noqa: BLE001 - the JSON is written; say why the table is not
+            traceback.print_exc()
     shutdown_distributed()
     return 0
 
@@ -359,23 +395,24 @@ def print_table(report: dict) -> None:
                 max(r.get("vs_1rank", {}).get("rel_l2", float("nan")) for r in c["steps"]),
                 max(r.get("vs_unsharded", {}).get("rel_l2", float("nan")) for r in c["steps"]),
                 sorted({r["route"] for r in c["steps"]}))
-            print(f"  tp_mla fmt={c['fmt']:5s} route={c['route_requested']:6s} {c['verdict']:5s} {detail}"
+            print(f"  tp_mla fmt={c.get('fmt', 'bf16'):5s} route={c.get('route', c.get('route_requested', 'auto')):6s} "
+                  f"{c.get('verdict', '?'):5s} {detail}"
                   f"{c.get('error', '')[:160]}")
         else:
             detail = "" if "vs_1rank" not in c else (f"vs_1rank rel {c['vs_1rank']['rel_l2']:.2e}, vs_reference rel "
                                                      f"{c['vs_reference']['rel_l2']:.2e}")
-            print(f"  ep_moe backend={c['backend']:4s} {c['verdict']:5s} {detail}{c.get('error', '')[:160]}")
+            print(f"  ep_moe backend={c.get('backend', 'bf16'):4s} {c.get('verdict', '?'):5s} {detail}{c.get('error', '')[:160]}")
     print(f"\n== decode-step time per rank vs one GPU (median µs; total {report.get('total_s')} s)")
-    print(f"  {'op':11s} {'b':>4s} {'1 GPU':>10s} {'rank 0':>10s} {'rank 1':>10s} {'speedup':>8s}")
+    print(f"  {'op':15s} {'b':>4s} {'1 GPU':>10s} {'rank 0':>10s} {'rank 1':>10s} {'speedup':>8s}")
     for r in report.get("timing") or []:
         if "skipped" in r:
-            print(f"  {r['op']:11s} {r['b']:4d} skipped ({r['skipped']})")
+            print(f"  {r['op']:15s} {r['b']:4d} skipped ({r['skipped']})")
             continue
         one = r.get("one_gpu", {})
-        per = [p.get("median_us") for p in r.get("per_rank", [])]
-        fmt = lambda v: f"{v:10.1f}" if isinstance(v, (int, float)) else f"{'err':>10s}"
+        per = [p.get("median_us", "err") for p in r.get("per_rank", [])]
+        fmt = lambda v: f"{v:10.1f}" if isinstance(v, (int, float)) else f"{'-' if v is None else 'err':>10s}"
         sp = r.get("speedup_vs_one_gpu")
-        print(f"  {r['op']:11s} {r['b']:4d} {fmt(one.get('median_us'))} "
+        print(f"  {r['op']:15s} {r['b']:4d} {fmt(one.get('median_us', 'err' if one else None))} "
               + " ".join(fmt(p) for p in (per + [None, None])[:2])
               + (f" {sp:7.2f}x" if sp else "        -"))
         for where, v in [("1gpu", one)] + [(f"rank{i}", p) for i, p in enumerate(r.get("per_rank", []))]:

@@ -106,15 +106,19 @@ def test_moe_validation():
 
 # ---------------------------------------------------------------------------------------------- 2 processes, gloo
 def test_tp_mla_two_ranks_equal_one_rank():
-    cases = [("tp_mla", dict(fmt="bf16")), ("tp_mla", dict(fmt="v32", prefill=(9, 66), steps=(1, 2)))]
+    # BF16 cache: dense decode at 4 heads per rank; V3.2 FP8 cache: FlashMLA's sparse decode at 16 heads per rank
+    # (its head counts are 16/32/64/128), per-query index lists of every visible token
+    cases = [("tp_mla", dict(fmt="bf16")),
+             ("tp_mla", dict(cfg=checks.small_mla_config(32), fmt="v32", route="sparse", prefill=(9, 66),
+                             steps=(1, 2)))]
     res = spawn_distributed(checks.run_cases, 2, args=("cpu", cases), backend="gloo", timeout_s=TIMEOUT_S)
     for case in res[0]:
         assert "error" not in case, case
-        assert case["heads_per_rank"] == 4
+        assert case["heads_per_rank"] == (4 if case["fmt"] == "bf16" else 16)
         for row in case["steps"]:
             assert "error" not in row, row
             assert row["ranks_agree_max_abs"] == 0.0, row                 # every rank holds the reduced output
-            assert row["route"] in ("dense", "sparse") and row["route"] == row["route_1rank"], row
+            assert row["route"] == row["route_1rank"] == ("dense" if case["fmt"] == "bf16" else "sparse"), row
             # same math, only the head split and the all-reduce order differ
             # (up to bf16 rounding flips of intermediates: see test_tp_partials_sum_to_one_rank)
             assert row["vs_1rank"]["rel_l2"] < 1e-3 and checks.within_bf16_ulp(row["vs_1rank"]), row

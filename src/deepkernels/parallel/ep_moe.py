@@ -229,6 +229,8 @@ class EPMoE(nn.Module):
         if x.dim() != 2 or x.shape[1] != c.hidden_size:
             raise ValueError(f"x must have shape [T, {c.hidden_size}], got {list(x.shape)}")
         t, k, dev = x.shape[0], c.num_experts_per_tok, x.device
+        if self.backend != "bmm":
+            masked_grouped_ops()  # fail before the first collective on every rank, not only where rows arrive
         ids, w = route(c, self.gate_weight, self.e_score_correction_bias, x)   # [T, k]
         flat = ids.flatten()
         order = torch.sort(flat, stable=True).indices                      # assignments grouped by expert
