@@ -338,7 +338,9 @@ def abs_indices_to_kvcache_indices(abs_indices: torch.Tensor, block_table: torch
 
     ``out[b, ...] = block_table[b, a // B] * B + a % B`` for ``a = abs_indices[b, ...]``; ``-1`` stays ``-1``.
     Beyond upstream (which would fault or raise), any other negative ``a`` or ``a // B >= block_table.size(1)``
-    also gives ``-1`` (invalid), so junk indices can never address a random block. No host sync.
+    also gives ``-1`` (invalid), so junk indices can never address a random block; with int32 ``abs_indices``, a
+    physical row that does not fit in int32 (a junk block-table entry such as 2147480000) is ``-1`` too instead of
+    wrapping around to a real-looking row. No host sync.
 
     Args:
         abs_indices: int32/int64 ``[b, s_q, topk]`` (any shape ``[b, ...]``), logical positions ``0 .. s_k-1``.
@@ -364,5 +366,8 @@ def abs_indices_to_kvcache_indices(abs_indices: torch.Tensor, block_table: torch
         phys = torch.zeros_like(a)
     else:
         phys = torch.gather(block_table.to(torch.int64), 1, torch.where(valid, blk, torch.zeros_like(blk)))
-    out = torch.where(valid, phys * page_block_size + a % page_block_size, torch.full_like(a, -1))
+    row = phys * page_block_size + a % page_block_size
+    if abs_indices.dtype == torch.int32:  # a row that int32 cannot hold (junk block-table entry) is invalid, never
+        valid &= (row >= 0) & (row < 2 ** 31)  # wrapped into a real-looking row (edge case B51 kind)
+    out = torch.where(valid, row, torch.full_like(a, -1))
     return out.to(abs_indices.dtype).reshape(abs_indices.shape)
