@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # TP MLA + EP MoE on the nvidia-h200-x2 machine (run from the repo root):
-#   GIT_SHA=<sha> bash benchmarks/device_parallel.sh
+#   GIT_SHA=<sha> bash benchmarks/device_parallel.sh [extra parallel_decode.py args]
+#   (CPU=1 bash benchmarks/device_parallel.sh: the same on the CPU with gloo at small sizes, as a dry run)
 # 1. environment (2 GPUs?), 2. benchmarks/parallel_decode.py under torchrun, 2 processes, NCCL: the
 # "2 ranks == 1 rank" checks (V3 attention dims, 128 -> 64 heads per rank; MoE 16 experts top-4) and the
 # decode-step timing per rank vs one GPU (b = 64 and 128, s_k = 4096), JSON under $OUT, table printed last.
@@ -11,7 +12,7 @@ export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
 export GIT_SHA="${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 OUT=${OUT:-/tmp/parallel_out}
 mkdir -p "$OUT"
-T_RUN=${T_RUN:-230}
+T_RUN=${T_RUN:-220}
 
 {
   echo "== env"; date -u
@@ -22,14 +23,19 @@ T_RUN=${T_RUN:-230}
 } > "$OUT/env.log" 2>&1
 cat "$OUT/env.log"
 
-NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
-if [ "$NGPU" -lt 2 ]; then
-  echo "need 2 GPUs, found $NGPU: running the 1-rank parts only is pointless; stopping"; exit 1
+CPU_FLAG=""
+if [ "${CPU:-0}" = 1 ]; then
+  CPU_FLAG="--cpu"   # dry run of this script on a machine without GPUs (gloo, small sizes)
+else
+  NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+  if [ "$NGPU" -lt 2 ]; then
+    echo "need 2 GPUs, found $NGPU: running the 1-rank parts only is pointless; stopping"; exit 1
+  fi
 fi
 
 echo "== torchrun --nproc_per_node=2 benchmarks/parallel_decode.py (cap ${T_RUN}s)"
 timeout -k 10 "$T_RUN" python3 -m torch.distributed.run --standalone --nproc_per_node=2 \
-  benchmarks/parallel_decode.py --out "$OUT" --budget-s $(( T_RUN - 50 )) "$@" > "$OUT/run.log" 2>&1
+  benchmarks/parallel_decode.py --out "$OUT" --budget-s $(( T_RUN - 50 )) $CPU_FLAG "$@" > "$OUT/run.log" 2>&1
 rc=$?
 echo "parallel_decode rc=$rc (124 = ran past ${T_RUN}s)"
 grep -E "^\[rank[01]\]:.*(Error|error)" "$OUT/run.log" | head -5
