@@ -40,14 +40,15 @@ def sms():
     dec.set_mla_num_sms(None)
 
 
-# tiny interpreter shapes average over few tokens: bf16 P rounding gives a noisier cosine difference there
-TOL_OUT_TINY = dict(TOL_OUT, cos_diff_tol=2e-5)
+# tiny interpreter shapes have few output elements, so the cosine difference (~2.2e-6 from bf16 P and output
+# rounding, measured) fluctuates more than at FlashMLA's test sizes: a 2x looser cosine bound there only
+TOL_OUT_TINY = dict(TOL_OUT, cos_diff_tol=1e-5)
 
 
 def run_and_check(kw, tol_out=TOL_OUT, tol_lse=TOL_LSE, meta=None):
     meta = meta or dk.get_mla_metadata()[0]
     o, l_ = _public(kw, meta)
-    ro, rl = ref_call(kw)
+    ro, rl = ref_call(kw, out_dtype=torch.float32)      # bf16 kernel output vs the unrounded fp32 reference
     b, s_q, h_q = kw["q"].shape[:3]
     assert o.shape == (b, s_q, h_q, 512) and o.dtype == torch.bfloat16
     assert l_.shape == (b, h_q, s_q) and l_.stride() == (s_q * h_q, 1, h_q)   # transposed view of [b, s_q, h_q]

@@ -271,8 +271,10 @@ def _sparse_decode_fwd_kernel(
 @triton.jit
 def _sparse_decode_combine_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr, sink_ptr,
                                   s_q, h_q, acc_rows,
-                                  HAS_SINK: tl.constexpr, HEADS: tl.constexpr, D_V: tl.constexpr):
-    """FlashMLA combine (spec §3.5) for requests with > 1 split; lse written to a contiguous [b, s_q, h_q]."""
+                                  HAS_SINK: tl.constexpr, HEADS: tl.constexpr, D_V: tl.constexpr,
+                                  UPCAST: tl.constexpr = False):
+    """FlashMLA combine (spec §3.5) for requests with > 1 split; lse written to a contiguous [b, s_q, h_q].
+    UPCAST (interpreter): round to nearest-even bf16 explicitly (the interpreter's fp32->bf16 cast truncates)."""
     pid = tl.program_id(0).to(tl.int64)
     bi = pid // s_q
     si = pid % s_q
@@ -306,5 +308,7 @@ def _sparse_decode_combine_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_
             o = tl.load(oacc_ptr + ((row * s_q + si) * h_q + heads)[:, None] * D_V + dv[None, :],
                         mask=hm[:, None], other=0.0)
             acc += w[:, None] * o
+        if UPCAST:
+            acc = _rne_bf16(acc)
         tl.store(out_ptr + ((bi * s_q + si) * h_q + heads)[:, None] * D_V + dv[None, :],
                  acc.to(out_ptr.dtype.element_ty), mask=hm[:, None])

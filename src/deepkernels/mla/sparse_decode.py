@@ -27,7 +27,7 @@ from ..reference.mla_sparse import detect_sparse_formats, sparse_decode_ref
 from .metadata import FIXED_OVERHEAD_BLOCKS, SCHED_BLOCK, compute_schedule
 
 __all__ = ["set_sparse_decode_batch_invariant", "sparse_decode_batch_invariant", "sparse_decode_config",
-           "SPARSE_DECODE_CONFIGS"]
+           "SPARSE_DECODE_CONFIGS", "SPARSE_DECODE_CANDIDATES"]
 
 _LOG2E = 1.4426950408889634
 _CACHE_DTYPES = (torch.float8_e4m3fn, torch.int8, torch.uint8)
@@ -45,6 +45,15 @@ SPARSE_DECODE_CONFIGS = {
     64: (64, 64, 8, 2, 1),
     128: (64, 64, 8, 2, 1),
 }
+# Candidates timed by benchmarks/mla_sparse_decode.py --sweep (h_q in {64, 128}); all compile without spills inside
+# the token loop (compile tier).
+SPARSE_DECODE_CANDIDATES = [
+    (64, 64, 8, 2, 1),
+    (64, 32, 8, 3, 1),
+    (64, 32, 8, 2, 1),
+    (64, 64, 8, 3, 1),
+    (64, 64, 8, 2, 2),
+]
 _FMT_BLOCK_N = {"model1": 32}     # MODEL1 splices its RoPE into the tile: more registers, smaller token tiles
 
 
@@ -215,7 +224,7 @@ def _launch_sparse_decode(out, lse_buf, q, k_cache, indices, sched, num_splits, 
         num_warps=warps, num_stages=stages)
     _sparse_decode_combine_kernel[_combine_grid(b, s_q, h_q)](
         o_acc, l_acc, num_splits, out, lse_buf, attn_sink if attn_sink is not None else l_acc, s_q, h_q, acc_rows,
-        HAS_SINK=attn_sink is not None, HEADS=8, D_V=512, num_warps=4)
+        HAS_SINK=attn_sink is not None, HEADS=8, D_V=512, UPCAST=interpret_mode(), num_warps=4)
 
 
 def _page_shift(page: int) -> int:

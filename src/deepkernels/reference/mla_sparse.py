@@ -69,7 +69,8 @@ def sparse_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, indices: torch.Ten
                       softmax_scale: Optional[float] = None, attn_sink: Optional[torch.Tensor] = None,
                       extra_k_cache: Optional[torch.Tensor] = None, extra_indices: Optional[torch.Tensor] = None,
                       topk_length: Optional[torch.Tensor] = None, extra_topk_length: Optional[torch.Tensor] = None,
-                      numerics: str = "reference", compute_dtype: torch.dtype = torch.float32):
+                      numerics: str = "reference", compute_dtype: torch.dtype = torch.float32,
+                      out_dtype: Optional[torch.dtype] = None):
     """Sparse MLA decode over a packed FP8/FP4 KV cache (see the module docstring for the semantics).
 
     Args:
@@ -84,8 +85,10 @@ def sparse_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, indices: torch.Ten
             indices, attended in the same softmax.
         numerics: passed to :func:`dequantize_kv_cache` (``"reference"`` or ``"sm90"``, V3.2 non-power-of-two
             scales only). compute_dtype: float32 (FlashMLA's test reference) or float64.
+        out_dtype: dtype of ``out`` (default q's dtype, rounded once; float32 keeps the unrounded result, which
+            is what tests compare a bf16 kernel output against).
     Returns:
-        ``out [b, s_q, h_q, head_dim_v]`` in q's dtype (rounded once) and ``lse [b, h_q, s_q]`` fp32 natural log
+        ``out [b, s_q, h_q, head_dim_v]`` in ``out_dtype`` and ``lse [b, h_q, s_q]`` fp32 natural log
         (transposed view of a contiguous ``[b, s_q, h_q]``).
     Raises:
         ValueError for an unknown or unpaired format, a ``d_qk`` that does not match the format, or mismatched
@@ -106,7 +109,7 @@ def sparse_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, indices: torch.Ten
     segs = [(kv, indices, topk_length)]
     if extra_k_cache is not None:
         segs.append((_flat_kv(extra_k_cache, extra, numerics).to(dev), extra_indices, extra_topk_length))
-    out = torch.empty(b, s_q, h_q, head_dim_v, dtype=q.dtype, device=dev)
+    out = torch.empty(b, s_q, h_q, head_dim_v, dtype=out_dtype or q.dtype, device=dev)
     lse_buf = torch.empty(b, s_q, h_q, dtype=torch.float32, device=dev)
     sink = None if attn_sink is None else attn_sink.to(dev, compute_dtype)
     for i in range(b):
@@ -131,6 +134,6 @@ def sparse_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, indices: torch.Ten
         if sink is not None:
             o = o / (1 + torch.exp(sink[None, :] - lse))[..., None]                     # sink=+inf -> 0, -inf -> 1
         o = torch.where(empty[..., None], torch.zeros_like(o), o)
-        out[i] = o.to(q.dtype)
+        out[i] = o.to(out.dtype)
         lse_buf[i] = torch.where(empty, torch.full_like(lse, float("inf")), lse).float()
     return out, lse_buf.transpose(1, 2)
