@@ -254,6 +254,17 @@ def test_compile_production_configs(h_q, fmt, shift):
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("cfg", [c for c in sd.SPARSE_DECODE_CANDIDATES if c != sd.SPARSE_DECODE_CONFIGS[128]])
+def test_compile_sweep_candidates(cfg):
+    """Every config the device sweep times compiles within smem and without spills in the token loop."""
+    from deepkernels.testing.compile import SM90_SMEM_LIMIT
+    c = compile_sparse_config(cfg, "v41+fp4", 6)
+    assert c.metadata.shared <= SM90_SMEM_LIMIT and "wgmma.mma_async" in c.asm["ptx"]
+    rep = sass_spill_report(c.asm["ptx"])
+    assert rep is None or rep[1] == 0
+
+
+@pytest.mark.compile
 def test_compile_combine():
     from deepkernels.mla._sparse_kernels import _sparse_decode_combine_kernel
     from deepkernels.testing.compile import compile_sm90
@@ -326,6 +337,25 @@ def test_gpu_batch_invariant_mode_and_determinism():
         sd.set_sparse_decode_batch_invariant(False)
     assert torch.equal(ob[5:9], op) and torch.equal(lb[5:9], lp)
     assert check_is_allclose("out", ob.float(), o1.float(), **TOL_OUT)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture():
+    """A decode step (metadata already planned) is capturable: no host syncs in the sparse path."""
+    kw = make_case(16, 2, 64, "v41", 512, 1024, 64, xfmt="fp4", xtopk=128, with_len=True, sink=True, device="cuda")
+    meta = dk.get_mla_metadata()[0]
+    o_ref, l_ref = _public(kw, meta)                                   # plans the schedule
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        _public(kw, meta)                                              # warm up on the capture stream
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o_g, l_g = _public(kw, meta)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(o_g, o_ref) and torch.equal(l_g, l_ref)
 
 
 @pytest.mark.gpu
