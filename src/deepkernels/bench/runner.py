@@ -98,6 +98,8 @@ def analytical_rows(cases: list[Case]) -> list[dict]:
 
 
 def _git_sha() -> str:
+    if os.environ.get("GIT_SHA"):  # set by the device scripts: the device copy of the tree has no .git
+        return os.environ["GIT_SHA"]
     try:
         here = os.path.dirname(os.path.abspath(__file__))
         return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
