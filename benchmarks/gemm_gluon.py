@@ -1,0 +1,138 @@
+"""Gluon sm90 FP8 1D2D GEMM vs the current Triton default (dense.fp8_gemm_nt) vs cuBLAS blockwise
+(torch._scaled_mm, 1x128 MN-major sfa x 128x128 sfb as in benchmarks/gemm.py) on the M = 4096 shapes.
+
+Whole call: triton.testing.do_bench median (L2 flushed). Graph: do_bench_cudagraph (host overhead removed).
+Every measurement is wrapped: a failing config is recorded with its error and the run goes on.
+Usage: PYTHONPATH=src python benchmarks/gemm_gluon.py --out $OUT/gemm_gluon.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+SHAPES = [(4096, 2112, 7168), (4096, 24576, 1536), (4096, 32768, 512),
+          (4096, 7168, 16384), (4096, 4096, 7168), (4096, 7168, 2048)]
+
+
+def _inputs(m, n, k):
+    from deepkernels.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    return per_token_cast_to_fp8(a, use_ue8m0=False), per_block_cast_to_fp8(b, use_ue8m0=False)
+
+
+def _time(fn):
+    import triton.testing
+    out = {}
+    try:
+        out["us"] = triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median") * 1e3
+    except Exception as e:
+        out["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        return out
+    try:
+        out["graph_us"] = triton.testing.do_bench_cudagraph(fn, rep=30) * 1e3
+    except Exception as e:
+        out["graph_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gemm_gluon.json"))
+    ap.add_argument("--budget-s", type=float, default=60.0)
+    args = ap.parse_args()
+    t0 = time.time()
+    from deepkernels.gemm import _gluon_fp8 as G
+    from deepkernels.gemm import dense
+    from deepkernels.testing import calc_diff
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "gluon_available": G.available(),
+           "git_sha": os.environ.get("GIT_SHA", ""), "timing": "do_bench median (whole call) + do_bench_cudagraph",
+           "rows": []}
+    import triton
+    res["triton"] = triton.__version__
+
+    def save():
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+    for m, n, k in SHAPES:
+        if time.time() - t0 > args.budget_s:
+            res["rows"].append({"shape": [m, n, k], "skipped": "time budget"})
+            continue
+        row = {"shape": [m, n, k], "flops": 2 * m * n * k, "impls": {}}
+        res["rows"].append(row)
+        try:
+            A, B = _inputs(m, n, k)
+            ref = None
+            try:
+                sa = A[1].repeat_interleave(128, 1)[:, :k]
+                sb = B[1].repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+                ref = (A[0].float() * sa) @ (B[0].float() * sb).T
+            except Exception as e:
+                row["ref_error"] = repr(e)[:200]
+            d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            impls = {"triton_default": lambda: dense.fp8_gemm_nt(A, B, d)}
+            if n % 128 == 0:
+                sfa_c, sfb_c = A[1].T.contiguous().T, B[1].contiguous().T
+                impls["cublas_blockwise"] = lambda: torch._scaled_mm(A[0], B[0].T, scale_a=sfa_c, scale_b=sfb_c,
+                                                                     out_dtype=torch.bfloat16)
+            for cfg in G.GLUON_CANDIDATES:
+                impls[cfg.name()] = (lambda c=cfg: G._launch_fp8_gluon(A[0], A[1], B[0], B[1], d, c))
+            for name, fn in impls.items():
+                e = {}
+                try:
+                    d.fill_(float("nan"))
+                    out = fn()
+                    torch.cuda.synchronize()
+                    out = out if isinstance(out, torch.Tensor) and out.shape == (m, n) else d
+                    if ref is not None:
+                        e["diff"] = float(calc_diff(out.float(), ref))
+                        e["nan"] = bool(torch.isnan(out).any())
+                    e.update(_time(fn))
+                    if "us" in e:
+                        e["tflops"] = 2 * m * n * k / e["us"] / 1e6
+                    if e.get("graph_us"):
+                        e["graph_tflops"] = 2 * m * n * k / e["graph_us"] / 1e6
+                except Exception as ex:
+                    e["error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
+                    traceback.print_exc(limit=3)
+                row["impls"][name] = e
+                print(f"{m}x{n}x{k} {name}: {e}", flush=True)
+                save()
+        except Exception as ex:
+            row["error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
+            traceback.print_exc(limit=3)
+        save()
+
+    # short table last
+    names = []
+    for r in res["rows"]:
+        for nm in r.get("impls", {}):
+            if nm not in names:
+                names.append(nm)
+    print("\nus (whole call / graph), calc_diff; shapes M=4096")
+    for r in res["rows"]:
+        print("x".join(map(str, r["shape"])))
+        for nm in names:
+            e = r.get("impls", {}).get(nm)
+            if e is None:
+                continue
+            if "us" in e:
+                g = e.get("graph_us")
+                print(f"  {nm:36s} {e['us']:8.1f} / {g if g is None else round(g, 1)!s:>8}  "
+                      f"{e.get('tflops', 0):6.0f} TFLOPS  diff {e.get('diff', float('nan')):.1e}")
+            else:
+                print(f"  {nm:36s} ERROR {e.get('error', '')[:100]}")
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,420 @@
+"""Gluon (``triton.experimental.gluon``, Triton 3.6) FP8 1D2D GEMM main loop for sm90 — experimental.
+
+``D[M, N] (bf16) = A[M, K] (e4m3, 1x128 per-row scales sfa) @ B[N, K]^T (e4m3, 128x128 block scales sfb)``, the
+same semantics as the Triton 1D2D path in :mod:`deepkernels.gemm._fp8_kernels` (no C, BF16 out): for every
+128-wide K block ``kb`` the tensor cores produce a fresh FP32 partial ``P = A_kb @ B_kb^T`` and the CUDA cores
+promote it, ``acc += P * (sfa[m, kb] * sfb[n // 128, kb])``; D is rounded to BF16 once.
+
+Two kernels (both sm90-only, no interpreter support in Triton 3.6):
+
+* :func:`_fp8_gluon_ws_kernel` — DeepGEMM-style warp specialisation: the default partition (4 warps, few
+  registers) is a TMA producer that fills a ``NUM_STAGES``-deep shared-memory ring (A ``[BLOCK_M, 128]`` +
+  B ``[BLOCK_N, 128]`` per stage, ``ready``/``empty`` mbarriers); ``BLOCK_M // 64`` math partitions of 4 warps
+  (one warpgroup each, 64 rows) run ``warpgroup_mma`` on their 64-row slice of the A stage and promote. With
+  ``OVERLAP`` the wgmma of block kb+1 is issued before block kb's partial is waited for (``num_outstanding=1``),
+  so the promotion of kb runs while the tensor cores work on kb+1 (3 accumulator-sized register sets per
+  thread); without it each partition waits for its own wgmma (DeepGEMM's choice: the other math warpgroup keeps
+  the tensor cores busy). Persistent tile loop (grid ``min(tiles, num_sms)``), L2-grouped tile order, masked
+  BF16 epilogue from registers.
+* :func:`_fp8_gluon_pipe_kernel` — the simple version: one partition (``BLOCK_M // 16`` warps), one program per
+  tile, the TMA ring prefetched ``NUM_STAGES`` blocks ahead inside the K loop, async wgmma with ``wait(1)``.
+
+The lead wires dispatch in ``dense.py``; nothing here is called by the public API yet. Use
+:func:`_launch_fp8_gluon` (CUDA tensors only; refuses under ``TRITON_INTERPRET=1``).
+"""
+from __future__ import annotations
+
+import os
+import types
+from dataclasses import dataclass
+
+import torch
+
+try:  # Gluon is experimental: keep this module importable when it is missing or its API moved
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    _IMPORT_ERROR: Exception | None = None
+except Exception as _e:  # pragma: no cover - depends on the installed Triton
+    _IMPORT_ERROR = _e
+    gluon = None
+    gl = types.SimpleNamespace(constexpr=None)
+    mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = None
+
+BLOCK_K = 128  # one scale block of K per stage
+
+
+def available() -> bool:
+    """True when the Gluon imports succeeded (says nothing about the device)."""
+    return _IMPORT_ERROR is None
+
+
+def _jit(fn):
+    return gluon.jit(fn) if gluon is not None else fn
+
+
+@dataclass(frozen=True)
+class GluonConfig:
+    block_m: int = 128          # 64 or 128 (one 64-row math warpgroup per 64 rows)
+    block_n: int = 128          # multiple of 16, <= 128 (one scalar sfb per K block)
+    num_stages: int = 4
+    group_m: int = 8
+    warp_spec: bool = True      # producer + BLOCK_M//64 math partitions, persistent
+    overlap: bool = True        # issue wgmma kb+1 before promoting kb (wait(1))
+    math_regs: int = 232        # setmaxnreg for the math partitions (WS only)
+    producer_regs: int = 40     # registers left to the default (TMA producer) partition (WS only)
+
+    def name(self) -> str:
+        kind = "ws" if self.warp_spec else "pipe"
+        return (f"gluon_{kind}_{self.block_m}x{self.block_n}x128_s{self.num_stages}"
+                f"{'_ov' if self.overlap else ''}")
+
+    def num_warps(self) -> int:
+        return 4 if self.warp_spec else self.block_m // 16
+
+    def maxnreg(self) -> int | None:
+        if not self.warp_spec:
+            return None
+        n_math = self.block_m // 64
+        warpgroups = 1 + n_math
+        # default partition gets (maxnreg * all threads - sum(worker regs * worker threads)) / its threads
+        return (self.producer_regs + n_math * self.math_regs) // warpgroups // 8 * 8
+
+    def smem_bytes(self) -> int:
+        return self.num_stages * (self.block_m + self.block_n) * BLOCK_K + 2 * 8 * self.num_stages
+
+
+GLUON_CANDIDATES = [
+    GluonConfig(128, 128, 4, overlap=False),
+    GluonConfig(128, 128, 6, overlap=False),
+    GluonConfig(128, 64, 8, overlap=True),
+    GluonConfig(64, 128, 8, overlap=False),
+    GluonConfig(128, 128, 4, warp_spec=False, overlap=True),
+]
+GLUON_DEFAULT = GLUON_CANDIDATES[0]
+
+
+# ----------------------------------------------------------------------------------------------- device code
+
+@_jit
+def _g_tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    num_in_group = GROUP_M * num_pid_n
+    group_id = tile_id // num_in_group
+    first_m = group_id * GROUP_M
+    group_size = gl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile_id % group_size)
+    pid_n = (tile_id % num_in_group) // group_size
+    return pid_m, pid_n
+
+
+@_jit
+def _g_load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, slot, off_m, off_n, kb, pred):
+    bar = ready.index(slot)
+    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(a_desc, [off_m, kb * 128], bar, a_bufs.index(slot), pred=pred)
+    tma.async_copy_global_to_shared(b_desc, [off_n, kb * 128], bar, b_bufs.index(slot), pred=pred)
+
+
+@_jit
+def _g_store_tile(d_ptr, acc, off_m, off_n, M, N, stride_dm,
+                  ROWS: gl.constexpr, BLOCK_N: gl.constexpr, L: gl.constexpr):
+    offs_m = off_m + gl.arange(0, ROWS, gl.SliceLayout(1, L))
+    offs_n = off_n + gl.arange(0, BLOCK_N, gl.SliceLayout(0, L))
+    ptrs = d_ptr + offs_m.to(gl.int64)[:, None] * stride_dm + offs_n[None, :]
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    gl.store(ptrs, acc.to(gl.bfloat16), mask=mask)
+
+
+@_jit
+def _g_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, num_progs,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr):
+    pid = gl.program_id(0)
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    num_kb = gl.cdiv(K, 128)
+    it = 0
+    for tile_id in range(pid, num_tiles, num_progs):
+        pid_m, pid_n = _g_tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        for kb in range(num_kb):
+            slot = it % NUM_STAGES
+            phase = (it // NUM_STAGES) & 1
+            mbarrier.wait(empty.index(slot), phase ^ 1)  # fresh barriers count as a completed phase 1
+            _g_load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, slot, off_m, off_n, kb, True)
+            it += 1
+
+
+@_jit
+def _g_issue(a_bufs, b_bufs, ready, it, zero, ROW0: gl.constexpr, ROWS: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """Wait for ring entry ``it`` and issue its wgmma (fresh accumulator) on rows [ROW0, ROW0 + ROWS)."""
+    slot = it % NUM_STAGES
+    mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
+    return warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)), zero,
+                         use_acc=False, is_async=True)
+
+
+@_jit
+def _g_retire(tok, NUM_OUT: gl.constexpr, acc, empty, it, sfa_rows, m_mask, sfa_sk, sfb_base, sfb_sk, kb,
+              NUM_STAGES: gl.constexpr):
+    """Wait until at most NUM_OUT wgmmas are in flight (so ``tok``, K block ``kb`` = ring entry ``it``, is done),
+    hand its ring slot back to the producer and promote its partial into ``acc``."""
+    sa = gl.load(sfa_rows + kb * sfa_sk, mask=m_mask, other=0.0)
+    sb = gl.load(sfb_base + kb * sfb_sk)
+    part = warpgroup_mma_wait(NUM_OUT, deps=(tok, ))
+    mbarrier.arrive(empty.index(it % NUM_STAGES))
+    return acc + part * (sa * sb)[:, None]
+
+
+@_jit
+def _g_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
+            sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
+            ROW0: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+            NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr):
+    """One math warpgroup: rows [ROW0, ROW0 + 64) of every BLOCK_M tile."""
+    ROWS: gl.constexpr = 64
+    L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                instr_shape=[16, BLOCK_N, 32])
+    pid = gl.program_id(0)
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    num_kb = gl.cdiv(K, 128)
+    zero = gl.zeros([ROWS, BLOCK_N], gl.float32, L)
+    it = 0
+    for tile_id in range(pid, num_tiles, num_progs):
+        pid_m, pid_n = _g_tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M + ROW0
+        off_n = pid_n * BLOCK_N
+        offs_m = off_m + gl.arange(0, ROWS, gl.SliceLayout(1, L))
+        m_mask = offs_m < M
+        sfa_rows = sfa_ptr + offs_m.to(gl.int64) * sfa_sm
+        sfb_base = sfb_ptr + (off_n // 128).to(gl.int64) * sfb_sn
+        acc = gl.zeros([ROWS, BLOCK_N], gl.float32, L)
+        if OVERLAP:
+            # Unrolled by two so that no in-flight accumulator is ever copied (a loop-carried "prev = cur"
+            # makes ptxas serialise every wgmma, C7514): tok_a is dead before it is redefined.
+            tok_a = _g_issue(a_bufs, b_bufs, ready, it, zero, ROW0, ROWS, NUM_STAGES)
+            for kb in range(1, num_kb - 1, 2):
+                tok_b = _g_issue(a_bufs, b_bufs, ready, it + 1, zero, ROW0, ROWS, NUM_STAGES)
+                acc = _g_retire(tok_a, 1, acc, empty, it, sfa_rows, m_mask, sfa_sk, sfb_base, sfb_sk, kb - 1,
+                                NUM_STAGES)
+                tok_a = _g_issue(a_bufs, b_bufs, ready, it + 2, zero, ROW0, ROWS, NUM_STAGES)
+                acc = _g_retire(tok_b, 1, acc, empty, it + 1, sfa_rows, m_mask, sfa_sk, sfb_base, sfb_sk, kb,
+                                NUM_STAGES)
+                it += 2
+            if (num_kb - 1) % 2 == 1:
+                tok_b = _g_issue(a_bufs, b_bufs, ready, it + 1, zero, ROW0, ROWS, NUM_STAGES)
+                acc = _g_retire(tok_a, 1, acc, empty, it, sfa_rows, m_mask, sfa_sk, sfb_base, sfb_sk,
+                                num_kb - 2, NUM_STAGES)
+                acc = _g_retire(tok_b, 0, acc, empty, it + 1, sfa_rows, m_mask, sfa_sk, sfb_base, sfb_sk,
+                                num_kb - 1, NUM_STAGES)
+                it += 2
+            else:
+                acc = _g_retire(tok_a, 0, acc, empty, it, sfa_rows, m_mask, sfa_sk, sfb_base, sfb_sk,
+                                num_kb - 1, NUM_STAGES)
+                it += 1
+        else:
+            for kb in range(num_kb):
+                sa = gl.load(sfa_rows + kb * sfa_sk, mask=m_mask, other=0.0)
+                sb = gl.load(sfb_base + kb * sfb_sk)
+                slot = it % NUM_STAGES
+                mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
+                tok = warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)),
+                                    zero, use_acc=False, is_async=True)
+                part = warpgroup_mma_wait(0, deps=(tok, ))
+                mbarrier.arrive(empty.index(slot))
+                acc += part * (sa * sb)[:, None]
+                it += 1
+        _g_store_tile(d_ptr, acc, off_m, off_n, M, N, stride_dm, ROWS, BLOCK_N, L)
+
+
+@_jit
+def _fp8_gluon_ws_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
+                         sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
+                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+                         NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr, MATH_REGS: gl.constexpr):
+    """Persistent warp-specialised FP8 1D2D GEMM: TMA producer (default partition) + BLOCK_M//64 math
+    warpgroups (worker partitions, 4 warps each)."""
+    gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128)
+    gl.static_assert(BLOCK_N <= 128)
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=BLOCK_M // 64)  # one arrive per math partition
+    if BLOCK_M == 128:
+        gl.warp_specialize([
+            (_g_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, num_progs,
+                           BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
+            (_g_math, (a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
+                       sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES,
+                       OVERLAP)),
+            (_g_math, (a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
+                       sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs, 64, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES,
+                       OVERLAP)),
+        ], [4, 4], [MATH_REGS, MATH_REGS])
+    else:
+        gl.warp_specialize([
+            (_g_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, num_progs,
+                           BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
+            (_g_math, (a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
+                       sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES,
+                       OVERLAP)),
+        ], [4], [MATH_REGS])
+
+
+@_jit
+def _fp8_gluon_pipe_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
+                           sfa_sm, sfa_sk, sfb_sn, sfb_sk,
+                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+                           NUM_STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """Single-partition version: one tile per program, TMA ring NUM_STAGES blocks ahead, wgmma kb+1 issued
+    before kb's promotion (wait(1))."""
+    gl.static_assert(BLOCK_N <= 128)
+    L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                instr_shape=[16, BLOCK_N, 32])
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _g_tile_coords(gl.program_id(0), num_pid_m, num_pid_n, GROUP_M)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    num_kb = gl.cdiv(K, 128)
+    for i in gl.static_range(NUM_STAGES):
+        _g_load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, i, off_m, off_n, i, i < num_kb)
+
+    offs_m = off_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, L))
+    m_mask = offs_m < M
+    sfa_rows = sfa_ptr + offs_m.to(gl.int64) * sfa_sm
+    sfb_base = sfb_ptr + (off_n // 128).to(gl.int64) * sfb_sn
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, L)
+    acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, L)
+
+    mbarrier.wait(ready.index(0), 0)
+    prev = warpgroup_mma(a_bufs.index(0), b_bufs.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+    for kb in range(1, num_kb):
+        sa = gl.load(sfa_rows + (kb - 1) * sfa_sk, mask=m_mask, other=0.0)
+        sb = gl.load(sfb_base + (kb - 1) * sfb_sk)
+        slot = kb % NUM_STAGES
+        mbarrier.wait(ready.index(slot), (kb // NUM_STAGES) & 1)
+        cur = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), zero, use_acc=False,
+                            is_async=True)
+        part = warpgroup_mma_wait(1, deps=(prev, ))
+        # block kb-1 is done: refill its slot with block kb-1+NUM_STAGES
+        nxt = kb - 1 + NUM_STAGES
+        _g_load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, (kb - 1) % NUM_STAGES, off_m, off_n, nxt,
+                      nxt < num_kb)
+        acc += part * (sa * sb)[:, None]
+        prev = cur
+    sa = gl.load(sfa_rows + (num_kb - 1) * sfa_sk, mask=m_mask, other=0.0)
+    sb = gl.load(sfb_base + (num_kb - 1) * sfb_sk)
+    part = warpgroup_mma_wait(0, deps=(prev, ))
+    acc += part * (sa * sb)[:, None]
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(ready.index(i))
+    _g_store_tile(d_ptr, acc, off_m, off_n, M, N, stride_dm, BLOCK_M, BLOCK_N, L)
+
+
+# ----------------------------------------------------------------------------------------------- host code
+
+def _smem_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
+
+
+_NUM_SMS: dict = {}
+
+
+def _num_sms(device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _NUM_SMS:
+        _NUM_SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _NUM_SMS[idx]
+
+
+def _launch_fp8_gluon(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
+                      config: GluonConfig | None = None, num_sms: int | None = None) -> torch.Tensor:
+    """``d = (a * sfa) @ (b * sfb)^T`` in BF16 with the Gluon sm90 kernel.
+
+    a ``[M, K]`` / b ``[N, K]`` float8_e4m3fn K-major (stride(-1) == 1, 16-B aligned rows and base);
+    sfa ``[M, ceil(K/128)]`` float32 in any layout (read through its strides); sfb ``[ceil(N/128),
+    ceil(K/128)]`` float32 (any strides); d ``[M, N]`` bfloat16 with stride(-1) == 1. No C, no split-K.
+    """
+    if not available():
+        raise RuntimeError(f"Gluon is not importable: {_IMPORT_ERROR!r}")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("Gluon kernels have no interpreter support (TRITON_INTERPRET is set)")
+    cfg = config or GLUON_DEFAULT
+    for name, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("d", d)):
+        if not t.is_cuda:
+            raise ValueError(f"{name} must be a CUDA tensor")
+    if a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
+        raise TypeError("a and b must be float8_e4m3fn")
+    if sfa.dtype != torch.float32 or sfb.dtype != torch.float32 or d.dtype != torch.bfloat16:
+        raise TypeError("sfa/sfb must be float32 and d bfloat16")
+    m, k = a.shape
+    n, k2 = b.shape
+    kb = (k + 127) // 128
+    if k2 != k or tuple(d.shape) != (m, n) or tuple(sfa.shape) != (m, kb) or tuple(sfb.shape) != ((n + 127) // 128, kb):
+        raise ValueError(f"shape mismatch: a {tuple(a.shape)} sfa {tuple(sfa.shape)} b {tuple(b.shape)} "
+                         f"sfb {tuple(sfb.shape)} d {tuple(d.shape)}")
+    if (a.stride(1) != 1 and k > 1) or (b.stride(1) != 1 and k > 1) or (d.stride(1) != 1 and n > 1):
+        raise ValueError("a, b must be K-major and d row-major")
+    if m == 0 or n == 0:
+        return d
+    if k == 0:
+        return d.zero_()
+    lay = _smem_layout()
+    a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [cfg.block_m, BLOCK_K], lay)
+    b_desc = TensorDescriptor(b, [n, k], [b.stride(0), 1], [cfg.block_n, BLOCK_K], lay)
+    tiles = ((m + cfg.block_m - 1) // cfg.block_m) * ((n + cfg.block_n - 1) // cfg.block_n)
+    ints = (m, n, k, d.stride(0), sfa.stride(0), sfa.stride(1), sfb.stride(0), sfb.stride(1))
+    if cfg.warp_spec:
+        progs = min(tiles, num_sms or _num_sms(a.device))
+        _fp8_gluon_ws_kernel[(progs, )](
+            a_desc, b_desc, d, sfa, sfb, *ints, progs,
+            cfg.block_m, cfg.block_n, cfg.group_m, cfg.num_stages, cfg.overlap, cfg.math_regs,
+            num_warps=4, maxnreg=cfg.maxnreg())
+    else:
+        _fp8_gluon_pipe_kernel[(tiles, )](
+            a_desc, b_desc, d, sfa, sfb, *ints,
+            cfg.block_m, cfg.block_n, cfg.group_m, cfg.num_stages, num_warps=cfg.num_warps())
+    return d
+
+
+def _compile_sm90(cfg: GluonConfig):
+    """Cross-compile the kernel for ``cfg`` for sm90 (no GPU needed). Returns the CompiledKernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    lay = repr(_smem_layout())
+    sig = {"a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {BLOCK_K}],{lay}>",
+           "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {BLOCK_K}],{lay}>",
+           "d_ptr": "*bf16", "sfa_ptr": "*fp32", "sfb_ptr": "*fp32",
+           "M": "i32", "N": "i32", "K": "i32", "stride_dm": "i32",
+           "sfa_sm": "i32", "sfa_sk": "i32", "sfb_sn": "i32", "sfb_sk": "i32"}
+    if cfg.warp_spec:
+        fn = _fp8_gluon_ws_kernel
+        sig["num_progs"] = "i32"
+        consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
+                      OVERLAP=cfg.overlap, MATH_REGS=cfg.math_regs)
+        opts = {"num_warps": 4, "maxnreg": cfg.maxnreg()}
+    else:
+        fn = _fp8_gluon_pipe_kernel
+        consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
+                      num_warps=cfg.num_warps())
+        opts = {"num_warps": cfg.num_warps()}
+    for kname, v in consts.items():
+        sig[kname] = "constexpr"
+    attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in ("d_ptr", "sfa_ptr", "sfb_ptr")}
+    src = GluonASTSource(fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)

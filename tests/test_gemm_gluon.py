@@ -1,0 +1,135 @@
+"""Gluon sm90 FP8 1D2D GEMM (``deepkernels.gemm._gluon_fp8``, experimental, not wired into dense.py).
+
+- compile tier: every candidate cross-compiles for sm90 on the CPU with wgmma + TMA + mbarrier, fits 227 KB of
+  shared memory, no local memory, no ptxas spills, and (WS configs) is warp-specialised; ptxas must not report
+  C7514 (wgmma serialised) for the warp-specialised configs.
+- gpu tier: the 6 M = 4096 production shapes and partial tiles, poisoned output, calc_diff < 1e-3 against the
+  dequantised float64 product.
+Everything skips cleanly on a CPU box, under the interpreter, or when Gluon is not importable.
+"""
+import os
+import re
+import subprocess
+import tempfile
+
+import pytest
+import torch
+
+from deepkernels.gemm import _gluon_fp8 as G
+
+needs_gluon = pytest.mark.skipif(not G.available(), reason=f"gluon not importable: {G._IMPORT_ERROR!r}")
+
+SM90_SMEM_LIMIT = 232448  # 227 KB
+
+SHAPES_4096 = [(4096, 2112, 7168), (4096, 24576, 1536), (4096, 32768, 512),
+               (4096, 7168, 16384), (4096, 4096, 7168), (4096, 7168, 2048)]
+
+
+def _ptxas(ptx: str) -> str:
+    import triton
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        pytest.skip("no bundled ptxas")
+    with tempfile.TemporaryDirectory() as tmp:
+        f = os.path.join(tmp, "k.ptx")
+        with open(f, "w") as fh:
+            fh.write(ptx)
+        r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f, "-o", os.path.join(tmp, "k.cubin")],
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stderr
+
+
+@pytest.mark.compile
+@needs_gluon
+@pytest.mark.parametrize("cfg", G.GLUON_CANDIDATES, ids=lambda c: c.name())
+def test_gluon_config_compiles_for_sm90(cfg):
+    c = G._compile_sm90(cfg)
+    ptx, ttgir = c.asm["ptx"], c.asm["ttgir"]
+    assert "wgmma.mma_async" in ptx
+    assert "cp.async.bulk.tensor" in ptx
+    assert "mbarrier" in ptx
+    assert int(c.metadata.shared) <= SM90_SMEM_LIMIT
+    assert ".local" not in ptx
+    info = _ptxas(ptx)
+    spill = re.search(r"(\d+) bytes spill stores", info)
+    assert spill is None or int(spill.group(1)) == 0, info
+    if cfg.warp_spec:
+        assert "ttg.warp_specialize" in ttgir
+        assert "setmaxnreg" in ptx
+        assert "C7514" not in info, "ptxas serialised the wgmmas"
+
+
+@pytest.mark.compile
+@needs_gluon
+def test_gluon_overlap_128x128_serialises_or_spills():
+    """Documented limit: wgmma kb+1 in flight during kb's promotion needs 3 x 64 accumulator registers per thread
+    at 64x128 per warpgroup; with 384 threads ptxas caps registers at 168, so it spills."""
+    cfg = G.GluonConfig(128, 128, 4, overlap=True)
+    info = _ptxas(G._compile_sm90(cfg).asm["ptx"])
+    spill = re.search(r"(\d+) bytes spill stores", info)
+    assert spill is not None and int(spill.group(1)) > 0
+
+
+def test_gluon_refuses_cpu_tensors():
+    if not G.available():
+        pytest.skip("gluon not importable")
+    a = torch.zeros(128, 128).to(torch.float8_e4m3fn)
+    sf = torch.ones(128, 1)
+    with pytest.raises((ValueError, RuntimeError)):
+        G._launch_fp8_gluon(a, sf, a, torch.ones(1, 1), torch.empty(128, 128, dtype=torch.bfloat16))
+
+
+def _inputs(m, n, k):
+    from deepkernels.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    return per_token_cast_to_fp8(a, use_ue8m0=False), per_block_cast_to_fp8(b, use_ue8m0=False)
+
+
+def _ref64(A, B, k):
+    sa = A[1].double().repeat_interleave(128, 1)[:, :k]
+    sb = B[1].double().repeat_interleave(128, 0)[:B[0].shape[0]].repeat_interleave(128, 1)[:, :k]
+    return (A[0].double() * sa) @ (B[0].double() * sb).T
+
+
+def _run_and_check(m, n, k, cfg, sfa_mn_major=False):
+    from deepkernels.testing import calc_diff
+    A, B = _inputs(m, n, k)
+    sfa = A[1].T.contiguous().T if sfa_mn_major else A[1]
+    d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)  # poisoned
+    G._launch_fp8_gluon(A[0], sfa, B[0], B[1], d, cfg)
+    torch.cuda.synchronize()
+    assert not torch.isnan(d).any(), "unwritten output elements"
+    diff = float(calc_diff(d.double(), _ref64(A, B, k)))
+    assert diff < 1e-3, f"{cfg.name()} {m}x{n}x{k}: calc_diff {diff}"
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("cfg", G.GLUON_CANDIDATES, ids=lambda c: c.name())
+@pytest.mark.parametrize("shape", SHAPES_4096, ids=lambda s: "x".join(map(str, s)))
+def test_gluon_fp8_m4096(shape, cfg):
+    _run_and_check(*shape, cfg)
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("cfg", G.GLUON_CANDIDATES, ids=lambda c: c.name())
+@pytest.mark.parametrize("shape", [(300, 1000, 576), (1, 128, 128), (129, 200, 256), (64, 64, 384)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gluon_fp8_partial_tiles(shape, cfg):
+    _run_and_check(*shape, cfg, sfa_mn_major=True)
+
+
+@pytest.mark.gpu
+@needs_gluon
+def test_gluon_fp8_small_grid_persistent():
+    """More tiles than programs: the persistent loop and ring phases carry across tiles."""
+    from deepkernels.testing import calc_diff
+    m, n, k = 1024, 1024, 1280
+    A, B = _inputs(m, n, k)
+    d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    G._launch_fp8_gluon(A[0], A[1], B[0], B[1], d, G.GLUON_DEFAULT, num_sms=3)
+    torch.cuda.synchronize()
+    assert float(calc_diff(d.double(), _ref64(A, B, k))) < 1e-3
