@@ -2,13 +2,14 @@
 # Device run for dense MLA decode (one call, ~150 s): candidate kernels are compiled in 8 background processes
 # (fills Triton's disk cache) while the GPU tests run; then the config sweep over the benchmark shapes with the
 # in-run PyTorch anchor, host-overhead / CUDA-graph replay timings, JSON to $OUT; the summary table prints last.
-# Usage (repo root, on the device): bash benchmarks/device_mla_decode.sh
+# Usage (repo root, on the device): GIT_SHA=<sha> bash benchmarks/device_mla_decode.sh
 export PYTHONPATH=src PYTHONUNBUFFERED=1
+export GIT_SHA="${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"   # recorded in the JSON provenance
 OUT=${OUT:-/tmp/mla_decode_out}
 mkdir -p "$OUT"
 T0=$(date +%s)
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; python3 -c \
-  "import torch, triton, numpy; print(torch.__version__, triton.__version__, numpy.__version__)"; git rev-parse HEAD; } \
+  "import torch, triton, numpy; print(torch.__version__, triton.__version__, numpy.__version__)"; echo "GIT_SHA=$GIT_SHA"; } \
   > "$OUT/env.txt" 2>&1 || true
 cat "$OUT/env.txt"
 echo "== compile candidates (background, 8 shards)"

@@ -225,11 +225,7 @@ def test_B12_head_counts_come_from_q(tier, poison):
 
 
 @pytest.mark.parametrize("tier", [
-    pytest.param("reference", marks=[pytest.mark.reference, pytest.mark.xfail(
-        strict=True, reason="bug in mla/decode.py: the CPU (reference) path of flash_mla_with_kvcache skips the "
-                            "legacy tile_scheduler_metadata/num_splits checks (_get_schedule runs only for "
-                            "FlashMLASchedMeta), so num_splits planned for b=3 is accepted with b=4")]),
-    INT])
+    REF, INT])
 def test_B17_kind_dense_decode_stale_metadata_rejected(tier, monkeypatch):
     """Legacy metadata planned for a batch of 3 and replayed with 4 requests (the B07/B17 mechanism in the dense
     path): rejected before launch, naming the argument, on every backend."""

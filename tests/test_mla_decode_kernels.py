@@ -292,3 +292,8 @@ def test_gpu_cuda_graph_capture():
     torch.cuda.synchronize()
     o_ref, _ = ref.dense_decode(q.cpu(), k.cpu(), bt.cpu(), sl.cpu(), 512)
     assert check_is_allclose("out", o.cpu(), o_ref, 8e-4, 2.01 / 128, 5e-6)
+    # the captured call went through the bound launchers (direct CompiledKernel.run) of the warm-up call
+    from deepkernels.mla import combine as comb
+    from deepkernels.mla import metadata as md
+    for cache in (dec._LAUNCHERS, comb._LAUNCHERS, md._LAUNCHERS):
+        assert any(l.fast_calls for l in cache.values())

@@ -196,3 +196,91 @@ def test_empty_batch():
     o, l = dk.flash_mla_with_kvcache(q, k, torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
                                      512, dk.get_mla_metadata()[0])
     assert o.shape == (0, 1, 4, 512) and l.shape == (0, 4, 1)
+
+
+def test_legacy_metadata_checked_on_cpu_reference_path():
+    """B17 on the CPU path: legacy (tile_scheduler_metadata, num_splits) planned for b=3 replayed with b=4 is
+    rejected naming num_splits, exactly as on the kernel path (validation happens once, at the public op)."""
+    q, k, bt, s = make_case(4, 1, 16, 1, [10, 70, 0, 5])
+    sched, ns = dk.get_mla_metadata(s[:3], 16, 1)
+    with pytest.raises(ValueError, match="num_splits"):
+        dk.flash_mla_with_kvcache(q, k, bt, s, 512, sched, ns)
+    with pytest.raises(ValueError, match="tile_scheduler_metadata"):
+        dk.flash_mla_with_kvcache(q, k, bt, s, 512, sched[:, :4].contiguous(), dk.get_mla_metadata(s, 16, 1)[1])
+    with pytest.raises(TypeError, match="num_splits"):
+        dk.flash_mla_with_kvcache(q, k, bt, s, 512, sched, ns.long())
+
+
+def test_cached_signature_still_checks_call_state():
+    """A signature that passed once is not re-validated, but the checks that do not depend on it still run on every
+    call: softmax_scale, num_splits with a FlashMLASchedMeta, a reused schedule's config; a new signature (same
+    shapes, 4-byte misaligned view) is validated in full."""
+    import deepkernels.mla.decode as dec
+    q, k, bt, s = make_case(2, 2, 8, 1, [10, 200])
+    meta, _ = dk.get_mla_metadata()
+    o1, _ = dk.flash_mla_with_kvcache(q, k, bt, s, 512, meta, causal=True)
+    o2, _ = dk.flash_mla_with_kvcache(q, k, bt, s, 512, meta, causal=True)     # cached plan
+    assert torch.equal(o1, o2) and len(dec._PLANS) >= 1
+    with pytest.raises(ValueError, match="softmax_scale"):
+        dk.flash_mla_with_kvcache(q, k, bt, s, 512, meta, softmax_scale=float("nan"), causal=True)
+    with pytest.raises(ValueError, match="num_splits must be None"):
+        dk.flash_mla_with_kvcache(q, k, bt, s, 512, meta, meta.num_splits, causal=True)
+    with pytest.raises(ValueError, match="reused"):
+        dk.flash_mla_with_kvcache(q, k, bt, s, 512, meta, causal=False)
+    sched, ns = dk.get_mla_metadata(s, 16, 1)
+    dk.flash_mla_with_kvcache(q, k, bt, s, 512, sched, ns, causal=True)
+    bad = torch.zeros(ns.numel() + 1, dtype=torch.int32)[1:]                    # misaligned view, same shape
+    bad.copy_(ns)
+    o3, _ = dk.flash_mla_with_kvcache(q, k, bt, s, 512, sched, bad, causal=True)
+    assert torch.equal(o3, o1)
+    with pytest.raises(ValueError, match="num_splits"):
+        dk.flash_mla_with_kvcache(q, k, bt, s, 512, sched, torch.zeros(ns.numel() + 1, dtype=torch.int32)[:2],
+                                  causal=True)
+
+
+class _FakeCompiled:
+    function, packed_metadata = "fn-handle", "packed"
+
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def run(self, *args):
+        self.log.append((self.name, "fast"))
+
+
+class _FakeJit:
+    """Stand-in JITFunction with the real kernel's params: fn[grid](*args, **meta) records and returns a compiled
+    kernel whose run() records a fast launch."""
+
+    def __init__(self, real, log, name):
+        self.params, self.log, self.name = real.params, log, name
+        self.compiled = _FakeCompiled(log, name)
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.log.append((self.name, "slow"))
+            return self.compiled
+        return launch
+
+
+def test_public_op_launches_take_the_fast_path_on_a_repeated_signature(monkeypatch):
+    """Second call with the same signature: the split-KV kernel and the combine go through the bound
+    KernelLauncher (direct CompiledKernel.run), keyed stably by the cached call plan; a new FlashMLASchedMeta per
+    step recomputes the schedule. (No device: kernels and binding are stand-ins.)"""
+    import deepkernels._launch as launch
+    import deepkernels.mla._dense_decode_kernels as ddk
+    import deepkernels.mla.combine as comb
+    import deepkernels.mla.decode as dec
+    log = []
+    monkeypatch.setattr(ddk, "_mla_decode_fwd_kernel", _FakeJit(ddk._mla_decode_fwd_kernel, log, "decode"))
+    monkeypatch.setattr(comb, "_mla_decode_combine_kernel", _FakeJit(comb._mla_decode_combine_kernel, log, "combine"))
+    monkeypatch.setattr(launch, "_bindable", lambda args: True)
+    monkeypatch.setattr(launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(launch, "_stream_getter", lambda: (lambda dev: 0))
+    monkeypatch.setattr(dec, "use_kernels", lambda *t: True)
+    monkeypatch.setattr(dec, "_PLANS", {})          # plans made under the patch (kernels=True on CPU) are dropped
+    q, k, bt, s = make_case(2, 1, 16, 1, [10, 200])
+    for _ in range(3):
+        meta, _ = dk.get_mla_metadata()
+        dk.flash_mla_with_kvcache(q, k, bt, s, 512, meta)
+    assert log == [("decode", "slow"), ("combine", "slow")] + [("decode", "fast"), ("combine", "fast")] * 2

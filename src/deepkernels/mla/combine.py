@@ -17,12 +17,15 @@ import torch
 import triton
 import triton.language as tl
 
+from .._launch import KernelLauncher
+
 __all__ = ["combine_splits_"]
 
 _COMBINE_HEADS = 8
 
 
-@triton.jit
+# acc_rows (= b + num_sm_parts) only bounds the split count: not specialised, no recompile per batch size.
+@triton.jit(do_not_specialize=["acc_rows"])
 def _mla_decode_combine_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr, sink_ptr,
                                s_q, h_q, acc_rows,
                                HAS_SINK: tl.constexpr, ALL_REQUESTS: tl.constexpr,
@@ -90,6 +93,20 @@ def combine_splits_(out: torch.Tensor, lse: torch.Tensor, o_accum: torch.Tensor,
         return
     sink = attn_sink if attn_sink is not None else lse_accum
     grid = (b * s_q, triton.cdiv(h_q, _COMBINE_HEADS))
-    _mla_decode_combine_kernel[grid](o_accum, lse_accum, num_splits, out, lse, sink, s_q, h_q, o_accum.shape[0],
-                                     HAS_SINK=attn_sink is not None, ALL_REQUESTS=bool(all_requests),
-                                     HEADS=_COMBINE_HEADS, D_V=d_v, num_warps=4)
+    acc_rows = o_accum.shape[0]
+    # Triton's specialisation facts of this launch (dtypes, 16-B alignment, s_q/h_q == 1 / % 16, i32 range)
+    ptrs = (o_accum, lse_accum, num_splits, out, lse, sink)
+    key = (_mla_decode_combine_kernel, attn_sink is not None, bool(all_requests), d_v,
+           tuple((t.dtype, t.data_ptr() & 15 == 0) for t in ptrs),
+           s_q == 1, s_q % 16 == 0, h_q == 1, h_q % 16 == 0, max(s_q, h_q, acc_rows) < 2 ** 31)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        if len(_LAUNCHERS) >= 256:
+            _LAUNCHERS.clear()
+        launcher = _LAUNCHERS[key] = KernelLauncher(_mla_decode_combine_kernel, dict(
+            HAS_SINK=attn_sink is not None, ALL_REQUESTS=bool(all_requests), HEADS=_COMBINE_HEADS, D_V=d_v,
+            num_warps=4))
+    launcher(grid, o_accum, lse_accum, num_splits, out, lse, sink, s_q, h_q, acc_rows)
+
+
+_LAUNCHERS: dict = {}   # specialisation key -> KernelLauncher (deepkernels._launch: cached compiled-kernel launch)

@@ -9,13 +9,16 @@ PyTorch reference (:mod:`deepkernels.reference.mla`).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from .._backend import interpret_mode, use_kernels
+from .._launch import KernelLauncher, spec_key
 from .._validate import check_dtype, check_tensor
+from ..gemm import dense as _gemm_dense
 from .metadata import FIXED_OVERHEAD_BLOCKS, SCHED_BLOCK, compute_schedule
 
 __all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache", "set_mla_num_sms"]
@@ -26,16 +29,23 @@ D_NOPE, D_PE = 512, 64
 # (s_q * h_q / h_kv), keyed by the bucket 16 (<= 16 rows), 32 (<= 32), 64 (<= 64), 128 (more). flags (optional
 # 6th element, a string): "p" one block-table load per KV tile (tile inside a page; ignored when BLOCK_N does not
 # divide the page), "v" split the 512 output columns over 2 programs, "l" lazy rescale, "w" warp_specialize.
-# Bandwidth path (<= 32 rows): rows padded to 16/32, 4 warps, several programs per SM so more KV bytes are in
-# flight. Compute path: 64-row tiles, 8 warps (the 512-wide accumulator split over two warpgroups).
-# H200 sweep of 2026-11-29 (benchmarks/mla_decode.py --sweep, benchmarks/results/mla_decode-h200.json, notes in
-# benchmarks/notes/mla_decode.md): e.g. h_q=16 s_k=32K (16,32,4,3,2) 2538 GB/s vs (16,64,4,2,1) 1927; h_q=128
-# (64,64,8,2,1) 230 TFLOPS vs (64,32,8,3,1) 168.
+# Bandwidth path (<= 32 rows): rows padded to 16/32, 4 warps, 2 programs per SM so more KV bytes are in flight.
+# Compute path: 64-row tiles, 8 warps (the 512-wide accumulator split over two warpgroups).
+# Chosen by the v2 H200 sweep: benchmarks/results/mla_decode-h200-v2-2026-11-29.json (run 2026-11-29T13:30,
+# committed in 623fe1b; its provenance git_sha reads "unknown" (the device copy has no .git): the tree measured was
+# e779f51, whose decode kernel/bench are those of dd99ba6). b=128, h_kv=1, varlen,
+# s_k 4096 / 32768, every candidate passed the error gate (max |out - torch| <= 2e-3 < 4e-3). Per bucket, the
+# config that wins (or ties within 1.2 %) at both s_k — one config per bucket, no s_k threshold needed:
+#   16:  (16,64,4,3,2,p) 3020 / 3770 GB/s (v1 (16,32,4,3,2) 1984 / 2260; stages=4 ties)
+#   32:  (32,32,4,3,2,p) h_q=32 1959 / 2435 GB/s, s_q=2 h_q=16 1892 / 2388 ((32,64,..,p) +0.4 % at h_q=32 32K only)
+#   64:  (64,64,8,2,1,p) h_q=64 1566 / 2044 GB/s, s_q=2 h_q=32 1572 / 2052
+#   128: (64,64,8,2,1,p) h_q=128 219.0 / 275.8 TFLOPS, s_q=2 h_q=128 240.4 / 284.0, s_q=2 h_q=64 220.3 / 273.5;
+#        (128,32,8,2,1,pv) wins h_q=128 s_q=1 4K by 1.2 % (221.5) but loses 6 % at 32K and every s_q=2 row.
 _CONFIGS = {
-    16: (16, 32, 4, 3, 2),
-    32: (32, 32, 4, 3, 2),
-    64: (64, 64, 8, 2, 1),
-    128: (64, 64, 8, 2, 1),
+    16: (16, 64, 4, 3, 2, "p"),
+    32: (32, 32, 4, 3, 2, "p"),
+    64: (64, 64, 8, 2, 1, "p"),
+    128: (64, 64, 8, 2, 1, "p"),
 }
 _NUM_SMS: Optional[int] = None
 _POISON_OUTPUTS = False   # test knob: fill out/lse/accumulators with NaN before launch (checks every element is written)
@@ -54,8 +64,6 @@ def set_mla_num_sms(n: Optional[int]) -> None:
 def _num_sms(device: torch.device) -> int:
     if _NUM_SMS is not None:
         return _NUM_SMS
-    from ..gemm import dense as _gemm_dense
-
     if _gemm_dense._NUM_SMS:
         return _gemm_dense._NUM_SMS
     if device.type == "cuda":
@@ -188,12 +196,25 @@ def _validate_dense(q, k_cache, block_table, cache_seqlens, head_dim_v):
             raise ValueError(f"{name} has negative strides {t.stride()}")
 
 
-def _get_schedule(meta, num_splits, cfg, cache_seqlens, device, rows, h_kv):
+def _check_legacy_metadata(meta, num_splits, b):
+    """Checks of the legacy ``(tile_scheduler_metadata, num_splits)`` tensors (functions of their dtype/shape only)."""
+    check_tensor("tile_scheduler_metadata", meta, ndim=2, dtype=torch.int32)
+    if meta.shape[1] != 8 or meta.shape[0] < 1:
+        raise ValueError(f"tile_scheduler_metadata must have shape [num_sm_parts, 8], got {list(meta.shape)}")
+    check_tensor("num_splits", num_splits, ndim=1, dtype=torch.int32)
+    if num_splits.shape[0] != b + 1:
+        raise ValueError(f"num_splits must have shape [b + 1] = [{b + 1}], got {list(num_splits.shape)} "
+                         "(tile_scheduler_metadata/num_splits planned for another batch?)")
+
+
+def _get_schedule(meta, num_splits, cfg, cache_seqlens, device, rows, h_kv, legacy_checked=False):
+    """The (tile_scheduler_metadata, num_splits) pair of a call; validates the metadata argument (ValueError /
+    TypeError naming it) and, for a fresh FlashMLASchedMeta, computes the schedule on the device."""
     if isinstance(meta, FlashMLASchedMeta):
         if num_splits is not None:
             raise ValueError("num_splits must be None when tile_scheduler_metadata is a FlashMLASchedMeta")
         if meta.have_initialized:
-            if meta.config != cfg:
+            if meta.config is not cfg and meta.config != cfg:
                 raise ValueError(f"tile_scheduler_metadata was built for {meta.config}, reused with {cfg}; "
                                  "call get_mla_metadata() again for a new configuration")
             return meta.tile_scheduler_metadata, meta.num_splits
@@ -201,20 +222,39 @@ def _get_schedule(meta, num_splits, cfg, cache_seqlens, device, rows, h_kv):
         meta.config, meta.tile_scheduler_metadata, meta.num_splits, meta.have_initialized = cfg, sched, ns, True
         return sched, ns
     if isinstance(meta, torch.Tensor):
-        check_tensor("tile_scheduler_metadata", meta, ndim=2, dtype=torch.int32)
-        if meta.shape[1] != 8 or meta.shape[0] < 1:
-            raise ValueError(f"tile_scheduler_metadata must have shape [num_sm_parts, 8], got {list(meta.shape)}")
-        check_tensor("num_splits", num_splits, ndim=1, dtype=torch.int32)
-        if num_splits.shape[0] != cfg.b + 1:
-            raise ValueError(f"num_splits must have shape [b + 1] = [{cfg.b + 1}], got {list(num_splits.shape)}")
+        if not legacy_checked:
+            _check_legacy_metadata(meta, num_splits, cfg.b)
         return meta.contiguous(), num_splits.contiguous()
     raise TypeError(f"tile_scheduler_metadata must come from get_mla_metadata(), got {type(meta).__name__}")
 
 
-def _dense_launch(q, k_cache, block_table, cache_seqlens, sched, num_splits, scale, causal, config=None):
-    import triton
+_MAIN_CONSTEXPRS = ("CAUSAL", "PAGE", "SBLOCK", "BLOCK_M", "BLOCK_N", "D_NOPE", "D_PE", "UPCAST", "NUM_STAGES",
+                    "TILE_IN_PAGE", "V_SPLIT", "LAZY_RESCALE", "WARP_SPEC")
+_LAUNCHERS: dict = {}
+_LAUNCHER_LIMIT = 1024
 
-    from ._dense_decode_kernels import _mla_decode_fwd_kernel
+
+def _main_launcher(fn, constexprs: tuple, warps: int, stages: int, spec) -> KernelLauncher:
+    """KernelLauncher of the split-KV kernel for one specialisation ``spec`` (Triton's facts about the non-constexpr
+    arguments: dtypes, 16-B alignment, ==1 / %16 of the specialised strides, i32 range). Keyed by the kernel
+    object too, so a test's stand-in kernel (monkeypatched module attribute) is what gets called."""
+    key = (fn, constexprs, warps, stages, spec)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        if len(_LAUNCHERS) >= _LAUNCHER_LIMIT:
+            _LAUNCHERS.clear()
+        launcher = _LAUNCHERS[key] = KernelLauncher(
+            fn, dict(zip(_MAIN_CONSTEXPRS, constexprs), num_warps=warps, num_stages=stages))
+    return launcher
+
+
+def _dense_launch(q, k_cache, block_table, cache_seqlens, sched, num_splits, scale, causal, config=None,
+                  _spec=None):
+    """Launch split-KV kernel + combine (no validation; callers own the arguments). ``_spec``: a hashable object
+    standing for the specialisation facts of every kernel argument except sched/num_splits/acc_rows (the public op
+    passes its cached ``_CallPlan``: its signature fixes those facts); None computes them here with
+    :func:`deepkernels._launch.spec_key`."""
+    from . import _dense_decode_kernels as _ddk
     from .combine import combine_splits_
 
     b, s_q, h_q, _ = q.shape
@@ -227,12 +267,13 @@ def _dense_launch(q, k_cache, block_table, cache_seqlens, sched, num_splits, sca
     v_split = 2 if "v" in flags else 1
     tile_in_page = "p" in flags and page % bn == 0 and SCHED_BLOCK % bn == 0
     parts = sched.shape[0]
-    m_blocks = triton.cdiv(rows, bm)
-    out = torch.empty(b, s_q, h_q, D_NOPE, dtype=q.dtype, device=q.device)
-    lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
+    m_blocks = -(-rows // bm)
+    dev = q.device
+    out = torch.empty(b, s_q, h_q, D_NOPE, dtype=q.dtype, device=dev)
+    lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=dev)
     acc_rows = b + parts
-    o_acc = torch.empty(acc_rows, s_q, h_q, D_NOPE, dtype=torch.float32, device=q.device)
-    l_acc = torch.empty(acc_rows, s_q, h_q, dtype=torch.float32, device=q.device)
+    o_acc = torch.empty(acc_rows, s_q, h_q, D_NOPE, dtype=torch.float32, device=dev)
+    l_acc = torch.empty(acc_rows, s_q, h_q, dtype=torch.float32, device=dev)
     if _POISON_OUTPUTS:
         for t in (out, lse, o_acc, l_acc):
             t.fill_(float("nan"))
@@ -240,19 +281,65 @@ def _dense_launch(q, k_cache, block_table, cache_seqlens, sched, num_splits, sca
     if block_table.stride(1) != 1:
         block_table = block_table.contiguous()
     grid = (parts * h_kv * m_blocks * v_split,)
-    _mla_decode_fwd_kernel[grid](
-        q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc,
-        q.stride(0), q.stride(1), q.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_table.stride(0), block_table.shape[1], nb,
-        b, s_q, h_q, group, rows, m_blocks, h_kv, acc_rows,
-        scale, scale * math.log2(math.e),
-        CAUSAL=bool(causal and s_q > 1), PAGE=page, SBLOCK=SCHED_BLOCK, BLOCK_M=bm, BLOCK_N=bn,
-        D_NOPE=D_NOPE, D_PE=D_PE, UPCAST=interpret_mode(), NUM_STAGES=stages,
-        TILE_IN_PAGE=tile_in_page, V_SPLIT=v_split, LAZY_RESCALE="l" in flags, WARP_SPEC="w" in flags,
-        num_warps=warps, num_stages=stages)
+    qs, ks = q.stride(), k_cache.stride()
+    ints = (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], block_table.stride(0), block_table.shape[1], nb,
+            b, s_q, h_q, group, rows, m_blocks, h_kv, acc_rows)
+    if _spec is None:
+        _spec = spec_key(q, k_cache, block_table, seqlens, out, lse, o_acc, l_acc, *ints)
+    else:  # sched/num_splits/acc_rows are the only launch facts the public op's signature does not fix
+        _spec = (_spec, acc_rows < 2 ** 31)
+    spec = (_spec, sched.dtype, sched.data_ptr() & 15 == 0, num_splits.dtype, num_splits.data_ptr() & 15 == 0)
+    constexprs = (bool(causal and s_q > 1), page, SCHED_BLOCK, bm, bn, D_NOPE, D_PE, interpret_mode(), stages,
+                  tile_in_page, v_split, "l" in flags, "w" in flags)
+    launcher = _main_launcher(_ddk._mla_decode_fwd_kernel, constexprs, warps, stages, spec)
+    launcher(grid, q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc, *ints[:6],
+             *ints[6:], scale, scale * _LOG2E)
     combine_splits_(out, lse, o_acc, l_acc, num_splits)
     return out, lse
+
+
+_LOG2E = math.log2(math.e)
+_T = torch.Tensor
+_PLANS: dict = {}
+_PLAN_LIMIT = 1024
+
+
+class _CallPlan:
+    """One validated call signature of the dense public op (see :func:`_call_sig`)."""
+
+    __slots__ = ("cfg", "rows", "h_kv", "kernels", "empty")   # hashed by identity: the launch-spec key
+
+
+def _tsig(t: torch.Tensor) -> tuple:
+    return (t.dtype, t.shape, t.stride(), t.device, t.data_ptr() & 15)
+
+
+def _call_sig(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, causal, is_fp8_kvcache):
+    """Hashable signature of a dense call: dtype/shape/strides/device/16-B alignment of every tensor, head_dim_v,
+    causal, is_fp8_kvcache, the metadata kind (legacy tensors: their signature too), the interpreter flag and
+    DEEPKERNELS_FORCE_REFERENCE (both decide the backend). Every
+    argument check of the dense path is a function of it, so a signature that passed once passes again (its verdict
+    is cached); it also fixes every specialisation fact of the launches except sched/num_splits (checked per call).
+    None for unusual argument types (full path every time)."""
+    try:
+        if type(q) is not _T or type(k_cache) is not _T or type(block_table) is not _T or \
+                type(cache_seqlens) is not _T or type(head_dim_v) is not int:
+            return None
+        if type(meta) is FlashMLASchedMeta:
+            if num_splits is not None:
+                return None
+            msig = None
+        elif type(meta) is _T and type(num_splits) is _T:
+            msig = (_tsig(meta), _tsig(num_splits))
+        else:
+            return None
+        sig = (_tsig(q), _tsig(k_cache), _tsig(block_table), _tsig(cache_seqlens), head_dim_v, bool(causal),
+               bool(is_fp8_kvcache), msig, interpret_mode(),
+               os.environ.get("DEEPKERNELS_FORCE_REFERENCE", "0") not in ("", "0"))
+        hash(sig)
+        return sig
+    except Exception:
+        return None
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
@@ -292,30 +379,57 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
                     ("extra_topk_length", extra_topk_length)):
         if v is not None:
             raise ValueError(f"{name} is only supported with indices (sparse decode); got it without indices")
+    sig = _call_sig(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits, causal,
+                    is_fp8_kvcache)
+    plan = None if sig is None else _PLANS.get(sig)
+    if plan is None:
+        plan = _validate_call(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                              num_splits, causal, is_fp8_kvcache, sig)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    if plan.empty:
+        b, s_q, h_q, _ = q.shape
+        return (torch.zeros(b, s_q, h_q, head_dim_v, dtype=q.dtype, device=q.device),
+                torch.full((b, h_q, s_q), float("inf"), dtype=torch.float32, device=q.device))
+    cfg = plan.cfg
+    # metadata state (FlashMLASchedMeta: num_splits None, config of a reused schedule) is checked on every call,
+    # on both backends; the legacy tensors' checks are part of the cached verdict.
+    sched, ns = _get_schedule(tile_scheduler_metadata, num_splits, cfg, cache_seqlens, q.device, plan.rows,
+                              plan.h_kv, legacy_checked=True)
+    if not plan.kernels:
+        from ..reference.mla import dense_decode
+        return dense_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, scale, cfg.causal)
+    return _dense_launch(q, k_cache, block_table, cache_seqlens, sched, ns, scale, cfg.causal, None,
+                         plan if sig is not None else None)
+
+
+def _validate_call(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, causal, is_fp8_kvcache,
+                   sig) -> _CallPlan:
+    """Every argument check of the dense path that depends only on the call signature (all of them except the
+    FlashMLASchedMeta state and softmax_scale), once per new signature; returns (and caches) the plan."""
     if isinstance(k_cache, torch.Tensor) and isinstance(q, torch.Tensor) and k_cache.dtype != q.dtype and \
             is_fp8_kvcache:
         raise NotImplementedError("dense decode over an FP8 KV cache is not supported (FlashMLA neither); "
                                   "pass indices for sparse FP8 decode")
     _validate_dense(q, k_cache, block_table, cache_seqlens, head_dim_v)
-    b, s_q, h_q, d = q.shape
+    b, s_q, h_q, _ = q.shape
     _, page, h_kv, _ = k_cache.shape
-    causal = bool(causal) and s_q > 1
-    scale = d ** -0.5 if softmax_scale is None else float(softmax_scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
-    cfg = FlashMLASchedMeta.Config(b=b, s_q=s_q, h_q=h_q, page_block_size=page, h_k=h_kv, causal=causal,
-                                   is_fp8_kvcache=bool(is_fp8_kvcache), topk=None, extra_page_block_size=None,
-                                   extra_topk=None)
-    dev = q.device
-    rows = s_q * (h_q // h_kv)
-    if b == 0 or h_q == 0:
-        return (torch.zeros(b, s_q, h_q, head_dim_v, dtype=q.dtype, device=dev),
-                torch.full((b, h_q, s_q), float("inf"), dtype=torch.float32, device=dev))
-    kernels = use_kernels(q, k_cache, block_table, cache_seqlens)
-    if not kernels:
-        if isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
-            _get_schedule(tile_scheduler_metadata, num_splits, cfg, cache_seqlens, dev, rows, h_kv)
-        from ..reference.mla import dense_decode
-        return dense_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, scale, causal)
-    sched, ns = _get_schedule(tile_scheduler_metadata, num_splits, cfg, cache_seqlens, dev, rows, h_kv)
-    return _dense_launch(q, k_cache, block_table, cache_seqlens, sched, ns, scale, causal)
+    plan = _CallPlan()
+    plan.cfg = FlashMLASchedMeta.Config(b=b, s_q=s_q, h_q=h_q, page_block_size=page, h_k=h_kv,
+                                        causal=bool(causal) and s_q > 1, is_fp8_kvcache=bool(is_fp8_kvcache),
+                                        topk=None, extra_page_block_size=None, extra_topk=None)
+    plan.rows = s_q * (h_q // h_kv)
+    plan.h_kv = h_kv
+    plan.empty = b == 0 or h_q == 0
+    plan.kernels = use_kernels(q, k_cache, block_table, cache_seqlens)
+    if not plan.empty:
+        if isinstance(meta, torch.Tensor):
+            _check_legacy_metadata(meta, num_splits, b)
+        elif not isinstance(meta, FlashMLASchedMeta):
+            raise TypeError(f"tile_scheduler_metadata must come from get_mla_metadata(), got {type(meta).__name__}")
+    if sig is not None:
+        if len(_PLANS) >= _PLAN_LIMIT:
+            _PLANS.clear()
+        _PLANS[sig] = plan
+    return plan

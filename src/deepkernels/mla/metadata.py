@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from .._backend import use_kernels
+from .._launch import KernelLauncher
 
 __all__ = ["compute_schedule", "SCHED_BLOCK", "FIXED_OVERHEAD_BLOCKS"]
 
@@ -30,7 +31,9 @@ _PARTS_PER_PROGRAM = 32
 _CHUNK = 128
 
 
-@triton.jit
+# b and num_parts vary per decode step / config: not specialised (no recompile when the batch becomes 1 or a
+# multiple of 16); the kernel only uses them as loop bounds and in masks.
+@triton.jit(do_not_specialize=["b", "num_parts"])
 def _mla_sched_metadata_kernel(counts_ptr, meta_ptr, nsplits_ptr, b, num_parts,
                                OVERHEAD: tl.constexpr, SBLOCK: tl.constexpr,
                                CHUNK: tl.constexpr, PARTS: tl.constexpr):
@@ -148,7 +151,24 @@ def compute_schedule(token_counts: torch.Tensor, num_sm_parts: int,
     meta = torch.empty(num_sm_parts, 8, dtype=torch.int32, device=dev)
     num_splits = torch.empty(b + 1, dtype=torch.int32, device=dev)
     grid = (triton.cdiv(num_sm_parts, _PARTS_PER_PROGRAM),)
-    _mla_sched_metadata_kernel[grid](counts, meta, num_splits, b, num_sm_parts,
-                                     OVERHEAD=int(fixed_overhead), SBLOCK=SCHED_BLOCK,
-                                     CHUNK=_CHUNK, PARTS=_PARTS_PER_PROGRAM, num_warps=4)
+    _sched_launcher(int(fixed_overhead), counts.data_ptr() & 15 == 0, b < 2 ** 31 and num_sm_parts < 2 ** 31)(
+        grid, counts, meta, num_splits, b, num_sm_parts)
     return meta, num_splits
+
+
+_LAUNCHERS: dict = {}
+
+
+def _sched_launcher(overhead: int, aligned: bool, i32: bool) -> KernelLauncher:
+    """One KernelLauncher per specialisation of the scheduler kernel: the counts pointer's 16-B alignment and the
+    i32/i64 type of b / num_parts are the only facts Triton specialises on (meta and num_splits are fresh
+    allocations, always aligned). Keyed by the kernel object too, so a test's stand-in kernel is honoured."""
+    fn = _mla_sched_metadata_kernel
+    key = (fn, overhead, aligned, i32)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        if len(_LAUNCHERS) >= 64:
+            _LAUNCHERS.clear()
+        launcher = _LAUNCHERS[key] = KernelLauncher(fn, dict(OVERHEAD=overhead, SBLOCK=SCHED_BLOCK, CHUNK=_CHUNK,
+                                                             PARTS=_PARTS_PER_PROGRAM, num_warps=4))
+    return launcher
