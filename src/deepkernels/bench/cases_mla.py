@@ -161,6 +161,85 @@ def _dense_prefill_case(b: int, s: int, h: int, d_qk: int, causal: bool, device:
                 setup, ours, check, flops, nbytes, "bf16", {"torch SDPA": sdpa} if anchor else {}, ">=1.0x SDPA")
 
 
+# ------------------------------------------------------------------------------------------ sparse decode
+SPARSE_FORMATS = {"v32": (576, 656), "v41": (512, 528), "v41+fp4": (512, 528)}
+
+
+def _sparse_decode_case(fmt: str, b: int, s_q: int, h_q: int, topk: int, num_blocks: int, device: str,
+                        small: bool, extra_topk: int = 512) -> Case:
+    import deepkernels as dk
+    from deepkernels.quant import dequantize_kv_cache, quantize_kv_cache
+    from deepkernels.reference.mla_sparse import sparse_decode_ref
+
+    d_qk, token_bytes = SPARSE_FORMATS[fmt]
+    extra = fmt.endswith("+fp4")
+    page = 64 if not small else 16
+    n_tok = num_blocks * page
+    ex_topk = extra_topk if extra else 0
+
+    def _indices(n: int, k: int):  # unique random positions per (b, s_q) row, a few -1
+        idx = torch.rand(b * s_q, n, device=device).argsort(dim=-1)[:, :k].to(torch.int32)
+        idx[:, -max(1, k // 32):] = -1
+        return idx.view(b, s_q, k)
+
+    def setup():
+        kv = (torch.randn(num_blocks, page, 1, d_qk, device=device) / 10).to(torch.bfloat16)
+        t = dict(q=torch.randn(b, s_q, h_q, d_qk, device=device, dtype=torch.bfloat16),
+                 k_cache=quantize_kv_cache(kv, fmt.split("+")[0]), indices=_indices(n_tok, topk))
+        if extra:
+            kv2 = (torch.randn(num_blocks, page, 1, 512, device=device) / 10).to(torch.bfloat16)
+            t["extra_k_cache"] = quantize_kv_cache(kv2, "fp4")
+            t["extra_indices"] = _indices(n_tok, ex_topk)
+        t["sched"], _ = dk.get_mla_metadata()
+        if not small:  # the anchor attends the same tokens of a cache dequantized beforehand (outside its timing)
+            t["kv_deq"] = dequantize_kv_cache(t["k_cache"]).view(-1, d_qk)
+            if extra:
+                t["kv2_deq"] = dequantize_kv_cache(t["extra_k_cache"]).view(-1, 512)
+        return t
+
+    def ours(t):
+        return dk.flash_mla_with_kvcache(t["q"], t["k_cache"], None, None, D_V, t["sched"], is_fp8_kvcache=True,
+                                         indices=t["indices"], extra_k_cache=t.get("extra_k_cache"),
+                                         extra_indices_in_kvcache=t.get("extra_indices"))
+
+    def check(t, res):
+        out, lse = res
+        rows = sorted(random.sample(range(b), min(b, 4)))
+        ex = dict(extra_k_cache=t["extra_k_cache"], extra_indices=t["extra_indices"][rows]) if extra else {}
+        ro, rl = sparse_decode_ref(t["q"][rows], t["k_cache"], t["indices"][rows], D_V, out_dtype=torch.float32,
+                                   **ex)
+        return _mla_out_check(out[rows], lse[rows], ro, rl, small, (1e-3, 2.01 / 128, 5e-6), (1e-6, 8.01 / 65536))
+
+    def torch_attn(t):  # gather + bmm + softmax + bmm in bf16 over the pre-dequantized tokens
+        idx = t["indices"].view(b, -1).long().clamp_min(0)
+        k = t["kv_deq"][idx].view(b, s_q, topk, d_qk)
+        if extra:
+            k2 = t["kv2_deq"][t["extra_indices"].view(b, -1).long().clamp_min(0)].view(b, s_q, ex_topk, 512)
+            k = torch.cat([k, k2], dim=2)
+        s = torch.einsum("bshd,bstd->bsht", t["q"], k) * (d_qk ** -0.5)
+        return torch.einsum("bsht,bstd->bshd", s.softmax(-1).to(k.dtype), k[..., :D_V])
+
+    n_att = b * s_q * (topk + ex_topk)
+    uniq = n_tok * (1 - (1 - topk / n_tok) ** (b * s_q))  # expected distinct tokens touched
+    flops = 2.0 * h_q * n_att * (d_qk + D_V)
+    nbytes = 2 * b * s_q * h_q * d_qk + uniq * token_bytes + 2 * b * s_q * h_q * D_V
+    if extra:
+        nbytes += n_tok * (1 - (1 - ex_topk / n_tok) ** (b * s_q)) * 288
+    return Case("sparse", f"sparse decode {fmt} b={b} s_q={s_q} h_q={h_q} topk={topk}{f'+{ex_topk}' if extra else ''}",
+                setup, ours, check, flops, nbytes, "bf16", {} if small else {"torch gather+bmm (pre-dequantized)": torch_attn},
+                ">=420 TFLOPS" if h_q == 128 else "")
+
+
+def sparse_cases(device: str, small: bool, quick: bool) -> list[Case]:
+    if small:
+        return [_sparse_decode_case("v32", 2, 1, 16, 40, 8, device, True),
+                _sparse_decode_case("v41+fp4", 2, 2, 16, 40, 8, device, True, extra_topk=24)]
+    fmts = ("v32", "v41+fp4") if quick else ("v32", "v41", "v41+fp4")
+    bsq = ((128, 1),) if quick else ((64, 1), (128, 1), (128, 2))
+    hs = (128,) if quick else (64, 128)
+    return [_sparse_decode_case(f, bb, sq, h, 2048, 1024, device, False) for f in fmts for bb, sq in bsq for h in hs]
+
+
 def mla_cases(device: str, small: bool, quick: bool) -> list[Case]:
     if small:
         return [_dense_decode_case(2, 1, 16, 100, device, True), _dense_decode_case(2, 2, 16, 70, device, True)]
@@ -183,4 +262,4 @@ def prefill_cases(device: str, small: bool, quick: bool) -> list[Case]:
     return cases
 
 
-BUILDERS = {"mla": mla_cases, "prefill": prefill_cases}
+BUILDERS = {"mla": mla_cases, "sparse": sparse_cases, "prefill": prefill_cases}

@@ -1,0 +1,49 @@
+"""Markdown summary of a `deepkernels bench --json` file (the README results table).
+
+    python -m deepkernels.bench.report benchmarks/results/h200-<date>.json
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+__all__ = ["markdown_table"]
+
+
+def markdown_table(result: dict) -> str:
+    """One line per op/shape: our time (graph replay and whole call), TFLOPS, GB/s, the anchor and the ratio."""
+    p = result["provenance"]
+    lines = [f"Measured {p['date']} on {p.get('gpu')} (driver {p.get('driver')}, torch {p['torch']}, "
+             f"triton {p['triton']}, deepkernels {p['git_sha']}); `deepkernels bench` (median of "
+             "`triton.testing.do_bench`, L2 flushed; TFLOPS/GB/s/ratio from CUDA-graph replay, whole call beside it).",
+             "",
+             "| suite | op / shape | check | µs (graph / call) | TFLOPS | GB/s | anchor | anchor µs (graph) | ours vs anchor | target |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = result["rows"]
+    for i, r in enumerate(rows):
+        if r["provider_kind"] != "ours":
+            continue
+        anchors = [a for a in rows[i + 1:i + 4] if a["provider_kind"] == "anchor" and a["name"] == r["name"]]
+        a = anchors[0] if anchors else None
+        status = r["status"] if r["status"] != "PASS" else f"PASS ({r['metric']})"
+        if not r.get("us"):
+            lines.append(f"| {r['suite']} | {r['name']} | {status} | | | | | | | {r['target']} |")
+            continue
+        g = r.get("graph_us")
+        t = f"{g:.1f} / {r['us']:.1f}" if g else f"— / {r['us']:.1f}"
+        if a is None:
+            an, at, ratio = "", "", ""
+        elif a["status"] != "ok":
+            an, at, ratio = a["provider"], "refused", ""
+        else:
+            an = a["provider"]
+            at = f"{a.get('graph_us') or a['us']:.1f}"
+            ratio = f"{r['ratio_vs'][a['provider']]:.2f}x" if a["provider"] in r.get("ratio_vs", {}) else ""
+        lines.append(f"| {r['suite']} | {r['name']} | {status} | {t} | {r['tflops']:.0f} | {r['gbps']:.0f} | {an} | "
+                     f"{at} | {ratio} | {r['target']} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as f:
+        print(markdown_table(json.load(f)))
