@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import deepkernels as dk
-from deepkernels.gemm._configs import FP8_CANDIDATES, BF16_CANDIDATES, GemmConfig
+from deepkernels.gemm._configs import BF16_CANDIDATES, FP8_CANDIDATES, FP8_WS_EXPERIMENTAL, GemmConfig
 from deepkernels.gemm import dense
 from deepkernels.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
 from deepkernels.reference import gemm as ref
@@ -103,12 +103,28 @@ def _run_fp8(m, n, k, device, cfg=None, out_dtype=torch.bfloat16, per_row_b=Fals
                       _config=cfg)
     _check_written(d)
     want = ref.fp8_gemm_ref(A, B, c=c, out_dtype=torch.float32)
-    assert calc_diff(d.float(), want) < (1e-5 if out_dtype == torch.bfloat16 else 1e-9)
+    if out_dtype == torch.bfloat16:
+        tol = 1e-5   # the final BF16 rounding alone gives calc_diff ~ 1e-6
+    elif device == "cpu":
+        tol = 1e-9   # interpreter: exact FP32 dots, only summation order differs from the float64 reference
+    else:
+        tol = FP8_TC_FP32_TOL
+    assert calc_diff(d.float(), want) < tol
     true = _dequant(A, k) @ _dequant(B, k, 1 if per_row_b else 128).T + (c.float() if c is not None else 0)
     assert calc_diff(d.float(), true) < 1e-3
     if m * n >= 4096:  # against the unquantized product: DeepGEMM's own criterion (statistical, large shapes)
         assert calc_diff(d.float(), a.float() @ b.float().T + (c.float() if c is not None else 0)) < 1e-3
     return d
+
+
+# FP32 output on the GPU: the reference sums each 128-wide K block exactly, but the Hopper FP8 wgmma accumulates
+# inside a K block with limited precision (~13-14 mantissa bits, DeepSeek-V3 report sec. 3.3.2; that is why the
+# per-block FP32 promotion exists at all), so an FP8 GEMM with FP32 output carries a relative error ~1e-4 no kernel
+# can remove. calc_diff = |x - y|^2 / (|x|^2 + |y|^2) ~ eps^2 / 2 for relative RMS error eps: the H200 measured
+# 6.6e-9 .. 8.1e-9 on all seven 1D1D edge shapes (eps ~ 1.3e-4 ~ 2^-13), so 1e-9 cannot hold. Bound: eps <= 2^-11
+# (4x the measured error) -> calc_diff < 2^-23 ~ 1.2e-7; a real bug (a wrong scale, a missed K block or row) gives
+# calc_diff >= 1e-4. The interpreter keeps 1e-9 and every other check (BF16 1e-5, dequantized 1e-3) is unchanged.
+FP8_TC_FP32_TOL = 1e-7
 
 
 def _dequant(X, k, gran_rows=1):
@@ -119,7 +135,8 @@ def _dequant(X, k, gran_rows=1):
 
 _I_CFGS = [GemmConfig(64, 64, 4, 2), GemmConfig(64, 64, 4, 2, split_k=2, progs_per_sm=2),
            GemmConfig(64, 256, 8, 2), GemmConfig(64, 64, 4, 2, tma_store=True),
-           GemmConfig(64, 64, 4, 2, warp_spec=True), GemmConfig(64, 64, 4, 2, progs_per_sm=2, flatten=True)]
+           GemmConfig(64, 64, 4, 2, warp_spec=True), GemmConfig(64, 64, 4, 2, progs_per_sm=2, flatten=True),
+           GemmConfig(128, 64, 4, 2, warp_spec=True)]  # 128-row ws tile, partial in M and N (the H200 NaN config)
 
 
 @pytest.mark.interpret
@@ -139,9 +156,20 @@ def test_fp8_interpret_configs(cfg, device):
 
 
 @pytest.mark.interpret
-def test_fp8_interpret_ws_kernel_per_row_accumulate(device):
+def test_fp8_interpret_ws_kernel_per_row(device):
     _run_fp8(9, 72, 384, device, cfg=GemmConfig(64, 64, 4, 2, warp_spec=True), out_dtype=torch.float32,
-             per_row_b=True, accumulate=True)
+             per_row_b=True)
+    _run_fp8(130, 72, 384, device, cfg=GemmConfig(128, 64, 4, 2, warp_spec=True), per_row_b=True)
+
+
+@pytest.mark.interpret
+def test_fp8_ws_config_never_used_with_c(device):
+    """C accumulation is never routed to the autoWS kernel (its 64-row consumers duplicate the tile, so both would
+    read-add-store D); a ws config with c runs the plain kernel and stays correct."""
+    cfg = GemmConfig(64, 64, 4, 2, warp_spec=True)
+    _run_fp8(9, 72, 384, device, cfg=cfg, out_dtype=torch.float32, per_row_b=True, accumulate=True)
+    plans = [p for key, p in dense._FP8_PLANS.items() if cfg in key]
+    assert plans and not any(p.ws_kernel for p in plans if p.accumulate)
 
 
 @pytest.mark.interpret
@@ -245,6 +273,17 @@ def test_fp8_gpu_edges(m, n, k, variant):
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", FP8_CANDIDATES, ids=lambda c: c.name())
 def test_fp8_gpu_every_candidate(cfg):
+    for m, n, k in ((64, 2112, 7168), (300, 1000, 1152)):
+        _run_fp8(m, n, k, "cuda", cfg=cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", FP8_WS_EXPERIMENTAL, ids=lambda c: c.name())
+def test_fp8_gpu_ws_experimental(cfg):
+    """Not selectable: 128-row autoWS tiles left NaN (unwritten) outputs on the H200 (Triton 3.6; see
+    benchmarks/notes/gemm.md). Kept as a non-strict xfail so a Triton upgrade that fixes it shows up as XPASS."""
+    if cfg.block_m == 128:
+        pytest.xfail("Triton 3.6 autoWS with 128-row tiles leaves outputs unwritten on sm90 (H200, 2026-11-29)")
     for m, n, k in ((64, 2112, 7168), (300, 1000, 1152)):
         _run_fp8(m, n, k, "cuda", cfg=cfg)
 

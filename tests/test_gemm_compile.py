@@ -7,7 +7,8 @@ import tempfile
 
 import pytest
 
-from deepkernels.gemm._configs import BF16_CANDIDATES, BF16_TABLE, FP8_CANDIDATES, FP8_TABLE, GemmConfig
+from deepkernels.gemm._configs import (BF16_CANDIDATES, BF16_TABLE, FP8_CANDIDATES, FP8_TABLE, FP8_WS_EXPERIMENTAL,
+                                       GemmConfig)
 from deepkernels.testing import SM90_SMEM_LIMIT, compile_sm90
 
 pytestmark = pytest.mark.compile
@@ -63,7 +64,7 @@ def _check(c, cfg, max_spill=MAX_SPILL_BYTES):
     assert spill <= max_spill, f"{cfg.name()}: ptxas spills {spill} B"
 
 
-_FP8_ALL = list(dict.fromkeys(FP8_CANDIDATES + list(FP8_TABLE.values())))
+_FP8_ALL = list(dict.fromkeys(FP8_CANDIDATES + list(FP8_TABLE.values()) + FP8_WS_EXPERIMENTAL))
 _BF16_ALL = list(dict.fromkeys(BF16_CANDIDATES + list(BF16_TABLE.values())))
 
 

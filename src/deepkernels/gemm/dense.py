@@ -297,8 +297,10 @@ def _fp8_plan(a, sfa, b, sfb, d, c, sfb_per_row: bool, cfg: GemmConfig | None) -
     plan.ws_shape = (cfg.split_k, m, n)
     ints = (m, n, k, stride_am, stride_bn, d.stride(0), sfa.stride(0), sfa.stride(1), sfb.stride(0), sfb.stride(1),
             grid)
-    # the warp-specialised kernel covers 128x128 weight scales and per-row scales, no split-K / TMA store
-    plan.ws_kernel = cfg.warp_spec and cfg.split_k == 1 and (sfb_per_row or cfg.block_n <= 128)
+    # the warp-specialised kernel covers 128x128 weight scales and per-row scales, no split-K / TMA store, and no
+    # C accumulation: Triton 3.6 autoWS gives both consumer warpgroups the *whole* tile when BLOCK_M = 64 (checked
+    # in TTGIR), so both would read-add-store D. ws configs are experimental (not swept; see _configs.py).
+    plan.ws_kernel = cfg.warp_spec and cfg.split_k == 1 and (sfb_per_row or cfg.block_n <= 128) and not accumulate
     if plan.ws_kernel:
         plan.launcher = KernelLauncher(_fp8_gemm_nt_ws_kernel, dict(
             SFB_PER_ROW=sfb_per_row, ACCUMULATE=accumulate, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=128,
