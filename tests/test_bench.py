@@ -22,7 +22,8 @@ def test_production_cases_count_work_and_bytes():
     assert by["fp8_gemm_nt M=64 N=7168 K=16384"]["bound"] == "memory"
     assert by["fp8_gemm_nt M=4096 N=7168 K=16384"]["bound"] == "compute"
     r = by["fp8_gemm_nt M=4096 N=7168 K=16384"]
-    assert r["roofline_us"] == pytest.approx(2 * 4096 * 7168 * 16384 / (H200.fp8_tflops * 1e12) * 1e6)
+    assert r["roofline_us"] == pytest.approx(2 * 4096 * 7168 * 16384 / (H200.fp8_tflops_datasheet * 1e12) * 1e6)
+    assert r["measured_ceiling_us"] == pytest.approx(2 * 4096 * 7168 * 16384 / (H200.fp8_tflops * 1e12) * 1e6)
 
 
 @pytest.mark.reference
@@ -103,3 +104,21 @@ def test_roofline_subcommand(capsys):
 
     assert main(["roofline", "--gpu", "h200", "--heads", "128"]) == 0
     assert "H200" in capsys.readouterr().out
+
+
+@pytest.mark.reference
+def test_bench_refuses_json_into_missing_folder(tmp_path):
+    from deepkernels.bench.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--json", str(tmp_path / "no" / "such" / "x.json")])
+    assert e.value.code == 2
+
+
+@pytest.mark.reference
+def test_roofline_bad_argument_is_a_usage_error():
+    from deepkernels.bench.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["roofline", "--heads", "0"])
+    assert e.value.code == 2

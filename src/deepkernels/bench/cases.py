@@ -111,23 +111,30 @@ def gemm_cases(device: str, small: bool, quick: bool) -> list[Case]:
 
 
 # ----------------------------------------------------------------------------------------------- registry
+def _error_case(suite: str, err: Exception) -> Case:
+    """A FAIL row for a selected suite whose cases cannot be built (never a silently empty suite)."""
+    def setup():
+        raise RuntimeError(f"suite {suite!r} could not be built: {type(err).__name__}: {err}")
+
+    return Case(suite, f"{suite} (suite unavailable)", setup, lambda t: None, lambda t, o: (False, ""), 1.0, 1.0)
+
+
 def build_cases(device: str, small: bool, quick: bool, only: str | None = None) -> list[Case]:
-    """Every case of the selected suites. A suite whose ops are not importable yields an error row instead."""
-    builders = {"gemm": gemm_cases}
-    try:
-        from . import cases_mla  # noqa: F401  (added as the MLA ops land)
-        builders.update(cases_mla.BUILDERS)
-    except ImportError:
-        pass
-    try:
-        from . import cases_grouped  # noqa: F401
-        builders.update(cases_grouped.BUILDERS)
-    except ImportError:
-        pass
+    """Every case of the selected suites. A suite that cannot be imported or built yields one FAIL row."""
+    import importlib
+
+    modules = {"gemm": None, "grouped": "cases_grouped", "mla": "cases_mla", "sparse": "cases_mla",
+               "prefill": "cases_mla"}
     out: list[Case] = []
     for suite in SUITES:
         if only and suite != only:
             continue
-        if suite in builders:
-            out += builders[suite](device, small, quick)
+        try:
+            if modules[suite] is None:
+                builder = gemm_cases
+            else:
+                builder = importlib.import_module(f"{__package__}.{modules[suite]}").BUILDERS[suite]
+            out += builder(device, small, quick)
+        except Exception as e:  # noqa: BLE001 - reported as a FAIL row
+            out.append(_error_case(suite, e))
     return out

@@ -21,18 +21,27 @@ class GPUCeilings:
     bf16_tflops_datasheet: float
     fp8_tflops_datasheet: float
 
-    def peak_tflops(self, dtype: str) -> float:
+    def peak_tflops(self, dtype: str, datasheet: bool = False) -> float:
+        if datasheet:
+            return self.fp8_tflops_datasheet if dtype == "fp8" else self.bf16_tflops_datasheet
         return self.fp8_tflops if dtype == "fp8" else self.bf16_tflops
+
+    def bandwidth_gbps(self, datasheet: bool = False) -> float:
+        return self.hbm_gbps_datasheet if datasheet else self.hbm_gbps
 
 
 H200 = GPUCeilings("NVIDIA H200", hbm_gbps=4280.0, bf16_tflops=790.0, fp8_tflops=1274.0,
                    hbm_gbps_datasheet=4800.0, bf16_tflops_datasheet=989.0, fp8_tflops_datasheet=1979.0)
 
 
-def roofline_time_us(flops: float, nbytes: float, mma_dtype: str = "bf16", gpu: GPUCeilings = H200) -> float:
-    """Lower bound on run time in µs: the larger of FLOPs over the tensor-core rate and bytes over bandwidth."""
-    t_compute = flops / (gpu.peak_tflops(mma_dtype) * 1e12)
-    t_memory = nbytes / (gpu.hbm_gbps * 1e9)
+def roofline_time_us(flops: float, nbytes: float, mma_dtype: str = "bf16", gpu: GPUCeilings = H200,
+                     datasheet: bool = False) -> float:
+    """Roofline time in µs: the larger of FLOPs over the tensor-core rate and bytes over bandwidth.
+
+    ``datasheet=False`` uses the ceilings measured on our H200 (what "% of roofline" in a GPU run is relative to);
+    ``datasheet=True`` uses the vendor peaks, which makes it a true lower bound (the analytical CPU table)."""
+    t_compute = flops / (gpu.peak_tflops(mma_dtype, datasheet) * 1e12)
+    t_memory = nbytes / (gpu.bandwidth_gbps(datasheet) * 1e9)
     return max(t_compute, t_memory) * 1e6
 
 

@@ -13,6 +13,10 @@ import sys
 __all__ = ["install", "uninstall"]
 
 _NAMES = {"deep_gemm": "deepkernels.compat.deep_gemm", "flash_mla": "deepkernels.compat.flash_mla"}
+# submodules upstream code imports: name -> (compat module, parent attribute)
+_SUBMODULES = {"deep_gemm.utils": "deepkernels.compat.deep_gemm_utils",
+               "deep_gemm.testing": "deepkernels.compat.deep_gemm_testing",
+               "flash_mla.flash_mla_interface": "deepkernels.compat.flash_mla"}
 
 
 def install(force: bool = False) -> None:
@@ -29,14 +33,16 @@ def install(force: bool = False) -> None:
             raise RuntimeError(f"a module named {name!r} is already imported from "
                                f"{getattr(cur, '__file__', '?')}; pass force=True to replace it")
         sys.modules[name] = mod
-        if name == "flash_mla":
-            sys.modules["flash_mla.flash_mla_interface"] = mod
+    for name, target in _SUBMODULES.items():
+        sub = importlib.import_module(target)
+        sys.modules[name] = sub
+        parent, _, attr = name.partition(".")
+        setattr(sys.modules[parent], attr, sub)
 
 
 def uninstall() -> None:
     """Undo :func:`install` (only entries that point at the compat modules are removed)."""
-    for name, target in _NAMES.items():
-        for key in (name, f"{name}.flash_mla_interface"):
-            m = sys.modules.get(key)
-            if m is not None and getattr(m, "__name__", "") == target:
-                del sys.modules[key]
+    for key, target in {**_SUBMODULES, **_NAMES}.items():
+        m = sys.modules.get(key)
+        if m is not None and getattr(m, "__name__", "") == target:
+            del sys.modules[key]

@@ -18,3 +18,12 @@ def make_getattr(module_name: str, upstream: str, mapping: dict[str, str]):
             raise AttributeError(f"{upstream}.{name} is not implemented by deepkernels yet ({e})") from None
 
     return __getattr__
+
+
+def make_dir(mapping: dict[str, str], extra=()):
+    """``__dir__`` for a forwarding module: the upstream names it serves."""
+
+    def __dir__():
+        return sorted({*mapping, *extra})
+
+    return __dir__

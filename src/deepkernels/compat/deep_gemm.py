@@ -2,7 +2,7 @@
 
 Names are resolved lazily; an upstream name deepkernels does not implement raises AttributeError saying so.
 """
-from ._forward import make_getattr
+from ._forward import make_dir, make_getattr
 
 __version__ = "2.6.1"  # the DeepGEMM API revision these signatures follow (54e2261)
 
@@ -44,3 +44,5 @@ for _n in ["per_token_cast_to_fp8", "per_channel_cast_to_fp8", "per_block_cast_t
 
 __all__ = sorted(_MAP)
 __getattr__ = make_getattr(__name__, "deep_gemm", _MAP)
+__dir__ = make_dir(_MAP, ("utils", "testing"))
+__path__: list[str] = []  # a package for the import system, so `deep_gemm.utils` / `deep_gemm.testing` resolve

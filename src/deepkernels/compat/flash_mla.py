@@ -2,7 +2,7 @@
 
 Names are resolved lazily; an upstream name deepkernels does not implement raises AttributeError saying so.
 """
-from ._forward import make_getattr
+from ._forward import make_dir, make_getattr
 
 __version__ = "1.0.0"  # the FlashMLA API revision these signatures follow
 
@@ -13,3 +13,5 @@ _MAP = {n: f"deepkernels:{n}" for n in [
 
 __all__ = sorted(_MAP)
 __getattr__ = make_getattr(__name__, "flash_mla", _MAP)
+__dir__ = make_dir(_MAP, ("flash_mla_interface",))
+__path__: list[str] = []  # a package for the import system, so `flash_mla.flash_mla_interface` resolves
