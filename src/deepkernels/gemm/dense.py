@@ -420,25 +420,52 @@ def _t(x):
     return (x[0].T, x[1].T) if isinstance(x, (tuple, list)) and len(x) == 2 else x
 
 
+class _in_caller_layout:
+    """Re-raise a validation error of the NT core (which sees transposed views) with the shapes the caller passed,
+    so a message never quotes a shape the caller did not pass."""
+
+    def __init__(self, op: str, a, b, layout: str):
+        self.op, self.a, self.b, self.layout = op, a, b, layout
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not ValueError:
+            return False
+
+        def shapes(x):
+            if isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(t, torch.Tensor) for t in x):
+                return f"data {list(x[0].shape)}, sf {list(x[1].shape)}"
+            return "not a (data, sf) pair"
+
+        raise ValueError(f"{self.op}({self.layout}): got a: {shapes(self.a)}; b: {shapes(self.b)}. The op runs as "
+                         f"fp8_gemm_nt on the transposed views (scales transposed with their data), which reported: "
+                         f"{exc}") from exc
+
+
 def fp8_gemm_nn(a, b, d, c=None, recipe=None, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> None:
     """``d = c + a @ b``: a ``([M, K], sfa [M, ceil(K/128)])``, b ``([K, N], sfb [ceil(K/128), ceil(N/128)])``.
 
     View onto :func:`fp8_gemm_nt` with ``b`` and its scales transposed (DeepGEMM ``fp8_gemm_nn``)."""
-    fp8_gemm_nt(a, _t(b), d, c, recipe, compiled_dims, disable_ue8m0_cast)
+    with _in_caller_layout("fp8_gemm_nn", a, b, "a [M, K], b [K, N]"):
+        fp8_gemm_nt(a, _t(b), d, c, recipe, compiled_dims, disable_ue8m0_cast)
 
 
 def fp8_gemm_tn(a, b, d, c=None, recipe=None, compiled_dims: str = "mn", disable_ue8m0_cast: bool = False) -> None:
     """``d = c + a.T @ b``: a ``([K, M], sfa [ceil(K/128), M])``, b ``([K, N], sfb [ceil(K/128), ceil(N/128)])``.
 
     View onto :func:`fp8_gemm_nt` with both operands (and scales) transposed (DeepGEMM ``fp8_gemm_tn``)."""
-    fp8_gemm_nt(_t(a), _t(b), d, c, recipe, compiled_dims, disable_ue8m0_cast)
+    with _in_caller_layout("fp8_gemm_tn", a, b, "a [K, M], b [K, N]"):
+        fp8_gemm_nt(_t(a), _t(b), d, c, recipe, compiled_dims, disable_ue8m0_cast)
 
 
 def fp8_gemm_tt(a, b, d, c=None, recipe=None, compiled_dims: str = "mn", disable_ue8m0_cast: bool = False) -> None:
     """``d = c + a.T @ b.T``: a ``([K, M], sfa [ceil(K/128), M])``, b ``([N, K], sfb)``.
 
     View onto :func:`fp8_gemm_nt` with ``a`` and its scales transposed (DeepGEMM ``fp8_gemm_tt``)."""
-    fp8_gemm_nt(_t(a), b, d, c, recipe, compiled_dims, disable_ue8m0_cast)
+    with _in_caller_layout("fp8_gemm_tt", a, b, "a [K, M], b [N, K]"):
+        fp8_gemm_nt(_t(a), b, d, c, recipe, compiled_dims, disable_ue8m0_cast)
 
 
 fp8_fp4_gemm_nt, fp8_fp4_gemm_nn, fp8_fp4_gemm_tn, fp8_fp4_gemm_tt = fp8_gemm_nt, fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt
