@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from .._backend import device_of, interpret_mode, use_kernels
+from .._triton_helpers import rne_bf16 as _rne_bf16
 from .._validate import check_tensor
 from ..reference.mla_prefill import dense_prefill_ref
 
@@ -24,13 +25,6 @@ __all__ = ["flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func", "flash_
 _LOG2E = 1.4426950408889634
 
 
-@triton.jit
-def _rne_bf16(x):
-    """fp32 -> nearest-even bf16 value, kept in fp32. Only used under the interpreter, whose fp32->bf16 cast
-    truncates (the GPU cast rounds to nearest even)."""
-    u = x.to(tl.uint32, bitcast=True)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
-    return u.to(tl.float32, bitcast=True)
 
 
 
