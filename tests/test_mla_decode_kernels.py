@@ -113,6 +113,60 @@ def test_interpret_combine_with_sink():
     assert torch.isposinf(lse[2, 3]).all() and (out[2, :, 3] == 0).all()
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("planned,actual", [([10, 5, 7], [100, 30, 200]),     # growth (user report)
+                                            ([700, 300, 900], [64, 0, 1]),     # shrinkage, to 0 too
+                                            ([1, 900, 0], [800, 2, 333])])     # mixed
+@pytest.mark.parametrize("legacy", [False, True])
+def test_interpret_reused_schedule_any_lengths(planned, actual, legacy, poison):
+    """A schedule planned for other cache_seqlens (same batch) gives the right answer: split boundaries are
+    clamped to the actual length and each request's last split runs to its actual end."""
+    dec.set_mla_num_sms(12)                       # several splits per request
+    try:
+        q, k, bt, sl = make_case(3, 2, 8, 1, actual, dtype=torch.float16)
+        p = torch.tensor(planned, dtype=torch.int32)
+        if legacy:
+            md, ns = dk.get_mla_metadata(p, 16, 1)
+            splits = ns
+        else:
+            md, ns = dk.get_mla_metadata()
+            dk.flash_mla_with_kvcache(q, k, bt, p, 512, md, causal=True)       # fills the schedule for `planned`
+            splits = md.num_splits
+        assert max(planned) < 64 or int(splits.diff().max()) > 1      # long plans: multi-split requests
+        o, l = dk.flash_mla_with_kvcache(q, k, bt, sl, 512, md, ns, causal=True)
+        o_ref, l_ref = ref.dense_decode(q, k, bt, sl, 512, None, True)
+        assert not torch.isnan(o).any() and not torch.isnan(l).any()
+        assert check_is_allclose("out", o, o_ref, 2e-3, 2.01 / 128, 5e-5)
+        assert check_is_allclose("lse", l, l_ref, 1e-5, 8.01 / 65536)
+    finally:
+        dec.set_mla_num_sms(None)
+
+
+@pytest.mark.interpret
+def test_interpret_padded_num_splits_rows(poison):
+    """Legacy schedule for 2 requests replayed at batch 4, num_splits padded with its last value (vLLM CUDA-graph
+    padding): rows with no split are written by the combine -- out 0 / lse +inf where no key is visible, NaN where
+    keys exist (cannot be computed without a split; never a plausible wrong value)."""
+    q, k, bt, sl = make_case(4, 2, 8, 1, [130, 70, 0, 1], dtype=torch.float16)
+    md, ns = dk.get_mla_metadata(sl[:2].clone(), 16, 1)
+    ns4 = torch.cat([ns, ns[-1:], ns[-1:]])
+    o, l = dk.flash_mla_with_kvcache(q, k, bt, sl, 512, md, ns4, causal=True)
+    o_ref, l_ref = ref.dense_decode(q, k, bt, sl, 512, None, True)
+    assert check_is_allclose("out", o[:3], o_ref[:3], 2e-3, 2.01 / 128, 5e-5)
+    assert check_is_allclose("lse", l[:3], l_ref[:3], 1e-5, 8.01 / 65536)
+    assert (o[2] == 0).all() and torch.isposinf(l[2]).all()
+    assert (o[3, 0] == 0).all() and torch.isposinf(l[3, :, 0]).all()     # causal: query 0 sees no key
+    assert o[3, 1].isnan().all() and l[3, :, 1].isnan().all()            # query 1 sees 1 key, no split planned
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("scale", [0.0, -0.07, -2.0])
+def test_interpret_nonpositive_softmax_scale(scale, poison):
+    """softmax_scale <= 0 follows the definition softmax(scale * q.k) (exact rewrite of q on the host)."""
+    q, k, bt, sl = make_case(3, 2, 8, 1, [0, 130, 70], dtype=torch.float16)
+    _run_and_check(q, k, bt, sl, True, tol_out=(2e-3, 2.01 / 128, 5e-5), tol_lse=(1e-5, 8.01 / 65536), scale=scale)
+
+
 # ------------------------------------------------------------------ compile tier (production configs, sm90)
 _SIG = dict(q_ptr="*bf16", k_ptr="*bf16", bt_ptr="*i32", seqlens_ptr="*i32", meta_ptr="*i32", nsplits_ptr="*i32",
             out_ptr="*bf16", lse_ptr="*fp32", oacc_ptr="*fp32", lacc_ptr="*fp32",
@@ -179,8 +233,8 @@ def test_compile_scheduler_and_combine():
     assert not c.uses_local_memory
     c = compile_sm90(_mla_decode_combine_kernel,
                      dict(oacc_ptr="*fp32", lacc_ptr="*fp32", nsplits_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32",
-                          sink_ptr="*fp32", s_q="i32", h_q="i32", acc_rows="i32"),
-                     dict(HAS_SINK=True, ALL_REQUESTS=False, HEADS=8, D_V=512), num_warps=4)
+                          sink_ptr="*fp32", len_ptr="*i32", s_q="i32", h_q="i32", acc_rows="i32"),
+                     dict(HAS_SINK=False, ALL_REQUESTS=False, HEADS=8, D_V=512, HAS_LEN=True, CAUSAL=True), num_warps=4)
     assert not c.uses_local_memory
 
 

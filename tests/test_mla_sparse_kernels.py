@@ -139,6 +139,50 @@ def test_B07_B17_stale_or_padded_schedule_is_safe(sms):
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("planned", [([1, 2, 3], [0, 1, 2]), ([192, 192, 192], [64, 64, 64])],
+                         ids=["grow", "shrink"])
+def test_interpret_reused_schedule_any_lengths(planned, poison, sms):
+    """A FlashMLASchedMeta filled for other topk_length / extra_topk_length (same batch) gives the right answer:
+    split boundaries are clamped to the actual token line, each request's last split runs to its actual end."""
+    sms(8)
+    kw = make_case(3, 1, 16, "v41", 192, 250, 64, xfmt="fp4", xtopk=64, xpage=16, lengths=[192, 100, 0],
+                   xlengths=[64, 3, 40])
+    meta = dk.get_mla_metadata()[0]
+    _public(dict(kw, topk_length=torch.tensor(planned[0], dtype=torch.int32),
+                 extra_topk_length=torch.tensor(planned[1], dtype=torch.int32)), meta)
+    run_and_check(kw, TOL_OUT_TINY, meta=meta)
+
+
+@pytest.mark.interpret
+def test_interpret_padded_num_splits_rows(poison):
+    """num_splits planned for 2 requests and padded to 4 (no split for rows 2, 3): the combine writes those rows --
+    out 0 / lse +inf for no token position, NaN when the request has token positions (never a plausible wrong
+    value). Not reachable through the public op (legacy tensors are re-planned there)."""
+    from deepkernels.mla.metadata import compute_schedule
+    kw = make_case(4, 1, 16, "v41", 64, 80, 16, lengths=[64, 30, 0, 5])
+    sched, ns = compute_schedule(kw["topk_length"][:2].clone(), 3)
+    ns = torch.cat([ns, ns[-1:], ns[-1:]])
+    out = torch.full((4, 1, 16, 512), float("nan"), dtype=torch.bfloat16)
+    lse = torch.full((4, 1, 16), float("nan"))
+    sd._launch_sparse_decode(out, lse, kw["q"], kw["k_cache"], kw["indices"], sched, ns, kw["softmax_scale"],
+                             "v41", topk_length=kw["topk_length"])
+    ro, rl = ref_call(kw, out_dtype=torch.float32)
+    assert check_is_allclose("out", out[:2].float(), ro[:2].float(), **TOL_OUT_TINY)
+    assert check_is_allclose("lse", lse[:2].transpose(1, 2), rl[:2], **TOL_LSE)
+    assert (out[2] == 0).all() and torch.isposinf(lse[2]).all()
+    assert out[3].isnan().all() and lse[3].isnan().all()
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("scale", [0.0, -0.05])
+def test_interpret_nonpositive_softmax_scale(scale, poison, sms):
+    """softmax_scale <= 0 follows softmax(scale * q.k) like the reference (exact host rewrite of q), sink too."""
+    sms(6)
+    kw = make_case(2, 1, 16, "v32", 128, 150, 64, lengths=[128, 7], sink=True)
+    run_and_check(dict(kw, softmax_scale=scale), TOL_OUT_TINY)
+
+
+@pytest.mark.interpret
 def test_B18_topk_length_clamped_in_kernel():
     kw = make_case(1, 1, 16, "v32", 64, 64, 64, lengths=[1000])
     o, l_ = _public(kw)
@@ -270,8 +314,9 @@ def test_compile_combine():
     from deepkernels.testing.compile import compile_sm90
     c = compile_sm90(_sparse_decode_combine_kernel,
                      dict(oacc_ptr="*fp32", lacc_ptr="*fp32", nsplits_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32",
-                          sink_ptr="*fp32", s_q="i32", h_q="i32", acc_rows="i32"),
-                     dict(HAS_SINK=True, HEADS=8, D_V=512), num_warps=4)
+                          sink_ptr="*fp32", len_ptr="*i32", xlen_ptr="*i32", topk="i32", xtopk="i32", s_q="i32",
+                          h_q="i32", acc_rows="i32"),
+                     dict(HAS_SINK=True, HEADS=8, D_V=512, HAS_LEN=True, HAS_EXTRA=True, HAS_XLEN=True), num_warps=4)
     assert not c.uses_local_memory
 
 

@@ -296,8 +296,6 @@ def test_dense_decode_empty_nan_slots_tails(seqlens, s_q, h_q, page, tier):
 
 
 @pytest.mark.interpret
-@pytest.mark.xfail(strict=True, reason="B07: padded batch row with zero planned splits gets uninitialised "
-                                       "out/lse (garbage, sometimes NaN) instead of out 0 / lse +inf")
 def test_dense_decode_padded_row_with_zero_splits_gives_empty_result():
     # vLLM CUDA-graph pattern: plan for the real batch of 3, replay at graph batch 4 with a padding request
     # (seqlen 0) and num_splits padded with its last value (zero splits for the padding row).
@@ -326,8 +324,6 @@ def test_dense_decode_padded_row_reference_path():
 
 
 @pytest.mark.interpret
-@pytest.mark.xfail(strict=True, reason="dense decode kernel returns NaN for softmax_scale <= 0 (max kept in raw "
-                                       "units; (-inf - m) * 0); reference is right and the op accepts the value")
 @pytest.mark.parametrize("scale", [0.0, -0.05])
 def test_dense_decode_nonpositive_softmax_scale(scale):
     q, kc, bt, sl = _paged_cache([100, 30])
@@ -339,8 +335,6 @@ def test_dense_decode_nonpositive_softmax_scale(scale):
 
 
 @pytest.mark.interpret
-@pytest.mark.xfail(strict=True, reason="FlashMLASchedMeta filled for shorter cache_seqlens is reused silently: "
-                                       "kernel drops tokens (wrong out), reference path gives the right answer")
 def test_dense_decode_reused_schedule_after_seqlens_grow():
     q, kc, bt, sl = _paged_cache([100, 30, 200])
     sched, _ = dk.get_mla_metadata()
@@ -410,8 +404,6 @@ def test_sparse_decode_invalid_indices_and_nan_slots(fmt, tier):
 
 
 @pytest.mark.interpret
-@pytest.mark.xfail(strict=True, reason="sparse decode: schedule filled for smaller topk_length reused silently; "
-                                       "kernel result differs from the reference")
 def test_sparse_decode_reused_schedule_after_topk_length_grows():
     q, kq, kd, idx, sl, scale = _sparse_setup("v32", topk=128, seed=3)
     sched, _ = dk.get_mla_metadata()

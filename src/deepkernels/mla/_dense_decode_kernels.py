@@ -15,6 +15,11 @@ set to -inf; causal rows (bottom-right aligned) mask ``tok >= seqlen - (s_q - 1 
 clamped to ``[0, num_blocks)`` and never read past ``ceil(len / page)`` or the block-table row, so stale metadata or
 bad lengths cannot fault. Offsets are int64.
 
+Split boundaries come from the scheduler record (planned lengths) but are clamped to the actual ``seqlen``, and the
+last split of each request (``split == nsp - 1``) runs to its actual end: any schedule of the same batch (a reused
+``FlashMLASchedMeta`` after ``cache_seqlens`` grew or shrank) covers every token exactly once. The running max in
+raw-score units needs ``sm_scale > 0``; the host rewrites a scale <= 0 exactly (``decode._nonpositive_scale``).
+
 Finalisation: a request with one split writes ``out``/``lse`` (natural log, +inf when empty) directly; a split
 request writes ``O/L`` and the base-2 ``log2 L + m`` (-inf when empty) to accumulator row
 ``num_splits[req] + split`` for the combine kernel.
@@ -88,8 +93,13 @@ def _mla_decode_fwd_kernel(
         req64 = req + zero64
         seqlen = tl.maximum(tl.load(seqlens_ptr + req), 0)
         nblk = (tl.maximum(seqlen - 1, 0) // SBLOCK) + 1
+        # the last split of a request runs to the request's actual end: a schedule planned for shorter lengths
+        # (reused FlashMLASchedMeta) still covers every token; boundaries past the end give empty splits
+        # (num_splits is read again after the KV loop: nothing extra stays live across it)
+        not_last = tl.where(req == begin_req, begin_split, 0) < (tl.load(nsplits_ptr + req + 1)
+                                                                 - tl.load(nsplits_ptr + req) - 1)
         sb = tl.where(req == begin_req, begin_blk, 0)
-        se = tl.where(req == end_req, end_blk, nblk)
+        se = tl.where((req == end_req) & not_last, end_blk, nblk)
         k0 = tl.maximum(sb, 0) * SBLOCK
         k1 = tl.minimum(tl.minimum(se * SBLOCK, seqlen), max_pages * PAGE)
 

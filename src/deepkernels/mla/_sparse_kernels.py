@@ -23,6 +23,11 @@ cache slots can never reach the output. A request with one split writes ``out`` 
 here); a split request writes ``O/L`` and the base-2 ``log2 L + m`` to accumulator row ``num_splits[req] + split``
 and :func:`_sparse_decode_combine_kernel` merges them (sink applied there, once).
 
+Schedule reuse: split boundaries come from the scheduler record but are clamped to the request's actual token
+line, and the last split of each request (``split == nsp - 1``) runs to the end of the line, so a schedule planned
+for other lengths (reused ``FlashMLASchedMeta``) still covers every token exactly once. The running max is kept in
+raw-score units, which needs ``sm_scale_log2 > 0``: the host rewrites a scale <= 0 exactly (``-q`` / ``q * 0``).
+
 Format codes (constexpr ``FMT``/``XFMT``): 0 = V3.2 (656 B), 1 = MODEL1 (584 B), 2 = V4.1 (528 B), 3 = FP4 (288 B).
 """
 from __future__ import annotations
@@ -218,8 +223,13 @@ def _sparse_decode_fwd_kernel(
         if HAS_LEN:
             n = tl.minimum(tl.maximum(tl.load(len_ptr + req), 0), topk)
         n_blk = (n + SBLOCK - 1) // SBLOCK
+        base_row = tl.load(nsplits_ptr + req)
+        nsp = tl.load(nsplits_ptr + req + 1) - base_row
+        split = tl.where(req == begin_req, begin_split, 0)
+        # the last split of a request runs to the end of its token line, whatever the lengths the schedule was
+        # planned for (a reused FlashMLASchedMeta): the splits always partition [0, inf) of the actual line
         t_lo = tl.minimum(tl.maximum(tl.where(req == begin_req, begin_blk, 0), 0), 1 << 24) * SBLOCK
-        t_hi = tl.minimum(tl.where(req == end_req, end_blk, 1 << 24), 1 << 24) * SBLOCK
+        t_hi = tl.minimum(tl.where((req == end_req) & (split < nsp - 1), end_blk, 1 << 24), 1 << 24) * SBLOCK
 
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -239,9 +249,7 @@ def _sparse_decode_fwd_kernel(
                                                  stride_xkb, xnum_tok, sm_scale_log2,
                                           XFMT, XPAGE_SHIFT, HAS_ROPE, XBLOCK_N, UPCAST, NUM_STAGES)
 
-        base_row = tl.load(nsplits_ptr + req)
-        nsp = tl.load(nsplits_ptr + req + 1) - base_row
-        acc_row = (base_row + tl.where(req == begin_req, begin_split, 0)).to(tl.int64)
+        acc_row = (base_row + split).to(tl.int64)
         empty = (l_i == 0.0) | (l_i != l_i)
         l_safe = tl.where(empty, 1.0, l_i)
         m_log2 = m_i * sm_scale_log2
@@ -270,11 +278,18 @@ def _sparse_decode_fwd_kernel(
 
 @triton.jit
 def _sparse_decode_combine_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr, sink_ptr,
+                                  len_ptr, xlen_ptr, topk, xtopk,
                                   s_q, h_q, acc_rows,
                                   HAS_SINK: tl.constexpr, HEADS: tl.constexpr, D_V: tl.constexpr,
-                                  UPCAST: tl.constexpr = False):
+                                  UPCAST: tl.constexpr = False, HAS_LEN: tl.constexpr = False,
+                                  HAS_EXTRA: tl.constexpr = False, HAS_XLEN: tl.constexpr = False):
     """FlashMLA combine (spec §3.5) for requests with > 1 split; lse written to a contiguous [b, s_q, h_q].
-    UPCAST (interpreter): round to nearest-even bf16 explicitly (the interpreter's fp32->bf16 cast truncates)."""
+    UPCAST (interpreter): round to nearest-even bf16 explicitly (the interpreter's fp32->bf16 cast truncates).
+
+    A request the schedule gives no split at all (num_splits planned for a smaller batch and padded; the scheduler
+    itself gives every request >= 1 split) is written here: out 0 / lse +inf when it has no token position
+    (``min(topk_length, topk)`` [+ extra] == 0), else NaN out and lse (it cannot be computed without a split, and a
+    plausible-looking wrong value must never come out)."""
     pid = tl.program_id(0).to(tl.int64)
     bi = pid // s_q
     si = pid % s_q
@@ -312,3 +327,19 @@ def _sparse_decode_combine_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_
             acc = _rne_bf16(acc)
         tl.store(out_ptr + ((bi * s_q + si) * h_q + heads)[:, None] * D_V + dv[None, :],
                  acc.to(out_ptr.dtype.element_ty), mask=hm[:, None])
+    elif nsp <= 0:
+        n = topk + bi * 0
+        if HAS_LEN:
+            n = tl.minimum(tl.maximum(tl.load(len_ptr + bi), 0), topk).to(tl.int64)
+        if HAS_EXTRA:
+            nx = xtopk + bi * 0
+            if HAS_XLEN:
+                nx = tl.minimum(tl.maximum(tl.load(xlen_ptr + bi), 0), xtopk).to(tl.int64)
+            n = n + nx
+        bad = n > 0
+        tl.store(lse_ptr + (bi * s_q + si) * h_q + heads,
+                 tl.zeros([HEADS], tl.float32) + tl.where(bad, float("nan"), float("inf")), mask=hm)
+        dv = tl.arange(0, D_V)
+        o = tl.zeros([HEADS, D_V], tl.float32) + tl.where(bad, float("nan"), 0.0)
+        tl.store(out_ptr + ((bi * s_q + si) * h_q + heads)[:, None] * D_V + dv[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=hm[:, None])

@@ -9,6 +9,9 @@ an empty split); split ``n`` of request ``i`` lives at row ``num_splits[i] + n``
     sink σ = sink·log2 e:  G = G finite ? G + log2(1 + 2^(σ - G)) : (sink == -inf ? +inf : σ)
     out = round(sum_k 2^(lse_k - G) · o_k)   (fp32 accumulation in increasing k)
 
+A request with **no** split (``num_splits`` planned for a smaller batch and padded) is written too: out 0 / lse +inf
+when its query row sees no key (or no lengths are given), NaN when it does (it cannot be computed here).
+
 Grid: ``(b * s_q, ceil(h_q / HEADS))`` — ``b·s_q`` on axis 0 (no 65,535 limit), a head block on axis 1.
 """
 from __future__ import annotations
@@ -26,10 +29,11 @@ _COMBINE_HEADS = 8
 
 # acc_rows (= b + num_sm_parts) only bounds the split count: not specialised, no recompile per batch size.
 @triton.jit(do_not_specialize=["acc_rows"])
-def _mla_decode_combine_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr, sink_ptr,
+def _mla_decode_combine_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr, sink_ptr, len_ptr,
                                s_q, h_q, acc_rows,
                                HAS_SINK: tl.constexpr, ALL_REQUESTS: tl.constexpr,
-                               HEADS: tl.constexpr, D_V: tl.constexpr):
+                               HEADS: tl.constexpr, D_V: tl.constexpr,
+                               HAS_LEN: tl.constexpr = False, CAUSAL: tl.constexpr = False):
     pid = tl.program_id(0).to(tl.int64)
     bi = pid // s_q
     si = pid % s_q
@@ -71,11 +75,27 @@ def _mla_decode_combine_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr
             acc += w[:, None] * o
         optr = out_ptr + ((bi * s_q + si) * h_q + heads)[:, None] * D_V + dv[None, :]
         tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=hm[:, None])
+    elif nsp <= 0:
+        # no split planned for this request (num_splits of a smaller batch, padded): empty if it has no key,
+        # else NaN (it cannot be computed here; never a plausible-looking wrong value)
+        n = si * 0
+        if HAS_LEN:
+            n = tl.load(len_ptr + bi).to(tl.int64)
+            if CAUSAL:
+                n = n - (s_q - 1 - si)
+        bad = n > 0
+        tl.store(lse_ptr + (bi * h_q + heads) * s_q + si,
+                 tl.zeros([HEADS], tl.float32) + tl.where(bad, float("nan"), float("inf")), mask=hm)
+        dv = tl.arange(0, D_V)
+        o = tl.zeros([HEADS, D_V], tl.float32) + tl.where(bad, float("nan"), 0.0)
+        optr = out_ptr + ((bi * s_q + si) * h_q + heads)[:, None] * D_V + dv[None, :]
+        tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=hm[:, None])
 
 
 def combine_splits_(out: torch.Tensor, lse: torch.Tensor, o_accum: torch.Tensor, lse_accum: torch.Tensor,
                     num_splits: torch.Tensor, attn_sink: torch.Tensor | None = None,
-                    all_requests: bool = False) -> None:
+                    all_requests: bool = False, lengths: torch.Tensor | None = None,
+                    causal: bool = False) -> None:
     """Launch the combine in place (out-parameter launcher; no validation, callers own the shapes).
 
     Args:
@@ -87,6 +107,10 @@ def combine_splits_(out: torch.Tensor, lse: torch.Tensor, o_accum: torch.Tensor,
         attn_sink: optional ``[h_q]`` fp32; applied here (never in a split) — with ``all_requests=True`` this
             is the one place it is applied, which is what a sparse path with a sink wants.
         all_requests: also combine single-split requests (their decode kernel then writes only partials).
+        lengths: optional ``[b]`` int32 key counts (dense: ``cache_seqlens``); ``causal``: query ``i`` of ``s_q``
+            sees ``lengths - (s_q - 1 - i)`` keys. Every request with **no** split (``num_splits`` planned for a
+            smaller batch and padded, the vLLM CUDA-graph pattern) is written here: out 0 / lse +inf when it has no
+            key (or ``lengths`` is None), else NaN out and lse (its attention cannot be computed without a split).
     """
     b, s_q, h_q, d_v = out.shape
     if b * s_q == 0 or h_q == 0:
@@ -95,8 +119,10 @@ def combine_splits_(out: torch.Tensor, lse: torch.Tensor, o_accum: torch.Tensor,
     grid = (b * s_q, triton.cdiv(h_q, _COMBINE_HEADS))
     acc_rows = o_accum.shape[0]
     # Triton's specialisation facts of this launch (dtypes, 16-B alignment, s_q/h_q == 1 / % 16, i32 range)
-    ptrs = (o_accum, lse_accum, num_splits, out, lse, sink)
-    key = (_mla_decode_combine_kernel, attn_sink is not None, bool(all_requests), d_v,
+    lens = lengths if lengths is not None else num_splits
+    causal = bool(causal) and s_q > 1 and lengths is not None
+    ptrs = (o_accum, lse_accum, num_splits, out, lse, sink, lens)
+    key = (_mla_decode_combine_kernel, attn_sink is not None, bool(all_requests), d_v, lengths is not None, causal,
            tuple((t.dtype, t.data_ptr() & 15 == 0) for t in ptrs),
            s_q == 1, s_q % 16 == 0, h_q == 1, h_q % 16 == 0, max(s_q, h_q, acc_rows) < 2 ** 31)
     launcher = _LAUNCHERS.get(key)
@@ -105,8 +131,8 @@ def combine_splits_(out: torch.Tensor, lse: torch.Tensor, o_accum: torch.Tensor,
             _LAUNCHERS.clear()
         launcher = _LAUNCHERS[key] = KernelLauncher(_mla_decode_combine_kernel, dict(
             HAS_SINK=attn_sink is not None, ALL_REQUESTS=bool(all_requests), HEADS=_COMBINE_HEADS, D_V=d_v,
-            num_warps=4))
-    launcher(grid, o_accum, lse_accum, num_splits, out, lse, sink, s_q, h_q, acc_rows)
+            HAS_LEN=lengths is not None, CAUSAL=causal, num_warps=4))
+    launcher(grid, o_accum, lse_accum, num_splits, out, lse, sink, lens, s_q, h_q, acc_rows)
 
 
 _LAUNCHERS: dict = {}   # specialisation key -> KernelLauncher (deepkernels._launch: cached compiled-kernel launch)

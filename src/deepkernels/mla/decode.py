@@ -98,8 +98,9 @@ class FlashMLASchedMeta:
 
     Fields: ``have_initialized``; ``config`` (the call configuration it was built for; later calls must match it,
     else ValueError); ``tile_scheduler_metadata [num_sm_parts, 8]`` int32; ``num_splits [b + 1]`` int32.
-    Reuse is valid only while ``cache_seqlens`` (and for sparse calls ``topk_length``) keep their values; a stale
-    schedule is reused silently (never unsafely: kernels clamp every index it yields).
+    Reuse with other ``cache_seqlens`` (sparse: ``topk_length`` / ``extra_topk_length``) values gives the right
+    answer (unlike FlashMLA, whose docstring forbids it): the kernels clamp each split to the request's actual
+    length and extend each request's last split to its actual end; only the load balance of the stale plan is lost.
     """
 
     @dataclass
@@ -132,6 +133,12 @@ def get_mla_metadata(*args, **kwargs):
     ``(tile_scheduler_metadata [num_sm_parts, 8] int32, num_splits [b + 1] int32)`` computed on the seqlens'
     device without a host sync (for sparse calls, ``topk`` replaces the per-request length). Pass both back to
     ``flash_mla_with_kvcache``.
+
+    A schedule stays valid for any later lengths of the same batch (see ``FlashMLASchedMeta``): every request of
+    the planned batch owns >= 1 split, split boundaries are clamped to the actual lengths at run time and the last
+    split of each request runs to its actual end. If ``num_splits`` is padded for a larger batch (vLLM CUDA-graph
+    replay: ``torch.cat([num_splits, num_splits[-1:]])``), the requests with no split give out 0 / lse +inf where
+    they see no key (seqlen 0) and NaN otherwise (never silently wrong values).
     """
     seqlens = kwargs.get("cache_seqlens", args[0] if args else None)
     if not isinstance(seqlens, torch.Tensor):
@@ -294,7 +301,8 @@ def _dense_launch(q, k_cache, block_table, cache_seqlens, sched, num_splits, sca
     launcher = _main_launcher(_ddk._mla_decode_fwd_kernel, constexprs, warps, stages, spec)
     launcher(grid, q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc, *ints[:6],
              *ints[6:], scale, scale * _LOG2E)
-    combine_splits_(out, lse, o_acc, l_acc, num_splits)
+    # every request row is written: > 1 split combined; 0 splits (padded num_splits) -> empty or NaN (combine.py)
+    combine_splits_(out, lse, o_acc, l_acc, num_splits, lengths=seqlens, causal=bool(causal and s_q > 1))
     return out, lse
 
 
@@ -355,18 +363,58 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         block_table: ``[b, max_blocks_per_seq]`` int32; only entries ``< ceil(seqlen / page_block_size)`` are read
             (out-of-range entries are clamped, never faulting).
         cache_seqlens: ``[b]`` int32 (0 allowed: out 0, lse +inf).
-        head_dim_v: must be 512. softmax_scale: default ``576 ** -0.5``.
+        head_dim_v: must be 512.
+        softmax_scale: default ``576 ** -0.5``; any finite value: ``s = (q . k) * softmax_scale`` as in the
+            reference, so 0 gives uniform weights over the visible keys and a negative scale is exact too (the
+            kernels run it as ``|scale|`` on ``-q``; one extra elementwise op on q). Non-finite: ValueError.
         tile_scheduler_metadata: a ``FlashMLASchedMeta`` from ``get_mla_metadata()`` (filled on first use; reuse
             with another b, s_q, h_q, h_kv, page size or causal raises ValueError), or the legacy
             ``[num_sm_parts, 8]`` int32 tensor with ``num_splits [b + 1]`` int32.
+            **Reuse with other lengths is correct**: the schedule only balances work. Reused after
+            ``cache_seqlens`` changed, each split's boundaries are clamped to the request's actual length and the
+            last split of each request runs to its actual end, so growth is covered and shrinkage leaves empty
+            splits (no host sync; the cost of a stale schedule is load balance only).
+            A request that ``num_splits`` gives **no split** (legacy ``num_splits`` planned for a smaller batch and
+            padded, the vLLM CUDA-graph pattern; the scheduler itself always gives every request >= 1 split) is
+            written by the combine: out 0 / lse +inf for every query row that sees no key (e.g. a seqlen-0 padding
+            row), and **NaN** out / lse for a query row that sees keys (it cannot be computed without a split; a
+            plausible-looking wrong value never comes out). Plan such a batch with its real length to get values.
         causal: bottom-right aligned (query i of s_q sees keys ``< seqlen - (s_q-1-i)``); ignored when s_q == 1.
-    Sparse path (``indices [b, s_q, topk]`` int32): routed to ``deepkernels.mla.sparse_decode``.
+
+    Sparse path (``indices`` given; ``deepkernels.mla.sparse_decode``, FlashMLA sparse decode, spec/mla.md §1.2):
+        q: ``[b, s_q, h_q, d_qk]`` bf16, any strides; ``h_q`` in {16, 32, 64, 128}; ``d_qk`` set by the format.
+        k_cache: FP8/FP4 byte cache ``[num_blocks, page_block_size, 1, bytes_per_token]`` (float8_e4m3fn, int8 or
+            uint8 container, ``h_k == 1``, ``stride(1) == bytes_per_token``, any page_block_size). The format is
+            read from bytes_per_token: 656 = DeepSeek V3.2 (d_qk 576: 512 e4m3 + 4 fp32 scales + 64 bf16 RoPE),
+            584 = MODEL1 (d_qk 512: 448 e4m3 + 64 bf16 RoPE, UE8M0 scales), 528 = V4.1 (d_qk 512, e4m3 + 16 UE8M0
+            scales); 288 = FP4 (e2m1 + e4m3 scales) is allowed only as the extra cache next to V4.1. Build caches
+            with ``deepkernels.quantize_kv_cache``.
+        block_table, cache_seqlens: ignored (may be None): indices address the cache directly.
+        indices: ``[b, s_q, topk]`` int32, token slot ``page_block * page_block_size + offset`` in k_cache (seen
+            as ``num_blocks * page_block_size`` slots); -1, any negative value and any value
+            ``>= num_blocks * page_block_size`` are invalid: skipped, never read. Any ``topk >= 0``.
+        topk_length: optional ``[b]`` int32: request i uses only its first ``clamp(topk_length[i], 0, topk)``
+            indices (per request, shared by its s_q positions; 0 allowed).
+        extra_k_cache / extra_indices_in_kvcache: optional second cache (same format, or FP4 next to V4.1) and its
+            ``[b, s_q, extra_topk]`` int32 indices, attended in the **same** softmax; both or neither.
+            extra_topk_length: optional ``[b]`` int32, like topk_length for the extra indices (needs extra_k_cache).
+        attn_sink: optional ``[h_q]`` fp32: out *= ``exp(lse) / (exp(lse) + exp(sink))``; lse is unchanged;
+            +inf gives out 0, -inf has no effect.
+        is_fp8_kvcache must be True, causal must be False, head_dim_v must be 512; softmax_scale: default
+            ``d_qk ** -0.5``, any finite value (as for dense).
+        tile_scheduler_metadata: ``FlashMLASchedMeta`` as for dense (its config also records topk, extra page size
+            and extra_topk); reuse after topk_length / extra_topk_length changed is correct (same clamping).
+            Legacy tensors are accepted and re-planned from the actual lengths (num_splits is ignored).
+        Batch-invariant mode: ``deepkernels.set_sparse_decode_batch_invariant(True)`` (or
+        ``DEEPKERNELS_BATCH_INVARIANT=1``) turns split-KV off, so each request's result is bit-identical whatever
+        else is in the batch (slower for small batches).
     Returns:
-        ``out [b, s_q, h_q, 512]`` in q's dtype and ``lse [b, h_q, s_q]`` fp32, **natural log**; a row with no key
-        gives out 0 and lse +inf.
+        ``out [b, s_q, h_q, 512]`` in q's dtype and ``lse [b, h_q, s_q]`` fp32, **natural log** (sparse: the
+        transposed view of a contiguous ``[b, s_q, h_q]``, strides ``(s_q*h_q, 1, h_q)``); a row with no key
+        (no valid index) gives out 0 and lse +inf, with or without a sink.
     Raises:
-        TypeError/ValueError naming the argument for bad shapes, dtypes, strides or metadata;
-        NotImplementedError for a sparse call when the sparse path is not available.
+        TypeError/ValueError naming the argument for bad shapes, dtypes, strides, formats, flags or metadata;
+        NotImplementedError for a dense call over an FP8 cache.
     """
     if indices is not None:
         return _sparse_route(q=q, k_cache=k_cache, indices=indices, head_dim_v=head_dim_v,
@@ -400,8 +448,21 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     if not plan.kernels:
         from ..reference.mla import dense_decode
         return dense_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, scale, cfg.causal)
+    q, scale, exact = _nonpositive_scale(q, scale)
     return _dense_launch(q, k_cache, block_table, cache_seqlens, sched, ns, scale, cfg.causal, None,
-                         plan if sig is not None else None)
+                         plan if sig is not None and exact else None)
+
+
+def _nonpositive_scale(q, scale):
+    """Exact rewrite of a softmax_scale <= 0 for the kernels, which keep the running max in raw-score units
+    (valid only for a positive scale): ``softmax(scale·q·k) = softmax(|scale|·(-q)·k)`` for scale < 0 (negation
+    is exact), and scale 0 is ``softmax(1·(0·q)·k)`` (``q * 0`` keeps q's NaN/inf -> NaN, like the definition).
+    Returns ``(q, scale, unchanged)``; one elementwise op on q (no host sync), only for scale <= 0."""
+    if scale > 0:
+        return q, scale, True
+    if scale < 0:
+        return q.neg(), -scale, False
+    return q * 0, 1.0, False
 
 
 def _validate_call(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, causal, is_fp8_kvcache,

@@ -4,7 +4,9 @@ Produces FlashMLA's metadata format (spec/mla.md §3.1): ``meta [num_sm_parts, 8
 ``(begin_req, end_req (inclusive), begin_block, end_block (exclusive), begin_split, first_splitted,
 last_splitted, pad)`` in 64-token scheduler blocks, and ``num_splits [b + 1]`` int32, the prefix sum of each
 request's split count. Split ``n`` of request ``i`` owns accumulator row ``num_splits[i] + n``; the total number
-of splits is at most ``b + num_sm_parts``.
+of splits is at most ``b + num_sm_parts``. Every request of the batch owns >= 1 split (even at length 0), and the
+decode kernels clamp each split to the request's actual length and run its last split to the actual end, so a
+schedule stays correct (only less balanced) for any later lengths of the same batch.
 
 The schedule is the closed-form "linear" one defined (and documented) by
 :func:`deepkernels.reference.mla.linear_schedule`: request ``i`` costs ``blocks_i + 5`` units on a line, part ``p``

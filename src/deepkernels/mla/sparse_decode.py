@@ -223,8 +223,12 @@ def _launch_sparse_decode(out, lse_buf, q, k_cache, indices, sched, num_splits, 
         BLOCK_H=block_h, BLOCK_N=block_n, XBLOCK_N=_block_n(block_n, xfmt) if has_x else block_n, SBLOCK=SCHED_BLOCK, UPCAST=interpret_mode(), NUM_STAGES=stages,
         num_warps=warps, num_stages=stages)
     _sparse_decode_combine_kernel[_combine_grid(b, s_q, h_q)](
-        o_acc, l_acc, num_splits, out, lse_buf, attn_sink if attn_sink is not None else l_acc, s_q, h_q, acc_rows,
-        HAS_SINK=attn_sink is not None, HEADS=8, D_V=512, UPCAST=interpret_mode(), num_warps=4)
+        o_acc, l_acc, num_splits, out, lse_buf, attn_sink if attn_sink is not None else l_acc,
+        topk_length if topk_length is not None else num_splits,
+        extra_topk_length if extra_topk_length is not None else num_splits,
+        indices.shape[2], xind.shape[2] if has_x else 0, s_q, h_q, acc_rows,
+        HAS_SINK=attn_sink is not None, HEADS=8, D_V=512, UPCAST=interpret_mode(), HAS_LEN=topk_length is not None,
+        HAS_EXTRA=has_x, HAS_XLEN=extra_topk_length is not None, num_warps=4)
 
 
 def _page_shift(page: int) -> int:
@@ -259,9 +263,12 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
             any value ``>= num_blocks * page_block_size`` are invalid (never read). Any ``topk >= 0``.
         head_dim_v: must be 512.
         tile_scheduler_metadata: ``FlashMLASchedMeta`` from ``get_mla_metadata()`` (filled on first use; reuse with
-            another configuration raises ValueError) or the legacy tensors (re-planned here).
+            another configuration raises ValueError; reuse after topk_length / extra_topk_length changed is correct:
+            splits are clamped to the actual token line and each request's last split runs to its end) or the
+            legacy tensors (re-planned here).
         num_splits: None (or the legacy ``[b + 1]`` tensor, ignored).
-        softmax_scale: default ``d_qk ** -0.5``. is_fp8_kvcache: must be True. causal: must be False.
+        softmax_scale: default ``d_qk ** -0.5``; any finite value (<= 0 exact: the kernels run ``|scale|`` on
+            ``-q``, or scale 1 on ``q * 0``). is_fp8_kvcache: must be True. causal: must be False.
         attn_sink: ``[h_q]`` fp32; out *= exp(lse) / (exp(lse) + exp(sink)); lse unchanged.
         extra_k_cache / extra_indices_in_kvcache: a second cache (same format, or FP4 next to V4.1) and its
             ``[b, s_q, extra_topk]`` int32 indices, in the same softmax.
@@ -332,6 +339,8 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
     if not kernels:
         return sparse_decode_ref(q, k_cache, indices, 512, scale, attn_sink, extra_k_cache,
                                  extra_indices_in_kvcache, topk_length, extra_topk_length)
+    from .decode import _nonpositive_scale
+    q, scale, _ = _nonpositive_scale(q, scale)       # scale <= 0: exact rewrite (kernel max in raw-score units)
     out = torch.empty(b, s_q, h_q, 512, dtype=q.dtype, device=dev)
     lse_buf = torch.empty(b, s_q, h_q, dtype=torch.float32, device=dev)
     _launch_sparse_decode(out, lse_buf, q, k_cache, indices, sched, ns, scale, fmt, attn_sink, extra_k_cache,
