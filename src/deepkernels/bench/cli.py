@@ -86,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
             progress.update(task, description=case.name)
             rows += run_case(case, timed=gpu)
             progress.advance(task)
+            if args.json:  # keep what has been measured if the run is cut short
+                with open(args.json, "w") as f:
+                    json.dump(dict(provenance=prov, mode="gpu" if gpu else "cpu-interpreter", rows=rows,
+                                   partial=True), f, indent=1)
+            if gpu:
+                torch.cuda.empty_cache()
 
     table = Table(title="results (µs call: whole call incl. host launch; TFLOPS, GB/s, % roofline, ratio: "
                         "CUDA-graph replay, L2 flushed)" if gpu else "correctness (Triton interpreter vs reference)")
