@@ -223,7 +223,9 @@ def test_B42_thousand_k_blocks_gpu(k):
     A, B = fp8_operands(128, 256, k, "cuda")
     d = torch.full((128, 256), float("nan"), device="cuda")
     dk.fp8_gemm_nt(A, B, d)
-    assert calc_diff(d, ref.fp8_gemm_ref(A, B, out_dtype=torch.float32)) < 1e-9
+    # FP8 tensor cores accumulate each K block with limited precision (~2^-13 relative measured on the H200,
+    # calc_diff ~8e-9): the GPU bound is 1e-7 as in tests/test_gemm.py (FP8_TC_FP32_TOL); a real bug gives >= 1e-4
+    assert calc_diff(d, ref.fp8_gemm_ref(A, B, out_dtype=torch.float32)) < 1e-7
 
 
 @pytest.mark.parametrize("tier", TIERS)
@@ -332,7 +334,7 @@ def test_B35_weight_gradient_gpu(m, n, k):
     c = torch.randn(m, n, device="cuda")
     d = c.clone()
     dk.fp8_gemm_nt(A, B, d, c=d, recipe=(1, 1, 128))
-    assert calc_diff(d, ref.fp8_gemm_ref(A, B, c=c, recipe=(1, 1, 128), out_dtype=torch.float32)) < 1e-9
+    assert calc_diff(d, ref.fp8_gemm_ref(A, B, c=c, recipe=(1, 1, 128), out_dtype=torch.float32)) < 1e-7  # as above
 
 
 def _nan_tail_operand(X, k, kpad, sfk_pad):

@@ -280,9 +280,43 @@ class _Plan:
             _splitk_finish(ws, d, self.accumulate, self.split_k)
 
 
+class _GluonPlan:
+    """Large-M 1D2D calls on the Gluon warp-specialised kernel (gemm/_gluon_fp8.py)."""
+
+    __slots__ = ("config",)
+
+    def __call__(self, a, sfa, b, sfb, d, c) -> None:
+        from ._gluon_fp8 import _launch_fp8_gluon
+
+        _launch_fp8_gluon(a, sfa, b, sfb, d, config=self.config, num_sms=get_num_sms())
+
+
+def _use_gluon(m: int, n: int, k: int, d, c, sfb_per_row: bool):
+    """The Gluon kernel's config for this call, or None. Chosen by the recorded sweep
+    benchmarks/results/gemm_gluon-h200-2026-11-29.json (H200, git f71ec1f8d059, 2026-11-29 14:07 UTC): at M = 4096
+    the warp-specialised 128x128 Gluon kernel beat the Triton table at every K >= 7168 shape by 6-15 % (whole call:
+    (2112, 7168) 149 vs 172 us, (7168, 16384) 1011 vs 1069, (4096, 7168) 265 vs 297) and lost or tied at K <= 2048
+    (0.89-1.00x). All 58 Gluon GPU tests passed in the same run. Only BF16 out, no C, 128x128 weight scales."""
+    if m < 1024 or k < 7168 or sfb_per_row or c is not None or d.dtype != torch.bfloat16 or not d.is_cuda:
+        return None
+    if interpret_mode() or os.environ.get("DEEPKERNELS_DISABLE_GLUON", "0") not in ("", "0"):
+        return None
+    from . import _gluon_fp8
+
+    if not _gluon_fp8.available():
+        return None
+    return _gluon_fp8.GLUON_CANDIDATES[0] if n <= 2112 else _gluon_fp8.GLUON_CANDIDATES[1]
+
+
 def _fp8_plan(a, sfa, b, sfb, d, c, sfb_per_row: bool, cfg: GemmConfig | None) -> _Plan:
     m, k = a.shape
     n = b.shape[0]
+    if cfg is None:
+        gcfg = _use_gluon(m, n, k, d, c, sfb_per_row)
+        if gcfg is not None:
+            gplan = _GluonPlan()
+            gplan.config = gcfg
+            return gplan
     cfg = cfg or select_fp8_config(m, n, k, get_num_sms())
     ensure_tma_allocator()
     accumulate = c is not None
