@@ -34,8 +34,8 @@ _MAP.update({
     "get_k_alignment_for_contiguous_layout": f"{_DK}:get_mk_alignment_for_contiguous_layout",
     "get_col_major_tma_aligned_tensor": f"{_DK}:get_mn_major_tma_aligned_tensor",
     "calc_diff": f"{_DK}.testing:calc_diff",
-    "ceil_div": f"{_DK}.compat._util:ceil_div",
-    "align": f"{_DK}.compat._util:align",
+    "ceil_div": f"{_DK}:ceil_div",
+    "align": f"{_DK}:align",
 })
 # the test utilities DeepGEMM ships in deep_gemm.utils
 for _n in ["per_token_cast_to_fp8", "per_channel_cast_to_fp8", "per_block_cast_to_fp8", "cast_back_from_fp8",

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ..quant.fp8 import ceil_div
+
 
 @dataclass(frozen=True)
 class GemmConfig:
@@ -163,10 +165,6 @@ def m_class(m: int) -> int | None:
     return 4096 if m >= LARGE_M else None
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _split_for(tiles: int, num_kb: int, slots: int, max_split: int = 4, fill: float = 0.75,
                min_kb: int = 12) -> int:
     """Smallest split-K (1, 2, 4) with ``tiles * split >= fill * slots``, keeping >= ``min_kb`` K blocks per split.
@@ -188,9 +186,9 @@ def fp8_rule(m: int, n: int, k: int, num_sms: int) -> GemmConfig:
     """
     if m >= LARGE_M:
         return _c(64, 128, 4, 4, 1, 2, fl=True)
-    num_kb = _cdiv(k, 128)
-    bn = 128 if _cdiv(m, 64) * _cdiv(n, 128) >= num_sms or num_kb >= 64 else 64
-    tiles = _cdiv(m, 64) * _cdiv(n, bn)
+    num_kb = ceil_div(k, 128)
+    bn = 128 if ceil_div(m, 64) * ceil_div(n, 128) >= num_sms or num_kb >= 64 else 64
+    tiles = ceil_div(m, 64) * ceil_div(n, bn)
     split = _split_for(tiles, num_kb, 2 * num_sms)
     return _c(64, bn, 4, 6 if bn == 64 else 4, split, 2)
 
@@ -200,8 +198,8 @@ def bf16_rule(m: int, n: int, k: int, num_sms: int) -> GemmConfig:
     tiles with 2 CTAs/SM and split-K 2 only when the tiles fill < 40 % of the slots and each split keeps >= 24 K
     blocks (split won at K = 7168 and at (64, 7168, 16384); lost at (128, 7168, 16384) and at K = 2048); with more
     tiles (N >= 24576 at M <= 128, and large M) 128x256 tiles."""
-    num_kb = _cdiv(k, 64)
-    tiles = _cdiv(m, 64) * _cdiv(n, 128)
+    num_kb = ceil_div(k, 64)
+    tiles = ceil_div(m, 64) * ceil_div(n, 128)
     if tiles < 1.4 * num_sms:
         split = _split_for(tiles, num_kb, 2 * num_sms, max_split=2, fill=0.4, min_kb=24)
         return _c(64, 128, 4, 6, split, 2, bk=64)

@@ -12,14 +12,11 @@ import torch
 
 from .._backend import ensure_tma_allocator, interpret_mode
 from .._validate import check_tensor
+from ..quant.fp8 import ceil_div
 from ._configs import GemmConfig
 from ._grouped_kernels import _k_grouped_mma_kernel, _m_grouped_contiguous_mma_kernel, _m_grouped_masked_mma_kernel
 
 INT32_MAX = 2**31 - 1
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # --------------------------------------------------------------------------------------------- configs
@@ -86,7 +83,7 @@ def k_major(name: str, t: torch.Tensor) -> torch.Tensor:
         t = t.contiguous()
     if t.dim() == 3 and t.shape[0] > 1 and t.stride(0) != t.shape[1] * t.stride(1):
         t = t.contiguous()
-    row = t.stride(-2) if t.shape[-2] > 1 else cdiv(t.shape[-1] * t.element_size(), 16) * 16 // t.element_size()
+    row = t.stride(-2) if t.shape[-2] > 1 else ceil_div(t.shape[-1] * t.element_size(), 16) * 16 // t.element_size()
     if (row * t.element_size()) % 16 or t.data_ptr() % 16:
         raise ValueError(f"{name} (shape {list(t.shape)}, strides {list(t.stride())}) needs 16-byte aligned rows "
                          f"and base for TMA: K must be a multiple of {16 // t.element_size()}")
@@ -94,7 +91,7 @@ def k_major(name: str, t: torch.Tensor) -> torch.Tensor:
 
 
 def row_stride(t: torch.Tensor) -> int:
-    return t.stride(-2) if t.shape[-2] > 1 else cdiv(t.shape[-1] * t.element_size(), 16) * 16 // t.element_size()
+    return t.stride(-2) if t.shape[-2] > 1 else ceil_div(t.shape[-1] * t.element_size(), 16) * 16 // t.element_size()
 
 
 def check_out(name: str, d, shape, dtypes) -> None:
@@ -128,7 +125,7 @@ def launch_m_contiguous(a, b, b_kmajor: bool, d, gid, sfa=None, sfb=None, cfg: G
     cfg = cfg or contiguous_config(alignment, is_fp8)
     ensure_tma_allocator()
     b_store_stride = b.stride(1) if b_kmajor else b.stride(2)
-    tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
+    tiles = ceil_div(m, cfg.block_m) * ceil_div(n, cfg.block_n)
     grid = num_progs(tiles, cfg)
     dummy = d
     _m_grouped_contiguous_mma_kernel[(grid,)](
@@ -148,7 +145,7 @@ def launch_m_masked(a, b, d, masked_m, expected_m: int, sfa=None, sfb=None, cfg:
     n = b.shape[1]
     cfg = cfg or masked_config(expected_m, is_fp8)
     ensure_tma_allocator()
-    tiles_upper = g_num * cdiv(m_max, cfg.block_m) * cdiv(n, cfg.block_n)
+    tiles_upper = g_num * ceil_div(m_max, cfg.block_m) * ceil_div(n, cfg.block_n)
     grid = num_progs(tiles_upper, cfg)
     dummy = d
     _m_grouped_masked_mma_kernel[(grid,)](
@@ -174,7 +171,7 @@ def launch_k_grouped(a, b, d, ks_dev, sum_k: int, sf_cols: int, mn_major: bool, 
     ks64 = torch.minimum(ks64, sum_k - koff)
     nsf = (ks64 + 127) // 128
     sfoff = torch.minimum(torch.cumsum(nsf, 0) - nsf, sf_cols - nsf)
-    tiles = g_num * cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
+    tiles = g_num * ceil_div(m, cfg.block_m) * ceil_div(n, cfg.block_n)
     grid = num_progs(tiles, cfg)
     dummy = d
     _k_grouped_mma_kernel[(grid,)](

@@ -19,6 +19,7 @@ import torch
 from .._backend import ensure_tma_allocator, interpret_mode, use_kernels
 from .._launch import KernelLauncher
 from .._validate import check_tensor
+from ..quant.fp8 import ceil_div
 from ..reference import gemm as _ref
 from ._bf16_kernels import _bf16_gemm_nt_kernel
 from ._configs import GemmConfig, select_bf16_config, select_fp8_config
@@ -66,10 +67,6 @@ def get_num_sms() -> int:
     return _NUM_SMS or _device_sm_count() or 132
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 # --------------------------------------------------------------------------------------------- validation
 def _check_compiled_dims(compiled_dims) -> None:
     if not isinstance(compiled_dims, str) or any(ch not in "mnk" for ch in compiled_dims):
@@ -112,7 +109,7 @@ def _row_stride(name: str, t: torch.Tensor, k_major: bool, inner: int) -> int:
     outer = t.shape[0] if k_major else t.shape[1]
     stride = t.stride(0) if k_major else t.stride(1)
     if outer <= 1:
-        stride = _cdiv(inner * esz, 16) * 16 // esz  # a single row: any 16-B aligned stride will do
+        stride = ceil_div(inner * esz, 16) * 16 // esz  # a single row: any 16-B aligned stride will do
     if (stride * esz) % 16 != 0:
         raise ValueError(f"{name} (shape {list(t.shape)}, strides {list(t.stride())}) needs 16-byte aligned rows for "
                          f"TMA: its row stride ({stride} elements of {esz} B) must be a multiple of {16 // esz}")
@@ -132,7 +129,7 @@ def _normalise_sf(name: str, sf, mn: int, k: int, gran_mn: int) -> tuple[torch.T
     check_tensor(name, sf, ndim=2, dtype=(torch.float32, torch.int32))
     if sf.dtype == torch.int32:  # packed UE8M0 (SM100 format): always per row
         check_sf_layout(sf, mn, k, 1, 128, name=name)
-        return unpack_ue8m0_from_int(sf)[:, :_cdiv(k, 128)], True
+        return unpack_ue8m0_from_int(sf)[:, :ceil_div(k, 128)], True
     check_sf_layout(sf, mn, k, gran_mn, 128, name=name)
     return sf, gran_mn == 1
 
@@ -241,7 +238,7 @@ def _lookup(cache: dict, sig):
 
 
 def _grid(m: int, n: int, cfg: GemmConfig) -> tuple[int, int]:
-    tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n) * cfg.split_k
+    tiles = ceil_div(m, cfg.block_m) * ceil_div(n, cfg.block_n) * cfg.split_k
     if cfg.progs_per_sm == 0:  # not persistent: one program per tile
         return tiles, tiles
     return tiles, max(1, min(tiles, get_num_sms() * cfg.progs_per_sm))
@@ -260,7 +257,7 @@ def _splitk_finish(ws: torch.Tensor, d: torch.Tensor, accumulate: bool, split_k:
             _REDUCE_LAUNCHERS.clear()
         launcher = _REDUCE_LAUNCHERS[key] = KernelLauncher(
             _gemm_splitk_reduce_kernel, dict(SPLIT_K=split_k, ACCUMULATE=accumulate, BLOCK=block, num_warps=4))
-    launcher((_cdiv(m * n, block),), ws, d, *spec)
+    launcher((ceil_div(m * n, block),), ws, d, *spec)
 
 
 class _Plan:

@@ -25,9 +25,9 @@ import torch
 
 from .._backend import use_kernels
 from .._validate import check_tensor
+from ..quant.fp8 import ceil_div
 from ..reference import grouped_gemm as _ref
 from . import _grouped_launch as _L
-from ._grouped_launch import cdiv
 
 __all__ = [
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nn_contiguous",
@@ -312,7 +312,7 @@ def _k_grouped(a_data, b_data, sfa, sfb, d, c, ks_cpu, grouped_layout, mn_major,
     if c is not None:
         _L.check_out("c", c, [g_num, m, n], torch.float32)
     sum_k = sum(ks_cpu)
-    sf_cols = sum(cdiv(k, 128) for k in ks_cpu)
+    sf_cols = sum(ceil_div(k, 128) for k in ks_cpu)
     name = "a[0]" if is_fp8 else "a"
     if mn_major:
         for nm, t, mn in ((name, a_data, m), (name.replace("a", "b"), b_data, n)):

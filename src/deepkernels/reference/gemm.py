@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from ..quant.fp8 import ceil_div
+
 __all__ = [
     "fp8_gemm_ref",
     "bf16_gemm_ref",
@@ -31,10 +33,6 @@ __all__ = [
 _BLOCK_K = 128
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return (a + b - 1) // b
-
-
 def resolve_recipe(recipe, n: int, k: int, sfb: torch.Tensor) -> tuple[int, int, int]:
     """Return the effective ``(gran_m, gran_n, gran_k)`` for an FP8 GEMM.
 
@@ -43,7 +41,7 @@ def resolve_recipe(recipe, n: int, k: int, sfb: torch.Tensor) -> tuple[int, int,
     than ``(1, 128, 128)`` and ``(1, 1, 128)``.
     """
     if recipe is None:
-        nb = _ceil_div(n, 128)
+        nb = ceil_div(n, 128)
         if sfb.dim() == 2 and sfb.shape[0] == n and n != nb:
             return (1, 1, 128)
         return (1, 128, 128)
@@ -84,7 +82,7 @@ def fp8_gemm_ref(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, to
     b_data, sfb = b
     m, k = a_data.shape
     n = b_data.shape[0]
-    sfk = _ceil_div(k, _BLOCK_K)
+    sfk = ceil_div(k, _BLOCK_K)
     gran = resolve_recipe(recipe, n, k, sfb)
     if sfb.dtype == torch.int32:  # packed UE8M0 weight scales are always broadcast per row
         gran = (1, 1, 128)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from ..quant.fp8 import ceil_div
 from .gemm import bf16_gemm_ref, fp8_gemm_ref
 
 __all__ = [
@@ -33,10 +34,6 @@ __all__ = [
     "k_grouped_fp8_gemm_ref", "k_grouped_bf16_gemm_ref",
     "k_grouped_offsets",
 ]
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def row_group_ids(grouped_layout: torch.Tensor, m_sum: int, num_groups: int, use_psum_layout: bool,
@@ -126,7 +123,7 @@ def k_grouped_offsets(ks) -> tuple[list[int], list[int]]:
         k_off.append(k_acc)
         sf_off.append(s_acc)
         k_acc += int(k)
-        s_acc += _cdiv(int(k), 128)
+        s_acc += ceil_div(int(k), 128)
     return k_off, sf_off
 
 
@@ -149,7 +146,7 @@ def k_grouped_fp8_gemm_ref(a, b, ks, c: torch.Tensor | None, m: int, n: int, lay
     for g, k in enumerate(ks):
         if k == 0:
             continue
-        s0, s1 = sf_off[g], sf_off[g] + _cdiv(k, 128)
+        s0, s1 = sf_off[g], sf_off[g] + ceil_div(k, 128)
         if layout == "nt":
             ag = a_flat[m * k_off[g]: m * (k_off[g] + k)].view(m, k)
             bg = b_flat[n * k_off[g]: n * (k_off[g] + k)].view(n, k)
