@@ -35,17 +35,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .._triton_helpers import rne_bf16 as _rne_bf16
+
 __all__ = ["_sparse_decode_fwd_kernel", "_sparse_decode_combine_kernel", "FMT_CODES"]
 
 FMT_CODES = {"v32": 0, "model1": 1, "v41": 2, "fp4": 3}
-
-
-@triton.jit
-def _rne_bf16(x):
-    """fp32 -> nearest-even bf16 value kept in fp32 (interpreter only: its fp32->bf16 cast truncates)."""
-    u = x.to(tl.uint32, bitcast=True)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
-    return u.to(tl.float32, bitcast=True)
 
 
 @triton.jit
