@@ -1,15 +1,12 @@
 """Compile tier: every dense-GEMM candidate config cross-compiles for sm90 with wgmma + TMA, fits 227 KB of
 shared memory, declares no local memory in PTX, and (ptxas -v) spills at most a few registers."""
-import os
-import re
-import subprocess
-import tempfile
 
 import pytest
 
 from deepkernels.gemm._configs import (BF16_CANDIDATES, BF16_TABLE, FP8_CANDIDATES, FP8_TABLE, FP8_WS_EXPERIMENTAL,
                                        GemmConfig)
 from deepkernels.testing import SM90_SMEM_LIMIT, compile_sm90
+from deepkernels.testing.compile import ptxas_sm90
 
 pytestmark = pytest.mark.compile
 
@@ -21,21 +18,6 @@ _FP8_SIG = {"a_ptr": "*fp8e4nv", "b_ptr": "*fp8e4nv", "d_ptr": "*bf16", "sfa_ptr
             "num_progs": "i32"}
 _BF16_SIG = {"a_ptr": "*bf16", "b_ptr": "*bf16", "d_ptr": "*bf16", "ws_ptr": "*fp32", "M": "i32", "N": "i32",
              "K": "i32", "stride_a": "i32", "stride_b": "i32", "stride_dm": "i32", "num_progs": "i32"}
-
-
-def _spill_bytes(ptx: str) -> int:
-    import triton
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.path.exists(ptxas):
-        return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        f = os.path.join(tmp, "k.ptx")
-        with open(f, "w") as fh:
-            fh.write(ptx)
-        r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f, "-o", os.path.join(tmp, "k.cubin")],
-                           capture_output=True, text=True, timeout=120)
-    m = re.search(r"(\d+) bytes spill stores", r.stderr)
-    return int(m.group(1)) if m else 0
 
 
 WS_MAX_SPILL_BYTES = 512  # autoWS kernels: ptxas reports ~360 B (measured on sm90 cross-compiles)
@@ -60,7 +42,8 @@ def _check(c, cfg, max_spill=MAX_SPILL_BYTES):
     assert c.has_tma, f"{cfg.name()}: no TMA"
     assert c.shared <= SM90_SMEM_LIMIT, f"{cfg.name()}: {c.shared} B shared memory"
     assert not c.uses_local_memory, f"{cfg.name()}: local memory in PTX"
-    spill = _spill_bytes(c.ptx)
+    rep = ptxas_sm90(c.ptx)
+    spill = rep.spill_bytes if rep is not None else 0
     assert spill <= max_spill, f"{cfg.name()}: ptxas spills {spill} B"
 
 

@@ -7,37 +7,25 @@
   dequantised float64 product.
 Everything skips cleanly on a CPU box, under the interpreter, or when Gluon is not importable.
 """
-import os
-import re
-import subprocess
-import tempfile
 
 import pytest
 import torch
 
 from deepkernels.gemm import _gluon_fp8 as G
+from deepkernels.testing.compile import SM90_SMEM_LIMIT, ptxas_sm90
 
 needs_gluon = pytest.mark.skipif(not G.available(), reason=f"gluon not importable: {G._IMPORT_ERROR!r}")
 
-SM90_SMEM_LIMIT = 232448  # 227 KB
 
 SHAPES_4096 = [(4096, 2112, 7168), (4096, 24576, 1536), (4096, 32768, 512),
                (4096, 7168, 16384), (4096, 4096, 7168), (4096, 7168, 2048)]
 
 
-def _ptxas(ptx: str) -> str:
-    import triton
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.path.exists(ptxas):
+def _ptxas(ptx: str):
+    rep = ptxas_sm90(ptx)
+    if rep is None:
         pytest.skip("no bundled ptxas")
-    with tempfile.TemporaryDirectory() as tmp:
-        f = os.path.join(tmp, "k.ptx")
-        with open(f, "w") as fh:
-            fh.write(ptx)
-        r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f, "-o", os.path.join(tmp, "k.cubin")],
-                           capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return r.stderr
+    return rep
 
 
 @pytest.mark.compile
@@ -51,9 +39,9 @@ def test_gluon_config_compiles_for_sm90(cfg):
     assert "mbarrier" in ptx
     assert int(c.metadata.shared) <= SM90_SMEM_LIMIT
     assert ".local" not in ptx
-    info = _ptxas(ptx)
-    spill = re.search(r"(\d+) bytes spill stores", info)
-    assert spill is None or int(spill.group(1)) == 0, info
+    rep = _ptxas(ptx)
+    info = rep.log
+    assert rep.spill_bytes == 0, info
     if cfg.warp_spec:
         assert "ttg.warp_specialize" in ttgir
         assert "setmaxnreg" in ptx
@@ -66,9 +54,7 @@ def test_gluon_overlap_128x128_serialises_or_spills():
     """Documented limit: wgmma kb+1 in flight during kb's promotion needs 3 x 64 accumulator registers per thread
     at 64x128 per warpgroup; with 384 threads ptxas caps registers at 168, so it spills."""
     cfg = G.GluonConfig(128, 128, 4, overlap=True)
-    info = _ptxas(G._compile_sm90(cfg).asm["ptx"])
-    spill = re.search(r"(\d+) bytes spill stores", info)
-    assert spill is not None and int(spill.group(1)) > 0
+    assert _ptxas(G._compile_sm90(cfg).asm["ptx"]).spill_bytes > 0
 
 
 def test_gluon_refuses_cpu_tensors():

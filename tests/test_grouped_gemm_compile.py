@@ -1,36 +1,17 @@
 """Compile tier for the grouped GEMMs: every production config (and every config the launchers can pick)
 cross-compiles for sm90 with wgmma + TMA loads, fits 227 KB of shared memory, has no local memory in PTX and
 (ptxas -v) spills at most a few registers."""
-import os
-import re
-import subprocess
-import tempfile
 
 import pytest
 
 from deepkernels.gemm import _grouped_launch as L
 from deepkernels.gemm._configs import GemmConfig
 from deepkernels.testing import SM90_SMEM_LIMIT, compile_sm90
+from deepkernels.testing.compile import ptxas_sm90
 
 pytestmark = pytest.mark.compile
 
 MAX_SPILL_BYTES = 64
-
-
-def _spill_bytes(ptx: str) -> int:
-    import triton
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    if not os.path.exists(ptxas):
-        return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        f = os.path.join(tmp, "k.ptx")
-        with open(f, "w") as fh:
-            fh.write(ptx)
-        r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f, "-o", os.path.join(tmp, "k.cubin")],
-                           capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stderr[-2000:]
-    m = re.search(r"(\d+) bytes spill stores", r.stderr)
-    return int(m.group(1)) if m else 0
 
 
 def _check(c, what, max_spill=MAX_SPILL_BYTES):
@@ -38,7 +19,8 @@ def _check(c, what, max_spill=MAX_SPILL_BYTES):
     assert c.has_tma, f"{what}: no TMA"
     assert c.shared <= SM90_SMEM_LIMIT, f"{what}: {c.shared} B shared memory"
     assert not c.uses_local_memory, f"{what}: local memory in PTX"
-    spill = _spill_bytes(c.ptx)
+    rep = ptxas_sm90(c.ptx)
+    spill = rep.spill_bytes if rep is not None else 0
     assert spill <= max_spill, f"{what}: ptxas spills {spill} B"
 
 

@@ -6,11 +6,7 @@ token that no valid in-length index references; anomaly-position matching in ``c
 every output element was written and that no unreferenced token leaked in.
 """
 import math
-import os
 import re
-import shutil
-import subprocess
-import tempfile
 
 import pytest
 import torch
@@ -232,28 +228,18 @@ def compile_sparse_config(config, fmt="v41+fp4", page_shift=6, xblock_n=None):
                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
 
 
-def _nvidia_bin(name):
-    import triton
-    p = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
-    return p if os.path.exists(p) else shutil.which(name)
 
 
 def sass_spill_report(ptx: str):
     """(spill bytes from ptxas -v, spill instructions inside innermost loops) or None if ptxas is missing.
 
     The PTX has no local memory even when ptxas spills, so the register allocation is checked on the SASS."""
-    ptxas, nvdisasm = _nvidia_bin("ptxas"), _nvidia_bin("nvdisasm")
-    if not ptxas or not nvdisasm:
+    from deepkernels.testing.compile import ptxas_sm90
+    rep = ptxas_sm90(ptx, sass=True)
+    if rep is None:
         return None
-    with tempfile.TemporaryDirectory() as d:
-        src, cub = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
-        open(src, "w").write(ptx)
-        info = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", cub], capture_output=True, text=True).stderr
-        sass = subprocess.run([nvdisasm, "-c", cub], capture_output=True, text=True).stdout
-    m = re.search(r"(\d+) bytes spill stores", info)
-    spill_bytes = int(m.group(1)) if m else 0
     ins, labels, pending = [], {}, []
-    for line in sass.splitlines():
+    for line in rep.sass.splitlines():
         lm = re.match(r"^(\.L_x_\d+):", line)
         if lm:
             pending.append(lm.group(1))
@@ -271,7 +257,7 @@ def sass_spill_report(ptx: str):
             loops.append((labels[m.group(1)], pc))
     inner = [lp for lp in loops if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
     in_loop = sum(1 for a, b_ in inner for pc, t in ins if a <= pc <= b_ and re.search(r"\b(STL|LDL)\b", t))
-    return spill_bytes, in_loop
+    return rep.spill_bytes, in_loop
 
 
 COMPILE_CASES = [(128, "v32", 6), (128, "model1+x", -1), (128, "v41+fp4", 6), (128, "v41", -1),

@@ -6,10 +6,14 @@ production config: wgmma, TMA bulk copies, shared memory under the 227 KB limit,
 """
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import tempfile
 from dataclasses import dataclass
 
-__all__ = ["compile_sm90", "CompiledSM90", "SM90_SMEM_LIMIT"]
+__all__ = ["compile_sm90", "CompiledSM90", "SM90_SMEM_LIMIT", "nvidia_tool", "ptxas_sm90", "PtxasReport"]
 
 SM90_SMEM_LIMIT = 232448  # bytes of shared memory a block may opt into on sm90 (227 KB)
 
@@ -65,3 +69,46 @@ def compile_sm90(fn, signature: dict, constexprs: dict | None = None, *, num_war
     opts = {"num_warps": num_warps, "num_stages": num_stages, **options}
     c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     return CompiledSM90(ttgir=c.asm["ttgir"], ptx=c.asm["ptx"], shared=int(c.metadata.shared), num_warps=num_warps)
+
+
+def nvidia_tool(name: str) -> str | None:
+    """Path of an NVIDIA binary (``ptxas``, ``nvdisasm``): the one bundled in the Triton wheel, else on PATH, else
+    None."""
+    import triton
+
+    p = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+    return p if os.path.exists(p) else shutil.which(name)
+
+
+@dataclass
+class PtxasReport:
+    log: str            # ptxas -v output (stderr): registers, spills, warnings such as C7514
+    sass: str | None    # nvdisasm -c of the cubin when asked for, else None
+
+    @property
+    def spill_bytes(self) -> int:
+        """Bytes of spill stores ptxas reports (0 when it reports none)."""
+        m = re.search(r"(\d+) bytes spill stores", self.log)
+        return int(m.group(1)) if m else 0
+
+
+def ptxas_sm90(ptx: str, *, sass: bool = False, timeout: float = 300) -> PtxasReport | None:
+    """Assemble ``ptx`` for sm_90a with ``ptxas -v`` (and, with ``sass=True``, disassemble the cubin with
+    ``nvdisasm -c``). The PTX declares no local memory even when ptxas spills, so register allocation is only
+    visible here. Returns None when the tool(s) are not found; raises RuntimeError when ptxas fails."""
+    ptxas = nvidia_tool("ptxas")
+    nvdisasm = nvidia_tool("nvdisasm") if sass else None
+    if ptxas is None or (sass and nvdisasm is None):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(src, "w") as fh:
+            fh.write(ptx)
+        r = subprocess.run([ptxas, "-arch=sm_90a", "-v", src, "-o", cubin], capture_output=True, text=True,
+                           timeout=timeout)
+        if r.returncode != 0:
+            raise RuntimeError(f"ptxas failed ({r.returncode}): {r.stderr[-2000:]}")
+        dis = None
+        if sass:
+            dis = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True, timeout=timeout).stdout
+    return PtxasReport(log=r.stderr, sass=dis)
