@@ -5,7 +5,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-__all__ = ["check_tensor", "check_dtype", "check_shape", "check_same_device"]
+__all__ = ["check_tensor", "check_dtype", "check_shape", "check_compiled_dims"]
 
 
 def check_tensor(name: str, t, *, ndim: int | Sequence[int] | None = None,
@@ -37,8 +37,7 @@ def check_shape(name: str, t: torch.Tensor, expected: Sequence[int | None]) -> N
         raise ValueError(f"{name} must have shape {exp}, got {list(t.shape)}")
 
 
-def check_same_device(**tensors: torch.Tensor | None) -> torch.device:
-    devs = {k: v.device for k, v in tensors.items() if v is not None}
-    if len(set(devs.values())) > 1:
-        raise ValueError("tensors must be on one device, got " + ", ".join(f"{k}: {d}" for k, d in devs.items()))
-    return next(iter(devs.values())) if devs else torch.device("cpu")
+def check_compiled_dims(compiled_dims) -> None:
+    """DeepGEMM's ``compiled_dims`` knob (a compile-cache hint, no effect on results): a string of 'm', 'n', 'k'."""
+    if not isinstance(compiled_dims, str) or any(ch not in "mnk" for ch in compiled_dims):
+        raise ValueError(f"compiled_dims must be a string of 'm', 'n', 'k', got {compiled_dims!r}")

@@ -60,11 +60,6 @@ def check_fp8_pair(name: str, x, ndim: int):
     return data, sf
 
 
-def check_compiled_dims(compiled_dims) -> None:
-    if not isinstance(compiled_dims, str) or any(ch not in "mnk" for ch in compiled_dims):
-        raise ValueError(f"compiled_dims must be a string of 'm', 'n', 'k', got {compiled_dims!r}")
-
-
 def check_m_recipe(recipe, recipe_a, recipe_b) -> None:
     """M-grouped FP8 on SM90: only the (1, 128, 128) recipe (1x128 activations, 128x128 weights)."""
     if recipe is not None and (recipe_a is not None or recipe_b is not None):

@@ -18,7 +18,7 @@ import torch
 
 from .._backend import ensure_tma_allocator, interpret_mode, use_kernels
 from .._launch import KernelLauncher
-from .._validate import check_tensor
+from .._validate import check_compiled_dims, check_tensor
 from ..quant.fp8 import ceil_div
 from ..reference import gemm as _ref
 from ._bf16_kernels import _bf16_gemm_nt_kernel
@@ -68,11 +68,6 @@ def get_num_sms() -> int:
 
 
 # --------------------------------------------------------------------------------------------- validation
-def _check_compiled_dims(compiled_dims) -> None:
-    if not isinstance(compiled_dims, str) or any(ch not in "mnk" for ch in compiled_dims):
-        raise ValueError(f"compiled_dims must be a string of 'm', 'n', 'k', got {compiled_dims!r}")
-
-
 def _check_out(d, c, m: int, n: int, dtypes) -> None:
     check_tensor("d", d, ndim=2, dtype=dtypes)
     if tuple(d.shape) != (m, n):
@@ -421,7 +416,7 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=Non
         return
     a_data, sfa = _check_fp8_pair("a", a)
     b_data, sfb = _check_fp8_pair("b", b)
-    _check_compiled_dims(compiled_dims)
+    check_compiled_dims(compiled_dims)
     m, k = a_data.shape
     n, kb_ = b_data.shape
     if kb_ != k:
@@ -524,7 +519,7 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
         return
     check_tensor("a", a, ndim=2, dtype=torch.bfloat16)
     check_tensor("b", b, ndim=2, dtype=torch.bfloat16)
-    _check_compiled_dims(compiled_dims)
+    check_compiled_dims(compiled_dims)
     m, k = a.shape
     n, kb_ = b.shape
     if kb_ != k:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .._backend import use_kernels
-from .._validate import check_tensor
+from .._validate import check_compiled_dims, check_tensor
 from ..quant.fp8 import ceil_div
 from ..reference import grouped_gemm as _ref
 from . import _grouped_launch as _L
@@ -79,7 +79,7 @@ get_k_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout
 def _contiguous(a_data, b_data, sfa, sfb, d, grouped_layout, use_psum_layout, b_kmajor, compiled_dims, _config):
     """Shared validation + dispatch of the m-grouped contiguous GEMMs (b_data is ``[G, N, K]`` in NT form)."""
     is_fp8 = sfa is not None
-    _L.check_compiled_dims(compiled_dims)
+    check_compiled_dims(compiled_dims)
     m_sum, k = a_data.shape
     g_num, n, kb_ = b_data.shape
     if kb_ != k:
@@ -204,7 +204,7 @@ m_grouped_fp8_fp4_gemm_nn_contiguous = m_grouped_fp8_gemm_nn_contiguous
 # ------------------------------------------------------------------------------------------- m-grouped masked
 def _masked(a_data, b_data, sfa, sfb, d, masked_m, expected_m, compiled_dims, _config):
     is_fp8 = sfa is not None
-    _L.check_compiled_dims(compiled_dims)
+    check_compiled_dims(compiled_dims)
     g_num, m_max, k = a_data.shape
     if b_data.dim() != 3 or b_data.shape[0] != g_num or b_data.shape[2] != k:
         raise ValueError(f"b must have shape [G={g_num}, N, K={k}] to match a {list(a_data.shape)}, "
@@ -303,7 +303,7 @@ def _ks_args(ks_cpu, grouped_layout, ks, ks_tensor, use_psum_layout, device):
 
 def _k_grouped(a_data, b_data, sfa, sfb, d, c, ks_cpu, grouped_layout, mn_major, compiled_dims, _config):
     is_fp8 = sfa is not None
-    _L.check_compiled_dims(compiled_dims)
+    check_compiled_dims(compiled_dims)
     check_tensor("d", d, ndim=3, dtype=torch.float32)
     g_num, m, n = d.shape
     if g_num != len(ks_cpu):
