@@ -42,7 +42,7 @@ def masked_config(expected_m: int, is_fp8: bool) -> GemmConfig:
 
 
 def k_grouped_config(is_fp8: bool) -> GemmConfig:
-    return GemmConfig(128, 128, 8, 4 if is_fp8 else 4, block_k=128 if is_fp8 else 64)
+    return GemmConfig(128, 128, 8, 4, block_k=128 if is_fp8 else 64)
 
 
 def num_progs(tiles_upper: int, cfg: GemmConfig) -> int:
@@ -78,14 +78,14 @@ def k_major(name: str, t: torch.Tensor) -> torch.Tensor:
         t = t.contiguous()
     if t.dim() == 3 and t.shape[0] > 1 and t.stride(0) != t.shape[1] * t.stride(1):
         t = t.contiguous()
-    row = t.stride(-2) if t.shape[-2] > 1 else ceil_div(t.shape[-1] * t.element_size(), 16) * 16 // t.element_size()
-    if (row * t.element_size()) % 16 or t.data_ptr() % 16:
+    if (row_stride(t) * t.element_size()) % 16 or t.data_ptr() % 16:
         raise ValueError(f"{name} (shape {list(t.shape)}, strides {list(t.stride())}) needs 16-byte aligned rows "
                          f"and base for TMA: K must be a multiple of {16 // t.element_size()}")
     return t
 
 
 def row_stride(t: torch.Tensor) -> int:
+    """Row stride of ``t``'s last two dims; a single row gets the smallest 16-byte aligned one."""
     return t.stride(-2) if t.shape[-2] > 1 else ceil_div(t.shape[-1] * t.element_size(), 16) * 16 // t.element_size()
 
 
