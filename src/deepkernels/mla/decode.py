@@ -161,11 +161,7 @@ def get_mla_metadata(*args, **kwargs):
 
 
 def _sparse_route(**kw):
-    try:
-        from .sparse_decode import _sparse_decode_forward  # type: ignore[attr-defined]
-    except ImportError:
-        raise NotImplementedError("sparse / FP8 MLA decode (indices=...) is not implemented yet in deepkernels "
-                                  "(deepkernels.mla.sparse_decode._sparse_decode_forward is missing)") from None
+    from .sparse_decode import _sparse_decode_forward   # imported here: sparse_decode imports this module
     return _sparse_decode_forward(**kw)
 
 

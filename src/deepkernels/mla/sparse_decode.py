@@ -24,6 +24,7 @@ from .._backend import device_of, interpret_mode, use_kernels
 from .._validate import check_tensor
 from ..quant.kvcache import KV_FORMATS
 from ..reference.mla_sparse import detect_sparse_formats, sparse_decode_ref
+from .decode import FlashMLASchedMeta, _nonpositive_scale, _num_sms   # _num_sms honours set_mla_num_sms, set_num_sms
 from .metadata import FIXED_OVERHEAD_BLOCKS, SCHED_BLOCK, compute_schedule
 
 __all__ = ["set_sparse_decode_batch_invariant", "sparse_decode_batch_invariant", "sparse_decode_config",
@@ -86,14 +87,6 @@ def set_sparse_decode_batch_invariant(enabled: bool) -> None:
 def sparse_decode_batch_invariant() -> bool:
     """Whether sparse decode currently runs without split-KV (see :func:`set_sparse_decode_batch_invariant`)."""
     return _BATCH_INVARIANT
-
-
-def _num_sms(device: torch.device) -> int:
-    try:
-        from .decode import _num_sms as dense_num_sms   # honours set_mla_num_sms and the GEMM knob
-        return dense_num_sms(device)
-    except ImportError:  # pragma: no cover
-        return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def _num_sm_parts(device, s_q: int, h_q: int, config) -> int:
@@ -162,7 +155,6 @@ def _trivial_schedule(b: int, device):
 
 
 def _get_schedule(meta_obj, num_splits, cfg, counts_fn, device, parts, batch_invariant):
-    from .decode import FlashMLASchedMeta
     if isinstance(meta_obj, FlashMLASchedMeta):
         if num_splits is not None:
             raise ValueError("num_splits must be None when tile_scheduler_metadata is a FlashMLASchedMeta")
@@ -320,7 +312,6 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
                     extra_topk_length)
     topk = indices.shape[2]
     xtopk = extra_indices_in_kvcache.shape[2] if extra_k_cache is not None else None
-    from .decode import FlashMLASchedMeta
     cfg = FlashMLASchedMeta.Config(b=b, s_q=s_q, h_q=h_q, page_block_size=k_cache.shape[1], h_k=1, causal=False,
                                    is_fp8_kvcache=True, topk=topk,
                                    extra_page_block_size=None if extra_k_cache is None else extra_k_cache.shape[1],
@@ -339,7 +330,6 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
     if not kernels:
         return sparse_decode_ref(q, k_cache, indices, 512, scale, attn_sink, extra_k_cache,
                                  extra_indices_in_kvcache, topk_length, extra_topk_length)
-    from .decode import _nonpositive_scale
     q, scale, _ = _nonpositive_scale(q, scale)       # scale <= 0: exact rewrite (kernel max in raw-score units)
     out = torch.empty(b, s_q, h_q, 512, dtype=q.dtype, device=dev)
     lse_buf = torch.empty(b, s_q, h_q, dtype=torch.float32, device=dev)
