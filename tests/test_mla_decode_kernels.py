@@ -351,3 +351,27 @@ def test_gpu_cuda_graph_capture():
     from deepkernels.mla import metadata as md
     for cache in (dec._LAUNCHERS, comb._LAUNCHERS, md._LAUNCHERS):
         assert any(l.fast_calls for l in cache.values())
+
+
+@pytest.mark.interpret
+def test_interpret_combine_garbage_num_splits_stays_in_bounds():
+    """A stale or garbage num_splits (negative, decreasing, past the accumulator rows) never makes the combine
+    read outside o_accum/lse_accum: both ends are clamped to [0, rows]. Rows whose clamped range holds splits are
+    combined from exactly those rows; an empty range gives out 0 and lse +inf (no key, no length given)."""
+    from deepkernels.mla.combine import combine_splits_
+    b, s_q, h_q, rows = 4, 1, 8, 5
+    o = torch.randn(rows, s_q, h_q, 512)
+    l2 = torch.randn(rows, s_q, h_q)
+    ns = torch.tensor([-7, 2, 1, 9, 11], dtype=torch.int32)  # [-7,2) -> [0,2); [2,1) empty; [1,9) -> [1,5); [9,11) empty
+    out = torch.full((b, s_q, h_q, 512), float("nan"), dtype=torch.float16)
+    lse = torch.full((b, h_q, s_q), float("nan"))
+    combine_splits_(out, lse, o, l2, ns, all_requests=True)
+    one = torch.tensor([0, 2], dtype=torch.int32)
+    o0, l0 = ref.combine_splits(o[0:2], l2[0:2], one, torch.float16)           # request 0: rows [0, 2)
+    assert check_is_allclose("out r0", out[0], o0[0], 1e-3, 2.01 / 128, 5e-6)
+    assert check_is_allclose("lse r0", lse[0], l0[0], 1e-6, 8.01 / 65536)
+    o2, l2r = ref.combine_splits(o[1:5], l2[1:5], torch.tensor([0, 4], dtype=torch.int32), torch.float16)
+    assert check_is_allclose("out r2", out[2], o2[0], 1e-3, 2.01 / 128, 5e-6)   # request 2: rows [1, 5)
+    assert check_is_allclose("lse r2", lse[2], l2r[0], 1e-6, 8.01 / 65536)
+    for r in (1, 3):                                                            # empty ranges
+        assert (out[r] == 0).all() and torch.isposinf(lse[r]).all()

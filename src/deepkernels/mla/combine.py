@@ -39,9 +39,9 @@ def _mla_decode_combine_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr
     si = pid % s_q
     heads = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
     hm = heads < h_q
-    start = tl.load(nsplits_ptr + bi)
-    nsp = tl.load(nsplits_ptr + bi + 1) - start
-    nsp = tl.minimum(nsp, acc_rows - start)      # a stale/garbage num_splits never reads past the buffer
+    # a stale/garbage num_splits never reads outside the accumulators: both ends clamped to [0, acc_rows]
+    start = tl.minimum(tl.maximum(tl.load(nsplits_ptr + bi), 0), acc_rows)
+    nsp = tl.minimum(tl.maximum(tl.load(nsplits_ptr + bi + 1), start), acc_rows) - start
     if ALL_REQUESTS:
         active = nsp >= 1
     else:
