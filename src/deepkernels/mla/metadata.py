@@ -33,6 +33,17 @@ _PARTS_PER_PROGRAM = 32
 _CHUNK = 128
 
 
+@triton.jit
+def _request_costs(counts_ptr, offs, m, carry, OVERHEAD: tl.constexpr, SBLOCK: tl.constexpr):
+    """Per request of one chunk: its SBLOCK-token blocks, its cost (blocks + fixed overhead; 0 past b), and where
+    its KV work begins and ends on the line of all requests' costs (``carry`` = cost of earlier chunks)."""
+    n = tl.maximum(tl.load(counts_ptr + offs, mask=m, other=0), 0)
+    blocks = (tl.maximum(n - 1, 0) // SBLOCK) + 1
+    cost = tl.where(m, blocks + OVERHEAD, 0)
+    start = carry + tl.cumsum(cost, 0) - cost
+    return blocks, cost, start + OVERHEAD, start + cost
+
+
 # b and num_parts vary per decode step / config: not specialised (no recompile when the batch becomes 1 or a
 # multiple of 16); the kernel only uses them as loop bounds and in masks.
 @triton.jit(do_not_specialize=["b", "num_parts"])
@@ -46,8 +57,7 @@ def _mla_sched_metadata_kernel(counts_ptr, meta_ptr, nsplits_ptr, b, num_parts,
     for c0 in range(0, b, CHUNK):
         offs = c0 + offs_c
         m = offs < b
-        n = tl.maximum(tl.load(counts_ptr + offs, mask=m, other=0), 0)
-        cost = tl.where(m, (tl.maximum(n - 1, 0) // SBLOCK) + 1 + OVERHEAD, 0)
+        _, cost, _, _ = _request_costs(counts_ptr, offs, m, total * 0, OVERHEAD, SBLOCK)
         total += tl.sum(cost, 0)
     W = (total + num_parts - 1) // num_parts
     parts = pid * PARTS + tl.arange(0, PARTS)
@@ -62,12 +72,7 @@ def _mla_sched_metadata_kernel(counts_ptr, meta_ptr, nsplits_ptr, b, num_parts,
     for c0 in range(0, b, CHUNK):
         offs = c0 + offs_c
         m = offs < b
-        n = tl.maximum(tl.load(counts_ptr + offs, mask=m, other=0), 0)
-        blocks = (tl.maximum(n - 1, 0) // SBLOCK) + 1
-        cost = tl.where(m, blocks + OVERHEAD, 0)
-        start = carry + tl.cumsum(cost, 0) - cost
-        bpos = start + OVERHEAD
-        epos = start + cost
+        blocks, cost, bpos, epos = _request_costs(counts_ptr, offs, m, carry, OVERHEAD, SBLOCK)
         ns = tl.where(m, (epos - 1) // W - bpos // W + 1, 0)
         tl.store(nsplits_ptr + offs + 1, carry_ns + tl.cumsum(ns, 0), mask=m & (pid == 0))
         cnt_begin += tl.sum(tl.where(m[None, :] & (epos[None, :] <= x0[:, None]), 1, 0), 1)
@@ -88,12 +93,7 @@ def _mla_sched_metadata_kernel(counts_ptr, meta_ptr, nsplits_ptr, b, num_parts,
     for c0 in range(0, b, CHUNK):
         offs = c0 + offs_c
         m = offs < b
-        n = tl.maximum(tl.load(counts_ptr + offs, mask=m, other=0), 0)
-        blocks = (tl.maximum(n - 1, 0) // SBLOCK) + 1
-        cost = tl.where(m, blocks + OVERHEAD, 0)
-        start = carry + tl.cumsum(cost, 0) - cost
-        bpos = start + OVERHEAD
-        epos = start + cost
+        blocks, cost, bpos, epos = _request_costs(counts_ptr, offs, m, carry, OVERHEAD, SBLOCK)
         first = bpos // W
         ns = (epos - 1) // W - first + 1
         sb = m[None, :] & (offs[None, :] == begin[:, None])
