@@ -44,3 +44,13 @@ def _seed():
 def device():
     """The device kernels run on in this tier: cuda on a GPU, cpu under the interpreter."""
     return "cuda" if HAS_CUDA and not INTERPRET else "cpu"
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Run torch on one intra-op thread for the test (restored after): for tests issuing hundreds of tiny ops,
+    where threads only add overhead on the shared 2-core CI machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

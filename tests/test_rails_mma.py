@@ -6,16 +6,8 @@ from hypothesis import given, settings, strategies as st
 from deepkernels.rails import (TMEM_BYTES, TensorMemory, WsInstr, datapath_layout, load_d_groups, mma_ws_gemm,
                                store_a_groups, tcgen05_mma_ws)
 
-pytestmark = pytest.mark.reference
+pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("one_torch_thread")]
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The model issues hundreds of tiny ops; intra-op threads only add overhead on the shared 2-core CI."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _ints(*shape, lo=-4, hi=4, dtype=torch.bfloat16):

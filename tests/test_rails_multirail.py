@@ -8,16 +8,8 @@ from deepkernels.rails import (combine_multirail, combine_official, kv_smem_tile
                                rail_feature_index, rail_partials, rail_view_kv, split_rails,
                                wrong_multirail_operands, ws_formula)
 
-pytestmark = pytest.mark.reference
+pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("one_torch_thread")]
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The model issues hundreds of tiny ops; intra-op threads only add overhead on the shared 2-core CI."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _ints(*shape, dtype=torch.bfloat16):

@@ -9,15 +9,8 @@ from deepkernels.rails import (TensorMemory, mask_then_reduce, masked_scores_ref
                                qk_multirail_ws, rail_feature_index, rail_partials, reduce_then_mask,
                                retrieve_mask_and_reduce_p, ws_formula)
 
-pytestmark = pytest.mark.reference
+pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("one_torch_thread")]
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _ints(*shape):
