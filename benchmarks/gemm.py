@@ -32,6 +32,23 @@ SHAPES_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 71
 SHAPES_M = [64, 128, 4096]
 
 
+def _measure(entry: dict, call, d, ref, tol: float, dry: bool, graph: bool) -> None:
+    """Run one candidate into a NaN-poisoned ``d``, check calc_diff < tol and no unwritten element, and only then
+    time it (whole call, and CUDA-graph replay when ``graph``); failures are recorded in ``entry``."""
+    from deepkernels.testing import calc_diff
+
+    try:
+        d.fill_(float("nan"))
+        call()
+        entry["diff"] = float(calc_diff(d.float(), ref))
+        entry["ok"] = bool(entry["diff"] < tol and not torch.isnan(d).any())
+        entry["us"] = bench(call, dry) if entry["ok"] else None
+        if entry["ok"] and graph and not dry:
+            entry["graph_us"] = bench_graph(call)
+    except Exception as e:
+        entry["ok"], entry["us"], entry["error"] = False, None, f"{type(e).__name__}: {str(e)[:200]}"
+
+
 def provenance() -> dict:
     import triton
     p = {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
@@ -238,17 +255,8 @@ def run(args) -> dict:
             sweep = []
             for cfg in cands:
                 entry = {"config": cfg.name(), "cfg": cfg.to_dict(), "selected": cfg == sel}
-                try:
-                    d.fill_(float("nan"))
-                    call = lambda cfg=cfg: dense.fp8_gemm_nt(A, B, d, _config=cfg)  # noqa: E731
-                    call()
-                    entry["diff"] = float(calc_diff(d.float(), ref))
-                    entry["ok"] = bool(entry["diff"] < 1e-4 and not torch.isnan(d).any())
-                    entry["us"] = bench(call, dry) if entry["ok"] else None
-                    if entry["ok"] and args.graph and not dry:
-                        entry["graph_us"] = bench_graph(call)
-                except Exception as e:
-                    entry["ok"], entry["us"], entry["error"] = False, None, f"{type(e).__name__}: {str(e)[:200]}"
+                _measure(entry, lambda cfg=cfg: dense.fp8_gemm_nt(A, B, d, _config=cfg), d, ref, 1e-4, dry,
+                         args.graph)
                 sweep.append(entry)
             good = [e for e in sweep if e.get("us")]
             best = min(good, key=lambda e: e["us"]) if good else None
@@ -302,17 +310,8 @@ def run(args) -> dict:
                 sweep = []
                 for cfg in cands:
                     entry = {"config": cfg.name(), "cfg": cfg.to_dict(), "selected": cfg == sel}
-                    try:
-                        call = lambda cfg=cfg: dense.bf16_gemm_nt(a, b, d, _config=cfg)  # noqa: E731
-                        d.fill_(float("nan"))
-                        call()
-                        entry["diff"] = float(calc_diff(d.float(), ref.float()))
-                        entry["ok"] = bool(entry["diff"] < 1e-5 and not torch.isnan(d).any())
-                        entry["us"] = bench(call, dry) if entry["ok"] else None
-                        if entry["ok"] and args.graph and not dry:
-                            entry["graph_us"] = bench_graph(call)
-                    except Exception as e:
-                        entry["ok"], entry["us"], entry["error"] = False, None, f"{type(e).__name__}: {str(e)[:200]}"
+                    _measure(entry, lambda cfg=cfg: dense.bf16_gemm_nt(a, b, d, _config=cfg), d, ref.float(), 1e-5,
+                             dry, args.graph)
                     sweep.append(entry)
                 good = [e for e in sweep if e.get("us")]
                 row["sweep"] = sweep
