@@ -297,7 +297,7 @@ def _use_gluon(m: int, n: int, k: int, d, c, sfb_per_row: bool):
 
     if not _gluon_fp8.available():
         return None
-    return _gluon_fp8.GLUON_CANDIDATES[0] if n <= 2112 else _gluon_fp8.GLUON_CANDIDATES[1]
+    return _gluon_fp8.GLUON_WS_128_S4 if n <= 2112 else _gluon_fp8.GLUON_WS_128_S6
 
 
 def _fp8_plan(a, sfa, b, sfb, d, c, sfb_per_row: bool, cfg: GemmConfig | None) -> _Plan:
