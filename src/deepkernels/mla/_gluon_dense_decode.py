@@ -1,0 +1,512 @@
+"""Gluon (``triton.experimental.gluon``, Triton 3.6) warp-specialised dense paged MLA decode for sm90 — the
+compute-bound path (``rows = s_q * h_q / h_kv >= 64``).
+
+Same contract as the Triton split-KV kernel :func:`deepkernels.mla._dense_decode_kernels._mla_decode_fwd_kernel`
+(which stays the fallback): one CTA per (scheduler part, kv head, 64-row query block), persistent over the
+request pieces of its part (FlashMLA scheduler records from :func:`deepkernels.mla.metadata.compute_schedule`),
+split boundaries clamped to the actual lengths, the last split of a request runs to its actual end, page ids
+clamped to ``[0, num_blocks)``, block-table columns ``>= ceil(len / 64)`` never read, tokens past the end masked
+(and their V rows zeroed in shared memory, since the cache may hold NaN there), causal bottom-right. Single-split
+requests write ``out``/``lse`` (natural log, +inf when empty) directly; split requests write ``O/L`` and the base-2
+``log2 L + m`` (-inf when empty) to accumulator row ``num_splits[req] + split`` for the unchanged combine kernel.
+
+Structure (three partitions of ``gl.warp_specialize``, 9 warps = 288 threads, so each thread may hold up to 224
+registers instead of 168 at 384 threads):
+
+* producer (1 warp): TMA loads of one 64-token page per tile into a ``NUM_STAGES``-deep ring: K_nope ``[64, 512]``
+  and K_rope ``[64, 64]`` boxes from a 2-D descriptor over ``k_cache`` viewed as ``[num_blocks * 64, h_kv * 576]``
+  (``kready``/``kempty`` mbarriers; ``kempty`` needs one arrive from each consumer warpgroup).
+* softmax warpgroup (default partition, 4 warps): loads Q ``[64, 576]`` of the piece into shared memory, computes
+  ``S = Q K^T`` (64x64, K = 512 + 64) with wgmma, the online softmax (running max in raw-score units,
+  ``p = exp2((s - m) * scale * log2e)``, masked scores by selection), writes bf16 ``P`` and the rescale factor
+  ``alpha`` to shared memory (``pready``/``pfree`` mbarriers), and accumulates ``O[:, :256] += P V[:, :256]``.
+  With ``OVERLAP`` the wgmma of ``S`` for tile j+1 and ``P_j V_j`` are issued together and the softmax of tile j+1
+  runs while ``P_j V_j`` is still on the tensor cores (FA3-style intra-warpgroup overlap).
+* PV warpgroup (worker, 4 warps): for every tile, rescales its ``O[:, 256:]`` by ``alpha`` and accumulates
+  ``P V[:, 256:]`` from the shared P; at the end of a piece it receives ``1/L`` and writes its half.
+
+Needs: CUDA, bf16/fp16, page_block_size 64, d_qk 576, ``k_cache`` strides ``(64 * s1, s1, 576, 1)`` with 16-B
+aligned rows. No interpreter support (Gluon); cross-compiles on a CPU (:func:`_compile_sm90`).
+"""
+from __future__ import annotations
+
+import math
+import os
+import types
+
+import torch
+
+try:  # Gluon is experimental: keep this module importable when it is missing or its API moved
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                   warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    _IMPORT_ERROR: Exception | None = None
+except Exception as _e:  # pragma: no cover - depends on the installed Triton
+    _IMPORT_ERROR = _e
+    gluon = None
+    gl = types.SimpleNamespace(constexpr=None)
+    fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = None
+
+__all__ = ["available", "supported", "gluon_dense_launch", "gluon_dense_forward", "GLUON_DEFAULT"]
+
+D_NOPE, D_PE, PAGE, BLOCK_M = 512, 64, 64, 64
+DV_HALF = D_NOPE // 2
+_LOG2E = math.log2(math.e)
+
+
+def available() -> bool:
+    """True when the Gluon imports succeeded (says nothing about the device)."""
+    return _IMPORT_ERROR is None
+
+
+def _jit(fn):
+    return gluon.jit(fn) if gluon is not None else fn
+
+
+# (num_stages, overlap, pv_regs, producer_regs)
+GLUON_DEFAULT = (2, True, 232, 40)
+GLUON_CANDIDATES = [(2, True, 232, 40), (2, False, 232, 40)]
+
+
+# ----------------------------------------------------------------------------------------------- device code
+
+@_jit
+def _g_coords(num_m_blocks, h_kv):
+    pid = gl.program_id(0)
+    mb = pid % num_m_blocks
+    tmp = pid // num_m_blocks
+    kvh = tmp % h_kv
+    part = tmp // h_kv
+    return mb, kvh, part
+
+
+@_jit
+def _g_record(meta_ptr, part, b):
+    rec = meta_ptr + part * 8
+    begin_req = gl.maximum(gl.load(rec + 0), 0)
+    end_req = gl.minimum(gl.load(rec + 1), b - 1)
+    begin_blk = gl.load(rec + 2)
+    end_blk = gl.load(rec + 3)
+    begin_split = gl.load(rec + 4)
+    return begin_req, end_req, begin_blk, end_blk, begin_split
+
+
+@_jit
+def _g_piece(req, begin_req, end_req, begin_blk, end_blk, begin_split, seqlens_ptr, nsplits_ptr, max_pages):
+    """Token range [k0, k1) of request ``req`` in this part (same clamps as the Triton kernel)."""
+    seqlen = gl.maximum(gl.load(seqlens_ptr + req), 0)
+    nblk = (gl.maximum(seqlen - 1, 0) // 64) + 1
+    split = gl.where(req == begin_req, begin_split, 0)
+    nsp = gl.load(nsplits_ptr + req + 1) - gl.load(nsplits_ptr + req)
+    not_last = split < nsp - 1
+    sb = gl.where(req == begin_req, begin_blk, 0)
+    se = gl.where((req == end_req) & not_last, end_blk, nblk)
+    k0 = gl.maximum(sb, 0) * 64
+    k1 = gl.minimum(gl.minimum(se * 64, seqlen), max_pages * 64)
+    return seqlen, k0, k1
+
+
+@_jit
+def _g_producer(kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr, nsplits_ptr,
+                stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES: gl.constexpr):
+    mb, kvh, part = _g_coords(num_m_blocks, h_kv)
+    begin_req, end_req, begin_blk, end_blk, begin_split = _g_record(meta_ptr, part, b)
+    col = kvh * 576
+    it = 0
+    for req in range(begin_req, end_req + 1):
+        seqlen, k0, k1 = _g_piece(req, begin_req, end_req, begin_blk, end_blk, begin_split, seqlens_ptr,
+                                  nsplits_ptr, max_pages)
+        bt_row = bt_ptr + req.to(gl.int64) * stride_btb
+        for t0 in range(k0, k1, 64):
+            slot = it % NUM_STAGES
+            mbarrier.wait(kempty.index(slot), ((it // NUM_STAGES) & 1) ^ 1)  # fresh barrier: phase 1 done
+            page = gl.load(bt_row + t0 // 64)
+            page = gl.minimum(gl.maximum(page, 0), num_kv_blocks - 1)
+            bar = kready.index(slot)
+            mbarrier.expect(bar, kn_desc.block_type.nbytes + kp_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(kn_desc, [page * 64, col], bar, k_nope.index(slot))
+            tma.async_copy_global_to_shared(kp_desc, [page * 64, col + 512], bar, k_rope.index(slot))
+            it += 1
+
+
+@_jit
+def _g_zero_tail(buf, nvalid, ROWS: gl.constexpr, COLS: gl.constexpr, num_warps: gl.constexpr):
+    """Zero rows >= nvalid of a [ROWS, COLS] shared tile (tokens past the end: the cache may hold NaN there and
+    0 * NaN would poison P V). Caller fences and synchronises."""
+    L: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
+    CH: gl.constexpr = 64
+    rows = gl.arange(0, ROWS, gl.SliceLayout(1, L))
+    keep = (rows < nvalid)[:, None]
+    for c in gl.static_range(COLS // CH):
+        sub = buf.slice(c * CH, CH, dim=1)
+        x = sub.load(L)
+        sub.store(gl.where(keep, x, gl.zeros_like(x)))
+
+
+@_jit
+def _g_softmax(s, m_i, l_i, t0, lim, sm_scale_log2, L_S: gl.constexpr):
+    tok = t0 + gl.arange(0, 64, gl.SliceLayout(0, L_S))
+    valid = tok[None, :] < lim[:, None]
+    s = gl.where(valid, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    alpha = gl.exp2((m_i - m_new) * sm_scale_log2)
+    p = gl.exp2((s - m_new[:, None]) * sm_scale_log2)
+    l_new = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@_jit
+def _g_send_p(p, alpha, p_smem, a_smem, pready, pfree, msg, k_nope_slot, nvalid, DT: gl.constexpr):
+    """Hand P (bf16) and alpha to the PV warpgroup (after it released the previous ones); zero the V_L rows past
+    the end of a partial tile first (this warpgroup's own V half)."""
+    mbarrier.wait(pfree, (msg & 1) ^ 1)
+    p_smem.store(p.to(DT))
+    a_smem.store(alpha)
+    if nvalid < 64:
+        _g_zero_tail(k_nope_slot.slice(0, 256, dim=1), nvalid, 64, 256, 4)
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(pready)
+
+
+@_jit
+def _g_out_rows(mb, rows, group, kvh, L: gl.constexpr):
+    r = mb * 64 + gl.arange(0, 64, gl.SliceLayout(1, L))
+    rmask = r < rows
+    sidx = gl.where(rmask, r // group, 0)
+    hidx = gl.where(rmask, kvh * group + r % group, 0)
+    return rmask, sidx, hidx
+
+
+@_jit
+def _g_write_half(o, inv, req, split, nsp, rmask, sidx, hidx, out_ptr, oacc_ptr, s_q, h_q, acc_rows,
+                  COL0: gl.constexpr, L: gl.constexpr):
+    cols = COL0 + gl.arange(0, 256, gl.SliceLayout(0, L))
+    o = o * inv[:, None]
+    sidx64 = sidx.to(gl.int64)
+    hidx64 = hidx.to(gl.int64)
+    req64 = req.to(gl.int64)
+    if nsp <= 1:
+        ooff = ((req64 * s_q + sidx64) * h_q + hidx64) * 512
+        gl.store(out_ptr + ooff[:, None] + cols[None, :], o.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
+    else:
+        acc_row = split.to(gl.int64)
+        ok = (acc_row >= 0) & (acc_row < acc_rows)
+        aoff = ((acc_row * s_q + sidx64) * h_q + hidx64) * 512
+        gl.store(oacc_ptr + aoff[:, None] + cols[None, :], o, mask=rmask[:, None] & ok)
+
+
+@_jit
+def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
+                  seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                  stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
+                  acc_rows, sm_scale, sm_scale_log2,
+                  CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr):
+    DT: gl.constexpr = k_nope.dtype
+    L_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    L_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    L_Q: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    mb, kvh, part = _g_coords(num_m_blocks, h_kv)
+    begin_req, end_req, begin_blk, end_blk, begin_split = _g_record(meta_ptr, part, b)
+    # query rows of this block (FlashMLA's flattened row = s_q_idx * group + head_in_group)
+    rmask_q, sidx_q, hidx_q = _g_out_rows(mb, rows, group, kvh, L_Q)
+    q_row = sidx_q.to(gl.int64) * stride_qs + hidx_q.to(gl.int64) * stride_qh
+    dq = gl.arange(0, 64, gl.SliceLayout(0, L_Q))
+    rmask_s, sidx_s, hidx_s = _g_out_rows(mb, rows, group, kvh, L_S)
+    rmask_o, sidx_o, hidx_o = _g_out_rows(mb, rows, group, kvh, L_O)
+    zero_s = gl.zeros([64, 64], gl.float32, L_S)
+    it = 0
+    msg = 0
+    for req in range(begin_req, end_req + 1):
+        seqlen, k0, k1 = _g_piece(req, begin_req, end_req, begin_blk, end_blk, begin_split, seqlens_ptr,
+                                  nsplits_ptr, max_pages)
+        # Q of this piece -> shared memory (every wgmma of the previous piece has completed)
+        q_base = q_ptr + req.to(gl.int64) * stride_qb + q_row
+        for c in gl.static_range(8):
+            x = gl.load(q_base[:, None] + (c * 64 + dq)[None, :], mask=rmask_q[:, None], other=0.0)
+            q_nope.slice(c * 64, 64, dim=1).store(x)
+        x = gl.load(q_base[:, None] + (512 + dq)[None, :], mask=rmask_q[:, None], other=0.0)
+        q_rope.store(x)
+        fence_async_shared()
+        gl.thread_barrier()
+
+        if CAUSAL:
+            limit = seqlen - (s_q - 1 - sidx_s)
+        else:
+            limit = seqlen + sidx_s * 0
+        lim = gl.minimum(limit, k1)
+        m_i = gl.full([64], -1e30, gl.float32, gl.SliceLayout(1, L_S))
+        l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, L_S))
+        o = gl.zeros([64, 256], gl.float32, L_O)
+        n_tiles = gl.maximum(k1 - k0 + 63, 0) // 64
+        if OVERLAP:
+            if n_tiles > 0:
+                # prologue: S_0, softmax, P_0 -> smem
+                slot = it % NUM_STAGES
+                mbarrier.wait(kready.index(slot), (it // NUM_STAGES) & 1)
+                tok = warpgroup_mma(q_nope, k_nope.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                                    is_async=True)
+                tok = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), tok, is_async=True)
+                s = warpgroup_mma_wait(0, deps=(tok, ))
+                p, alpha, m_i, l_i = _g_softmax(s, m_i, l_i, k0, lim, sm_scale_log2, L_S)
+                _g_send_p(p, alpha, p_smem, a_smem, pready, pfree, msg, k_nope.index(slot), k1 - k0, DT)
+                msg += 1
+                for j in range(1, n_tiles):
+                    # S_j and P_{j-1} V_{j-1} together; softmax of tile j while P V runs
+                    prev = it % NUM_STAGES
+                    it += 1
+                    slot = it % NUM_STAGES
+                    mbarrier.wait(kready.index(slot), (it // NUM_STAGES) & 1)
+                    s_tok = warpgroup_mma(q_nope, k_nope.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                                          is_async=True)
+                    s_tok = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), s_tok, is_async=True)
+                    o_tok = warpgroup_mma(p_smem, k_nope.index(prev).slice(0, 256, dim=1), o, is_async=True)
+                    s = warpgroup_mma_wait(1, deps=(s_tok, ))
+                    t0 = k0 + j * 64
+                    p, alpha, m_i, l_i = _g_softmax(s, m_i, l_i, t0, lim, sm_scale_log2, L_S)
+                    o = warpgroup_mma_wait(0, deps=(o_tok, ))
+                    mbarrier.arrive(kempty.index(prev))
+                    o = o * gl.convert_layout(alpha, gl.SliceLayout(1, L_O))[:, None]
+                    _g_send_p(p, alpha, p_smem, a_smem, pready, pfree, msg, k_nope.index(slot), k1 - t0, DT)
+                    msg += 1
+                # epilogue: P_last V_last
+                slot = it % NUM_STAGES
+                o_tok = warpgroup_mma(p_smem, k_nope.index(slot).slice(0, 256, dim=1), o, is_async=True)
+                o = warpgroup_mma_wait(0, deps=(o_tok, ))
+                mbarrier.arrive(kempty.index(slot))
+                it += 1
+        else:
+            for j in range(0, n_tiles):
+                t0 = k0 + j * 64
+                slot = it % NUM_STAGES
+                mbarrier.wait(kready.index(slot), (it // NUM_STAGES) & 1)
+                tok = warpgroup_mma(q_nope, k_nope.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                                    is_async=True)
+                tok = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), tok, is_async=True)
+                s = warpgroup_mma_wait(0, deps=(tok, ))
+                p, alpha, m_i, l_i = _g_softmax(s, m_i, l_i, t0, lim, sm_scale_log2, L_S)
+                _g_send_p(p, alpha, p_smem, a_smem, pready, pfree, msg, k_nope.index(slot), k1 - t0, DT)
+                msg += 1
+                o = o * gl.convert_layout(alpha, gl.SliceLayout(1, L_O))[:, None]
+                o_tok = warpgroup_mma(p_smem, k_nope.index(slot).slice(0, 256, dim=1), o, is_async=True)
+                o = warpgroup_mma_wait(0, deps=(o_tok, ))
+                mbarrier.arrive(kempty.index(slot))
+                it += 1
+
+        # finalise: 1/L to the PV warpgroup, own half + lse
+        empty = (l_i == 0.0) | (l_i != l_i)
+        inv = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_i))
+        mbarrier.wait(pfree, (msg & 1) ^ 1)
+        a_smem.store(inv)
+        gl.thread_barrier()
+        mbarrier.arrive(pready)
+        msg += 1
+
+        base_row = gl.load(nsplits_ptr + req)
+        nsp = gl.load(nsplits_ptr + req + 1) - base_row
+        split = base_row + gl.where(req == begin_req, begin_split, 0)
+        _g_write_half(o, gl.convert_layout(inv, gl.SliceLayout(1, L_O)), req, split, nsp, rmask_o, sidx_o,
+                      hidx_o, out_ptr, oacc_ptr, s_q, h_q, acc_rows, 0, L_O)
+        sidx64 = sidx_s.to(gl.int64)
+        hidx64 = hidx_s.to(gl.int64)
+        req64 = req.to(gl.int64)
+        if nsp <= 1:
+            lse_n = gl.where(empty, float("inf"), gl.log(gl.where(empty, 1.0, l_i)) + m_i * sm_scale)
+            gl.store(lse_ptr + (req64 * h_q + hidx64) * s_q + sidx64, lse_n, mask=rmask_s)
+        else:
+            acc_row = split.to(gl.int64)
+            ok = (acc_row >= 0) & (acc_row < acc_rows)
+            lse_2 = gl.where(empty, float("-inf"), gl.log2(gl.where(empty, 1.0, l_i)) + m_i * sm_scale_log2)
+            gl.store(lacc_ptr + (acc_row * s_q + sidx64) * h_q + hidx64, lse_2, mask=rmask_s & ok)
+
+
+@_jit
+def _g_pv_wg(k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
+             out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
+             NUM_STAGES: gl.constexpr):
+    L_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    mb, kvh, part = _g_coords(num_m_blocks, h_kv)
+    begin_req, end_req, begin_blk, end_blk, begin_split = _g_record(meta_ptr, part, b)
+    rmask_o, sidx_o, hidx_o = _g_out_rows(mb, rows, group, kvh, L_O)
+    it = 0
+    msg = 0
+    for req in range(begin_req, end_req + 1):
+        seqlen, k0, k1 = _g_piece(req, begin_req, end_req, begin_blk, end_blk, begin_split, seqlens_ptr,
+                                  nsplits_ptr, max_pages)
+        o = gl.zeros([64, 256], gl.float32, L_O)
+        for t0 in range(k0, k1, 64):
+            slot = it % NUM_STAGES
+            mbarrier.wait(kready.index(slot), (it // NUM_STAGES) & 1)
+            mbarrier.wait(pready, msg & 1)
+            alpha = a_smem.load(gl.SliceLayout(1, L_O))
+            o = o * alpha[:, None]
+            v = k_nope.index(slot).slice(256, 256, dim=1)
+            if k1 - t0 < 64:
+                _g_zero_tail(v, k1 - t0, 64, 256, 4)
+                fence_async_shared()
+                gl.thread_barrier()
+            tok = warpgroup_mma(p_smem, v, o, is_async=True)
+            o = warpgroup_mma_wait(0, deps=(tok, ))
+            mbarrier.arrive(pfree)
+            mbarrier.arrive(kempty.index(slot))
+            msg += 1
+            it += 1
+        mbarrier.wait(pready, msg & 1)
+        inv = a_smem.load(gl.SliceLayout(1, L_O))
+        gl.thread_barrier()
+        mbarrier.arrive(pfree)
+        msg += 1
+        base_row = gl.load(nsplits_ptr + req)
+        nsp = gl.load(nsplits_ptr + req + 1) - base_row
+        split = base_row + gl.where(req == begin_req, begin_split, 0)
+        _g_write_half(o, inv, req, split, nsp, rmask_o, sidx_o, hidx_o, out_ptr, oacc_ptr, s_q, h_q, acc_rows,
+                      256, L_O)
+
+
+@_jit
+def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr, nsplits_ptr,
+                             out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                             stride_qb, stride_qs, stride_qh, stride_btb, max_pages, num_kv_blocks,
+                             b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows, sm_scale, sm_scale_log2,
+                             CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr,
+                             PV_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    DT: gl.constexpr = kn_desc.dtype
+    SL: gl.constexpr = kn_desc.layout
+    k_nope = gl.allocate_shared_memory(DT, [NUM_STAGES, 64, 512], SL)
+    k_rope = gl.allocate_shared_memory(DT, [NUM_STAGES, 64, 64], kp_desc.layout)
+    q_nope = gl.allocate_shared_memory(DT, [64, 512], SL)
+    q_rope = gl.allocate_shared_memory(DT, [64, 64], kp_desc.layout)
+    p_smem = gl.allocate_shared_memory(DT, [64, 64], kp_desc.layout)
+    a_smem = gl.allocate_shared_memory(gl.float32, [64], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    kready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    kempty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    pready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    pfree = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(kready.index(i), count=1)
+        mbarrier.init(kempty.index(i), count=2)  # one arrive per consumer warpgroup
+    mbarrier.init(pready, count=1)
+    mbarrier.init(pfree, count=1)
+    gl.warp_specialize([
+        (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
+                         seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                         stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
+                         acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, OVERLAP)),
+        (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
+                    out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
+                    NUM_STAGES)),
+        (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
+                       nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES)),
+    ], [4, 1], [PV_REGS, PRODUCER_REGS])
+
+
+# ----------------------------------------------------------------------------------------------- host code
+
+def _smem_layout():
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+
+def supported(q: torch.Tensor, k_cache: torch.Tensor, rows: int) -> bool:
+    """Gate of the Gluon path: Gluon importable, not disabled (``DEEPKERNELS_DISABLE_GLUON=1``), not under the
+    interpreter, CUDA sm90 tensors, bf16/fp16, d_qk 576, page_block_size 64, >= 64 query rows per kv head, and a
+    k_cache whose pages can be addressed as rows of a 2-D TMA descriptor (16-B aligned)."""
+    if not available() or os.environ.get("DEEPKERNELS_DISABLE_GLUON", "0") not in ("", "0"):
+        return False
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return False
+    if not (q.is_cuda and k_cache.is_cuda) or q.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if k_cache.dtype != q.dtype or q.shape[-1] != 576 or k_cache.dim() != 4:
+        return False
+    nb, page, h_kv, d = k_cache.shape
+    if page != PAGE or d != 576 or rows < 64 or nb * page >= 2 ** 31:
+        return False
+    s0, s1, s2, s3 = k_cache.stride()
+    if s3 != 1 or (h_kv > 1 and s2 != 576) or s0 != page * s1 or s1 < h_kv * 576 or (s1 * 2) % 16:
+        return False
+    if k_cache.data_ptr() % 16 or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return False
+    return True
+
+
+def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
+                       config=None):
+    """Launch the Gluon split-KV kernel (no combine). Arguments as in ``decode._dense_launch`` (q ``[b, s_q, h_q,
+    576]``, k_cache ``[num_blocks, 64, h_kv, 576]``, block_table ``[b, *]`` int32 with stride(1) == 1, seqlens
+    ``[b]`` int32 contiguous, sched ``[parts, 8]`` / num_splits ``[b + 1]`` int32); outputs allocated by the
+    caller: out ``[b, s_q, h_q, 512]`` (q dtype), lse ``[b, h_q, s_q]`` fp32, o_acc ``[acc_rows, s_q, h_q, 512]``
+    fp32, l_acc ``[acc_rows, s_q, h_q]`` fp32, all contiguous."""
+    stages, overlap, pv_regs, prod_regs = config or GLUON_DEFAULT
+    b, s_q, h_q, _ = q.shape
+    nb, page, h_kv, _ = k_cache.shape
+    group = h_q // h_kv
+    rows = s_q * group
+    m_blocks = -(-rows // BLOCK_M)
+    parts = sched.shape[0]
+    lay = _smem_layout()
+    shape2 = [nb * page, h_kv * 576]
+    strides2 = [k_cache.stride(1), 1]
+    kn_desc = TensorDescriptor(k_cache, shape2, strides2, [64, 512], lay)
+    kp_desc = TensorDescriptor(k_cache, shape2, strides2, [64, 64], lay)
+    qs = q.stride()
+    _mla_decode_gluon_kernel[(parts * h_kv * m_blocks, )](
+        q, kn_desc, kp_desc, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc,
+        qs[0], qs[1], qs[2], block_table.stride(0), block_table.shape[1], nb,
+        b, s_q, h_q, group, rows, m_blocks, h_kv, o_acc.shape[0], scale, scale * _LOG2E,
+        bool(causal and s_q > 1), stages, overlap, pv_regs, prod_regs, num_warps=4)
+    return out, lse
+
+
+def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_splits, scale, causal, config=None):
+    """Whole split-KV step on the Gluon kernel: allocate out/lse/accumulators (NaN-poisoned when
+    ``decode._POISON_OUTPUTS``), launch, combine (``combine_splits_`` unchanged). Same arguments and results as
+    ``decode._dense_launch`` (which dispatches here when :func:`supported`); for tests and benchmarks."""
+    from . import decode as _dec
+    from .combine import combine_splits_
+
+    b, s_q, h_q, _ = q.shape
+    dev = q.device
+    parts = sched.shape[0]
+    acc_rows = b + parts
+    out = torch.empty(b, s_q, h_q, D_NOPE, dtype=q.dtype, device=dev)
+    lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=dev)
+    o_acc = torch.empty(acc_rows, s_q, h_q, D_NOPE, dtype=torch.float32, device=dev)
+    l_acc = torch.empty(acc_rows, s_q, h_q, dtype=torch.float32, device=dev)
+    if _dec._POISON_OUTPUTS:
+        for t in (out, lse, o_acc, l_acc):
+            t.fill_(float("nan"))
+    seqlens = cache_seqlens.contiguous()
+    if block_table.stride(1) != 1:
+        block_table = block_table.contiguous()
+    gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
+                       config)
+    combine_splits_(out, lse, o_acc, l_acc, num_splits, lengths=seqlens, causal=bool(causal and s_q > 1))
+    return out, lse
+
+
+def _compile_sm90(config=None, causal=False, dtype="bf16"):
+    """Cross-compile the kernel for sm90 (no GPU needed). Returns the CompiledKernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    stages, overlap, pv_regs, prod_regs = config or GLUON_DEFAULT
+    lay = repr(_smem_layout())
+    fn = _mla_decode_gluon_kernel
+    sig = {"q_ptr": f"*{dtype}", "kn_desc": f"tensordesc<{dtype}[64, 512],{lay}>",
+           "kp_desc": f"tensordesc<{dtype}[64, 64],{lay}>", "bt_ptr": "*i32", "seqlens_ptr": "*i32",
+           "meta_ptr": "*i32", "nsplits_ptr": "*i32", "out_ptr": f"*{dtype}", "lse_ptr": "*fp32",
+           "oacc_ptr": "*fp32", "lacc_ptr": "*fp32",
+           "stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32", "stride_btb": "i32", "max_pages": "i32",
+           "num_kv_blocks": "i32", "b": "i32", "s_q": "i32", "h_q": "i32", "group": "i32", "rows": "i32",
+           "num_m_blocks": "i32", "h_kv": "i32", "acc_rows": "i32", "sm_scale": "fp32", "sm_scale_log2": "fp32"}
+    consts = dict(CAUSAL=causal, NUM_STAGES=stages, OVERLAP=overlap, PV_REGS=pv_regs, PRODUCER_REGS=prod_regs)
+    for k in consts:
+        sig[k] = "constexpr"
+    div16 = ("q_ptr", "bt_ptr", "seqlens_ptr", "meta_ptr", "nsplits_ptr", "out_ptr", "lse_ptr", "oacc_ptr",
+             "lacc_ptr", "stride_qb", "stride_qs", "stride_qh")
+    attrs = {(fn.arg_names.index(p), ): [["tt.divisibility", 16]] for p in div16}
+    src = GluonASTSource(fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
