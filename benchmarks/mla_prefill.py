@@ -28,6 +28,7 @@ from deepkernels.mla.dense_prefill import (DENSE_CANDIDATES, DENSE_CONFIGS, _lau
                                            flash_attn_varlen_func)
 from deepkernels.mla.prefill import (SPARSE_CANDIDATES, SPARSE_CONFIGS, _launch_sparse_prefill,  # noqa: E402
                                      flash_mla_sparse_fwd)
+from deepkernels.mla import _gluon_sparse_prefill as _gsp  # noqa: E402
 from deepkernels.reference.mla_prefill import sparse_prefill_ref  # noqa: E402
 
 FLASHMLA_H200 = {8192: 588.0, 32768: 510.0, 65536: 521.0, 131072: 494.0}
@@ -99,9 +100,20 @@ def sparse_inputs(s_q, s_kv, topk, h_q, d_qk, sink):
     return q, kv, ind, sk
 
 
-def run_sparse(rows, sweep, s_kvs, s_q=4096, topk=2048):
+def _launch_cfg(cfg):
+    """The launcher for one candidate: a Triton config tuple, or "gluon" (mla/_gluon_sparse_prefill.py)."""
+    if cfg == "gluon":
+        return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp.launch_sparse_prefill_gluon(
+            out, ml, lse, q, kv, ind, scale, sk, tl)
+    return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _launch_sparse_prefill(
+        out, ml, lse, q, kv, ind, scale, sk, tl, config=cfg)
+
+
+def run_sparse(rows, sweep, s_kvs, s_q=4096, topk=2048, gluon=False):
     h_q, d_qk = 128, 576
     configs = SPARSE_CANDIDATES if sweep else [SPARSE_CONFIGS[h_q]]
+    if gluon:
+        configs = configs + ["gluon"]
     for s_kv in s_kvs:
         for sink in (False, True):
             try:
@@ -119,22 +131,23 @@ def run_sparse(rows, sweep, s_kvs, s_q=4096, topk=2048):
             for cfg in configs:
                 shape = dict(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=d_qk, topk=topk, sink=sink)
                 try:
-                    fn = lambda: _launch_sparse_prefill(out, ml, lse, q, kv, ind, 0.5, sk, None, config=cfg)  # noqa
+                    launch = _launch_cfg(cfg)
+                    fn = lambda: launch(out, ml, lse, q, kv, ind, 0.5, sk, None)  # noqa: E731
                     fn()
                     _sync()
                     err = (out[rows_chk].float() - ro).abs().max().item()
                     lerr = (lse[rows_chk] - rlse).abs().max().item()
                     ms = bench(fn)
                     tf = flops / ms / 1e9
-                    rows.add(op="flash_mla_sparse_fwd", provider="deepkernels", config=list(cfg), shape=shape,
-                             median_us=ms * 1e3, tflops=tf, gbps=nbytes / ms / 1e6, max_abs_err_rows=err,
+                    rows.add(op="flash_mla_sparse_fwd", provider="deepkernels",
+                             config=cfg if cfg == "gluon" else list(cfg), shape=shape, median_us=ms * 1e3, tflops=tf, gbps=nbytes / ms / 1e6, max_abs_err_rows=err,
                              lse_err_rows=lse_err_fmt(lerr), anchor="FlashMLA H200 (ANCHORS.md, no sink)",
                              anchor_tflops=FLASHMLA_H200.get(s_kv),
                              ratio_to_anchor=tf / FLASHMLA_H200[s_kv] if s_kv in FLASHMLA_H200 else None,
                              target_tflops=SPARSE_TARGET, default=cfg == SPARSE_CONFIGS[h_q])
                 except Exception as e:  # noqa: BLE001
-                    rows.add(op="flash_mla_sparse_fwd", provider="deepkernels", config=list(cfg), shape=shape,
-                             error=repr(e)[:300])
+                    rows.add(op="flash_mla_sparse_fwd", provider="deepkernels",
+                             config=cfg if cfg == "gluon" else list(cfg), shape=shape, error=repr(e)[:300])
             del q, kv, ind
             torch.cuda.empty_cache()
 
@@ -216,6 +229,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="JSON output path")
     ap.add_argument("--only", choices=["sparse", "dense"], default=None)
     ap.add_argument("--quick", action="store_true", help="smallest shapes only")
+    ap.add_argument("--gluon", action="store_true", help="also time the Gluon sparse kernel (sm90 only)")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="tiny shapes on the CPU (run with TRITON_INTERPRET=1) to check the script itself")
     args = ap.parse_args(argv)
@@ -233,7 +247,7 @@ def main(argv=None):
     rows = Rows(args.out, provenance())
     print(json.dumps(rows.prov), flush=True)
     if args.only in (None, "sparse"):
-        run_sparse(rows, args.sweep, [8192] if args.quick else [8192, 32768, 65536, 131072])
+        run_sparse(rows, args.sweep, [8192] if args.quick else [8192, 32768, 65536, 131072], gluon=args.gluon)
     if args.only in (None, "dense"):
         run_dense(rows, args.sweep, [4096] if args.quick else [4096, 8192])
     summary(rows.rows)

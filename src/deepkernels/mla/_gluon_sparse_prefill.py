@@ -1,0 +1,246 @@
+"""Gluon (``triton.experimental.gluon``, Triton 3.6) sparse top-k MLA prefill for sm90 — experimental.
+
+Same semantics as the Triton kernel in :mod:`deepkernels.mla.prefill` (FlashMLA ``flash_mla_sparse_fwd``):
+one program per (query token, 64-head group), the token's top-k KV rows gathered 64 at a time, the 576-wide rows
+split as 512 NoPE (also V) + 64 RoPE, online softmax in base 2 with the running max in raw-score units (the max
+element gives exactly ``exp2(0)``), P rounded to bf16 only as the PV operand, invalid indices (``< 0``,
+``>= s_kv``, positions ``>= topk_length``) never dereferenced and their rows zero-filled.
+
+Why Gluon: Triton puts every warp on M for the chained dots, so with 64 heads both warpgroups computed the same
+64x64 score tile (QK tensor-core work doubled, ``notes/mla_prefill.md``). Here the layouts are explicit:
+
+* 8 warps = 2 warpgroups, MMA layouts ``warps_per_cta=[4, 2]``: for ``S = Q K^T`` each warpgroup computes 32 of
+  the 64 token columns (no duplicated work); for ``O += P V`` each owns 256 of the 512 output columns
+  (a ``[64, 256]`` fp32 accumulator, 128 registers per thread).
+* The row max / row sum reduce across the two warpgroups (the compiler exchanges partials through shared
+  memory); P goes to a ``[64, 64]`` bf16 shared tile that both warpgroups read as the A operand of PV.
+* KV rows are gathered with ``cp.async`` (masked: invalid rows are zero-filled, never read) into a 2-deep ring
+  of ``[64, 512] + [64, 64]`` tiles, so block j+1's gather runs under block j's MMAs and softmax. Q lives in
+  shared memory for the whole program (64 KB + 8 KB).
+
+Shared memory: Q 72 KB + ring 2 x 72 KB + P 8 KB = 224 KB (d_qk 576); the H200 allows 227 KB per block.
+No warp specialisation yet (one instruction stream; the overlap comes from cp.async and the async wgmma).
+"""
+from __future__ import annotations
+
+import os
+import types
+
+import torch
+
+try:  # Gluon is experimental: keep this module importable when it is missing or its API moved
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+    _IMPORT_ERROR: Exception | None = None
+except Exception as _e:  # pragma: no cover - depends on the installed Triton
+    _IMPORT_ERROR = _e
+    gluon = None
+    gl = types.SimpleNamespace(constexpr=None)
+    async_copy = fence_async_shared = warpgroup_mma = warpgroup_mma_wait = None
+
+__all__ = ["available", "supported", "launch_sparse_prefill_gluon"]
+
+BLOCK_H = 64
+BLOCK_N = 64
+D_V = 512
+NUM_WARPS = 8
+_LOG2E = 1.4426950408889634
+
+
+def available() -> bool:
+    """True when the Gluon imports succeeded (says nothing about the device)."""
+    return _IMPORT_ERROR is None
+
+
+def _jit(fn):
+    return gluon.jit(fn) if gluon is not None else fn
+
+
+# ----------------------------------------------------------------------------------------------- device code
+
+@_jit
+def _g_gather(kvn_buf, kvp_buf, kv_ptr, idx_row, start, n, s_kv, stride_kvs,
+              BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_PE: gl.constexpr,
+              LN: gl.constexpr, LP: gl.constexpr):
+    """cp.async the KV rows of top-k positions [start, start + BLOCK_N) into one ring slot; invalid rows
+    (index < 0, >= s_kv, or position >= n) are zero-filled and never dereferenced."""
+    offs_n = start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, LN))
+    idx = gl.load(idx_row + offs_n, mask=offs_n < n, other=-1)
+    ok = (idx >= 0) & (idx < s_kv)
+    rows = kv_ptr + gl.where(ok, idx, 0).to(gl.int64)[:, None] * stride_kvs
+    offs_d = gl.arange(0, D_V, gl.SliceLayout(0, LN))
+    async_copy.async_copy_global_to_shared(kvn_buf, rows + offs_d[None, :], mask=ok[:, None])
+    if D_PE > 0:
+        offs_np = start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, LP))
+        idxp = gl.load(idx_row + offs_np, mask=offs_np < n, other=-1)
+        okp = (idxp >= 0) & (idxp < s_kv)
+        rowsp = kv_ptr + gl.where(okp, idxp, 0).to(gl.int64)[:, None] * stride_kvs
+        offs_p = gl.arange(0, D_PE, gl.SliceLayout(0, LP))
+        async_copy.async_copy_global_to_shared(kvp_buf, rowsp + D_V + offs_p[None, :], mask=okp[:, None])
+    async_copy.commit_group()
+
+
+@_jit
+def _sparse_prefill_gluon_kernel(
+    q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr,
+    s_kv, topk, sm_scale, scale_log2,
+    stride_qs, stride_qh, stride_kvs, stride_is, stride_os, stride_oh, H_Q,
+    D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
+):
+    BLOCK_H: gl.constexpr = 64
+    BLOCK_N: gl.constexpr = 64
+    D_V: gl.constexpr = 512
+    # MMA layouts: 2 warpgroups side by side along N (S: 32 token columns each; O: 256 value columns each)
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
+    # gather layouts: 16-byte (8 x bf16) vectors, a warp covers one 512-wide row (NoPE) or 4 x 64 (RoPE)
+    LN: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
+    LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+    SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], gl.bfloat16)
+    SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16)
+    SH_PB: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
+
+    NUM_HB = H_Q // BLOCK_H
+    pid = gl.program_id(0)
+    tok = (pid // NUM_HB).to(gl.int64)
+    hb = pid % NUM_HB
+
+    # Q -> shared memory (once)
+    q_n = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_V], SH_N)
+    offs_hq = hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, LN))
+    q_rows = q_ptr + tok * stride_qs + offs_hq.to(gl.int64)[:, None] * stride_qh
+    q_n.store(gl.load(q_rows + gl.arange(0, D_V, gl.SliceLayout(0, LN))[None, :]))
+    kv_n = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, D_V], SH_N)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], SH_PB)
+    if D_PE > 0:
+        q_p = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_PE], SH_P)
+        offs_hp = hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, LP))
+        q_rows_p = q_ptr + tok * stride_qs + offs_hp.to(gl.int64)[:, None] * stride_qh
+        q_p.store(gl.load(q_rows_p + D_V + gl.arange(0, D_PE, gl.SliceLayout(0, LP))[None, :]))
+        kv_p = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, D_PE], SH_P)
+    else:
+        q_p = q_n
+        kv_p = kv_n
+
+    n = topk
+    if HAS_LEN:
+        n = gl.minimum(gl.maximum(gl.load(len_ptr + tok), 0), topk)
+    idx_row = idx_ptr + tok * stride_is
+    num_blocks = gl.cdiv(n, BLOCK_N)
+
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))   # running max of raw q.k
+    l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, S_L))
+    acc = gl.zeros([BLOCK_H, D_V], gl.float32, O_L)
+    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_L)
+
+    if num_blocks > 0:
+        _g_gather(kv_n.index(0), kv_p.index(0), kv_ptr, idx_row, 0, n, s_kv, stride_kvs,
+                  BLOCK_N, D_V, D_PE, LN, LP)
+    for j in range(num_blocks):
+        slot = j % 2
+        # every warp finished block j-1's PV (which read slot 1 - slot) before anyone refills that slot
+        gl.thread_barrier()
+        if j + 1 < num_blocks:
+            _g_gather(kv_n.index(1 - slot), kv_p.index(1 - slot), kv_ptr, idx_row, (j + 1) * BLOCK_N, n, s_kv,
+                      stride_kvs, BLOCK_N, D_V, D_PE, LN, LP)
+            async_copy.wait_group(1)
+        else:
+            async_copy.wait_group(0)
+        fence_async_shared()
+        gl.thread_barrier()          # block j's rows (copied by all threads) visible to both warpgroups
+        kn = kv_n.index(slot)
+        tok_s = warpgroup_mma(q_n, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        if D_PE > 0:
+            tok_s = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok_s, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(tok_s, ))
+
+        offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_L))
+        idx = gl.load(idx_row + offs_n, mask=offs_n < n, other=-1)
+        valid = (idx >= 0) & (idx < s_kv)
+        s = gl.where(valid[None, :], s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2((m_i - m_safe) * scale_log2)
+        p = gl.exp2((s - m_safe[:, None]) * scale_log2)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+
+        p_smem.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()          # both halves of P written before either warpgroup reads it
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+        tok_o = warpgroup_mma(p_smem, kn, acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, S_L))
+    denom = l_safe
+    if HAS_SINK:
+        sink = gl.load(sink_ptr + offs_h)
+        m_nat = gl.where(empty, 0.0, m_i * sm_scale)
+        denom = l_safe + gl.exp(sink - m_nat)
+    inv = gl.where(empty, 0.0, 1.0 / denom)
+    out = acc * gl.convert_layout(inv, gl.SliceLayout(1, O_L))[:, None]
+    offs_ho = hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, O_L))
+    offs_d = gl.arange(0, D_V, gl.SliceLayout(0, O_L))
+    o_rows = out_ptr + tok * stride_os + offs_ho.to(gl.int64)[:, None] * stride_oh
+    gl.store(o_rows + offs_d[None, :], out.to(gl.bfloat16))
+    lse = gl.where(empty, float("inf"), m_i * sm_scale + gl.log(l_safe))
+    mx = gl.where(empty, float("-inf"), m_i * sm_scale)
+    gl.store(lse_ptr + tok * H_Q + offs_h, lse)
+    gl.store(ml_ptr + tok * H_Q + offs_h, mx)
+
+
+# ----------------------------------------------------------------------------------------------- host code
+
+def supported(q: torch.Tensor, kv: torch.Tensor) -> bool:
+    """Whether the Gluon path takes this call: CUDA tensors on sm90, Gluon importable, h_q a multiple of 64,
+    d_qk 576 or 512, rows of q and kv 16-byte aligned (the gather copies 16-byte vectors), no interpreter,
+    and ``DEEPKERNELS_DISABLE_GLUON`` unset."""
+    if not available() or os.environ.get("DEEPKERNELS_DISABLE_GLUON", "0") not in ("", "0"):
+        return False
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or not q.is_cuda:
+        return False
+    if torch.cuda.get_device_capability(q.device)[0] != 9:
+        return False
+    aligned = all(t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all(st % 8 == 0 for st in t.stride()[:-1])
+                  for t in (q, kv))
+    return aligned and q.shape[1] % BLOCK_H == 0 and q.shape[2] in (576, 512)
+
+
+def launch_sparse_prefill_gluon(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None, topk_length=None):
+    """Out-parameter launcher with the contract of ``prefill._launch_sparse_prefill`` (inputs validated by
+    :func:`deepkernels.mla.prefill.flash_mla_sparse_fwd`; last dims contiguous; ``h_q % 64 == 0``)."""
+    s_q, h_q, d_qk = q.shape
+    if s_q == 0:
+        return
+    dummy = lse
+    _sparse_prefill_gluon_kernel[(s_q * (h_q // BLOCK_H), )](
+        q, kv, indices, topk_length if topk_length is not None else dummy,
+        attn_sink if attn_sink is not None else dummy, out, max_logits, lse,
+        kv.shape[0], indices.shape[-1], float(sm_scale), float(sm_scale) * _LOG2E,
+        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), h_q,
+        d_qk - D_V, topk_length is not None, attn_sink is not None, num_warps=NUM_WARPS)
+
+
+def compile_sm90(d_pe: int = 64, has_len: bool = False, has_sink: bool = False):
+    """Cross-compile the kernel for sm90 (no GPU needed). Returns the CompiledKernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = _sparse_prefill_gluon_kernel
+    sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "len_ptr": "*i32", "sink_ptr": "*fp32",
+           "out_ptr": "*bf16", "ml_ptr": "*fp32", "lse_ptr": "*fp32",
+           "s_kv": "i32", "topk": "i32", "sm_scale": "fp32", "scale_log2": "fp32",
+           "stride_qs": "i32", "stride_qh": "i32", "stride_kvs": "i32", "stride_is": "i32", "stride_os": "i32",
+           "stride_oh": "i32", "H_Q": "i32", "D_PE": "constexpr", "HAS_LEN": "constexpr", "HAS_SINK": "constexpr"}
+    consts = {"D_PE": d_pe, "HAS_LEN": has_len, "HAS_SINK": has_sink}
+    hinted = ("q_ptr", "kv_ptr", "idx_ptr", "out_ptr", "stride_qs", "stride_qh", "stride_kvs", "stride_os",
+              "stride_oh")
+    attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in hinted}
+    src = GluonASTSource(fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})
