@@ -365,7 +365,17 @@ def _g_pv_wg(k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr,
                       256, L_O)
 
 
-@_jit
+# Integer arguments that vary per call are not specialised (no recompile when b, h_q, ... become 1 or a multiple
+# of 16); the q strides stay specialised (16-byte Q loads; unspecialised they add ~70 B of ptxas spills).
+_NO_SPEC = ["stride_btb", "max_pages", "num_kv_blocks", "b", "s_q", "h_q",
+            "group", "rows", "num_m_blocks", "h_kv", "acc_rows"]
+
+
+def _jit_kernel(fn):
+    return gluon.jit(fn, do_not_specialize=_NO_SPEC) if gluon is not None else fn
+
+
+@_jit_kernel
 def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr, nsplits_ptr,
                              out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                              stride_qb, stride_qs, stride_qh, stride_btb, max_pages, num_kv_blocks,
