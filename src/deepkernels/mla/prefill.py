@@ -21,6 +21,7 @@ from .._backend import device_of, interpret_mode, use_kernels
 from .._triton_helpers import rne_bf16 as _rne_bf16
 from .._validate import check_dtype, check_tensor
 from ..reference.mla_prefill import sparse_prefill_ref
+from . import _gluon_sparse_prefill as _gsp
 
 __all__ = ["flash_mla_sparse_fwd"]
 
@@ -163,6 +164,12 @@ def _launch_sparse_prefill(out, max_logits, lse, q, kv, indices, sm_scale, attn_
     contiguous ``[s_q, h_q]`` fp32. Inputs must already be validated by :func:`flash_mla_sparse_fwd`."""
     s_q, h_q, d_qk = q.shape
     if s_q == 0:
+        return
+    if config is None and _gsp.supported(q, kv):
+        # Gluon kernel (h_q % 64 == 0 on sm90): 1.30-1.42x this Triton kernel on the H200 (334 vs 235-258 TFLOPS
+        # at s_q 4096, h_q 128, topk 2048; results/mla_prefill_gluon-h200-2026-11-29.json). Explicit configs and
+        # DEEPKERNELS_DISABLE_GLUON=1 keep the Triton kernel.
+        _gsp.launch_sparse_prefill_gluon(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink, topk_length)
         return
     block_h, block_n, num_warps, num_stages, trans_s = config or sparse_prefill_config(h_q)
     topk = indices.shape[-1]
