@@ -479,3 +479,57 @@ def test_B32_odd_tiles_per_group_interpret(device):
     d = c.clone()
     dk.k_grouped_fp8_gemm_nt_contiguous(A, B, d, ks, c=d, _config=CFG8)
     assert calc_diff(d, R.k_grouped_fp8_gemm_ref(A, B, ks, c, m, n)) < 1e-9
+
+
+# ======================================================================================= host fast path (plan cache)
+@pytest.mark.interpret
+def test_masked_plan_cache_reuses_verdict_not_values_interpret(device):
+    """A repeated masked call with the same signature takes the cached plan; masked_m *values* are not part of the
+    signature (read on the device), so new counts still give the reference result and rows >= m_g stay untouched."""
+    g = 3
+    _, A = fp8_a3(g, 40, 256, device)
+    _, B = fp8_b(g, 32, 256, device)
+    grouped._PLANS.clear()
+    for counts in ([40, 0, 7], [1, 33, 40], [0, 0, 0]):
+        mm = torch.tensor(counts, dtype=torch.int32, device=device)
+        d = nan(g, 40, 32, device=device)
+        dk.m_grouped_fp8_gemm_nt_masked(A, B, d, mm, 16, _config=CFG8)
+        check_masked(d, lambda out: R.m_grouped_fp8_gemm_masked_ref(A, B, out, mm), mm)
+    assert len(grouped._PLANS) == 1
+    # a different signature (d as float32) is validated again and cached separately
+    d32 = nan(g, 40, 32, dtype=torch.float32, device=device)
+    dk.m_grouped_fp8_gemm_nt_masked(A, B, d32, mm, 16, _config=CFG8)
+    assert len(grouped._PLANS) == 2
+    # an argument the full path rejects is rejected again, never served from the cache
+    with pytest.raises(ValueError, match="expected_m"):
+        dk.m_grouped_fp8_gemm_nt_masked(A, B, d32, mm, 0, _config=CFG8)
+    with pytest.raises(ValueError):
+        dk.m_grouped_fp8_gemm_nt_masked(A, B, nan(g, 40, 31, device=device), mm, 16, _config=CFG8)
+
+
+@pytest.mark.interpret
+def test_contiguous_plan_cache_and_copies_interpret(device):
+    """Contiguous: the cached plan serves a new grouped_layout with the same shape; a call whose A needed a copy
+    (not K-major) is never cached; psum layouts are re-expanded on every call."""
+    grouped._PLANS.clear()
+    A, B, gl = contiguous_case([0] * 20 + [-1] * 12 + [1] * 32, 2, 40, 256, device)
+    for layout in (gl, torch.tensor([1] * 30 + [-1] * 2 + [0] * 32, dtype=torch.int32, device=device)):
+        d = nan(64, 40, device=device)
+        dk.m_grouped_fp8_gemm_nt_contiguous(A, B, d, layout, _config=CFG8)
+        check_contiguous(d, A, B, layout)
+    assert len(grouped._PLANS) == 1
+    a_mn = (A[0].T.contiguous().T, A[1])  # MN-major data: copied to K-major inside, so not cached
+    d = nan(64, 40, device=device)
+    dk.m_grouped_fp8_gemm_nt_contiguous(a_mn, B, d, gl, _config=CFG8)
+    check_contiguous(d, A, B, gl)
+    assert len(grouped._PLANS) == 1
+    grouped.set_mk_alignment_for_contiguous_layout(32)
+    try:
+        for ends in ([20, 64], [32, 50]):
+            psum = torch.tensor(ends, dtype=torch.int32, device=device)
+            d = nan(64, 40, device=device)
+            dk.m_grouped_fp8_gemm_nt_contiguous(A, B, d, psum, use_psum_layout=True, _config=CFG8)
+            check_contiguous(d, A, B, psum, True, 32)
+    finally:
+        grouped.set_mk_alignment_for_contiguous_layout(128)
+    assert len(grouped._PLANS) == 2

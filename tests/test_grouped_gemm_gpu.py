@@ -192,3 +192,45 @@ def test_B38_B48_masked_odd_groups_gpu():
         d = nan(g, 256, 4096, device="cuda")
         dk.m_grouped_fp8_gemm_nt_masked(A, B, d, mm, 64)
         check_masked(d, lambda out: R.m_grouped_fp8_gemm_masked_ref(A, B, out, mm), mm)
+
+
+def test_masked_fast_launch_path_and_graph_gpu():
+    """Repeated masked calls take the cached plan and launch the compiled kernel directly (KernelLauncher fast
+    path), with K-major activation scales read through their strides (no per-call copy); the fast path captures
+    into a CUDA graph that replays correctly with new masked_m."""
+    from deepkernels.gemm import grouped
+    g, m_max, n, k = 4, 300, 1024, 2048
+    _, A = fp8_a3(g, m_max, k, "cuda")  # sfa [G, M_max, K/128] K-major, as per_token_cast_to_fp8 returns it
+    _, B = fp8_b(g, n, k, "cuda")
+    mm = torch.tensor([5, 0, 300, 77], dtype=torch.int32, device="cuda")
+    d = nan(g, m_max, n, device="cuda")
+    grouped._PLANS.clear()
+    for _ in range(3):
+        dk.m_grouped_fp8_gemm_nt_masked(A, B, d, mm, 64)
+    torch.cuda.synchronize()
+    (plan,) = grouped._PLANS.values()
+    assert plan.launcher.fast_calls == 2 and plan.launcher.slow_calls == 1
+    check_masked(d, lambda out: R.m_grouped_fp8_gemm_masked_ref(A, B, out, mm), mm)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dk.m_grouped_fp8_gemm_nt_masked(A, B, d, mm, 64)
+    for counts in ([300, 299, 1, 0], [64, 65, 128, 129]):
+        mm.copy_(torch.tensor(counts, dtype=torch.int32))
+        d.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_masked(d, lambda out: R.m_grouped_fp8_gemm_masked_ref(A, B, out, mm), mm)
+
+
+def test_contiguous_fast_launch_path_gpu():
+    from deepkernels.gemm import grouped
+    gl = _contiguous_layout(3, 300, "cuda")
+    A, B, gl = contiguous_case(gl, 3, 512, 1024, "cuda")
+    grouped._PLANS.clear()
+    for _ in range(3):
+        d = nan(gl.numel(), 512, device="cuda")
+        dk.m_grouped_fp8_gemm_nt_contiguous(A, B, d, gl)
+    torch.cuda.synchronize()
+    (run,) = grouped._PLANS.values()
+    assert run.plan.launcher.fast_calls == 2
+    check_contiguous(d, A, B, gl)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .._backend import ensure_tma_allocator, interpret_mode
+from .._launch import KernelLauncher
 from .._validate import check_tensor
 from ..quant.fp8 import ceil_div
 from ._configs import GemmConfig
@@ -111,9 +112,21 @@ def check_int32_extent(what: str, value: int) -> None:
 
 
 # --------------------------------------------------------------------------------------------- launchers
-def launch_m_contiguous(a, b, b_kmajor: bool, d, gid, sfa=None, sfb=None, cfg: GemmConfig | None = None,
-                        alignment: int = 128) -> None:
-    """a ``[M, K]``, b ``[G, N, K]`` (K-major) or its MN-major view, d ``[M, N]``, gid int32 ``[M]``."""
+class GroupedPlan:
+    """One validated grouped launch: the kernel's :class:`~deepkernels._launch.KernelLauncher` (compiled kernel
+    called directly after its first launch), grid and integer arguments. ``plan(a, b, d, sfa, sfb, idx)`` runs it
+    (``sfa``/``sfb`` None for BF16; ``idx``: per-row group ids or ``masked_m``). Cached by the public ops per call
+    signature (see ``grouped.py``), so a repeated call skips validation and Triton's argument binding."""
+
+    __slots__ = ("launcher", "grid", "ints")
+
+    def __call__(self, a, b, d, sfa, sfb, idx) -> None:
+        self.launcher(self.grid, a, b, d, d if sfa is None else sfa, d if sfb is None else sfb, idx, *self.ints)
+
+
+def m_contiguous_plan(a, b, b_kmajor: bool, d, sfa=None, sfb=None, cfg: GemmConfig | None = None,
+                      alignment: int = 128) -> GroupedPlan:
+    """a ``[M, K]``, b ``[G, N, K]`` (K-major) or its MN-major view, d ``[M, N]``."""
     is_fp8 = sfa is not None
     m, k = a.shape
     g_num, n = b.shape[0], b.shape[1]
@@ -121,19 +134,28 @@ def launch_m_contiguous(a, b, b_kmajor: bool, d, gid, sfa=None, sfb=None, cfg: G
     ensure_tma_allocator()
     b_store_stride = b.stride(1) if b_kmajor else b.stride(2)
     tiles = ceil_div(m, cfg.block_m) * ceil_div(n, cfg.block_n)
+    plan = GroupedPlan()
     grid = num_progs(tiles, cfg)
-    dummy = d
-    _m_grouped_contiguous_mma_kernel[(grid,)](
-        a, b, d, sfa if is_fp8 else dummy, sfb if is_fp8 else dummy, gid,
-        m, n, k, g_num, row_stride(a), b_store_stride, d.stride(0),
-        sfa.stride(0) if is_fp8 else 0, sfa.stride(1) if is_fp8 else 0,
-        sfb.stride(0) if is_fp8 else 0, sfb.stride(1) if is_fp8 else 0, sfb.stride(2) if is_fp8 else 0, grid,
+    plan.grid = (grid,)
+    plan.ints = (m, n, k, g_num, row_stride(a), b_store_stride, d.stride(0),
+                 sfa.stride(0) if is_fp8 else 0, sfa.stride(1) if is_fp8 else 0,
+                 sfb.stride(0) if is_fp8 else 0, sfb.stride(1) if is_fp8 else 0, sfb.stride(2) if is_fp8 else 0, grid)
+    plan.launcher = KernelLauncher(_m_grouped_contiguous_mma_kernel, dict(
         IS_FP8=is_fp8, B_KMAJOR=b_kmajor, UPCAST=interpret_mode() and not is_fp8,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    return plan
 
 
-def launch_m_masked(a, b, d, masked_m, expected_m: int, sfa=None, sfb=None, cfg: GemmConfig | None = None) -> None:
+def launch_m_contiguous(a, b, b_kmajor: bool, d, gid, sfa=None, sfb=None, cfg: GemmConfig | None = None,
+                        alignment: int = 128) -> GroupedPlan:
+    """Build the plan of :func:`m_contiguous_plan`, launch it with ``gid`` (int32 ``[M]``), return it."""
+    plan = m_contiguous_plan(a, b, b_kmajor, d, sfa, sfb, cfg, alignment)
+    plan(a, b, d, sfa, sfb, gid)
+    return plan
+
+
+def m_masked_plan(a, b, d, expected_m: int, sfa=None, sfb=None, cfg: GemmConfig | None = None) -> GroupedPlan:
     """a ``[G, M_max, K]``, b ``[G, N, K]``, d ``[G, M_max, N]``; grid fixed by shapes (graph-replayable)."""
     is_fp8 = sfa is not None
     g_num, m_max, k = a.shape
@@ -141,15 +163,24 @@ def launch_m_masked(a, b, d, masked_m, expected_m: int, sfa=None, sfb=None, cfg:
     cfg = cfg or masked_config(expected_m, is_fp8)
     ensure_tma_allocator()
     tiles_upper = g_num * ceil_div(m_max, cfg.block_m) * ceil_div(n, cfg.block_n)
+    plan = GroupedPlan()
     grid = num_progs(tiles_upper, cfg)
-    dummy = d
-    _m_grouped_masked_mma_kernel[(grid,)](
-        a, b, d, sfa if is_fp8 else dummy, sfb if is_fp8 else dummy, masked_m,
-        m_max, n, k, g_num, row_stride(a), row_stride(b), d.stride(1), d.stride(0),
-        *(sfa.stride() if is_fp8 else (0, 0, 0)), *(sfb.stride() if is_fp8 else (0, 0, 0)), grid,
+    plan.grid = (grid,)
+    plan.ints = (m_max, n, k, g_num, row_stride(a), row_stride(b), d.stride(1), d.stride(0),
+                 *(sfa.stride() if is_fp8 else (0, 0, 0)), *(sfb.stride() if is_fp8 else (0, 0, 0)), grid)
+    plan.launcher = KernelLauncher(_m_grouped_masked_mma_kernel, dict(
         IS_FP8=is_fp8, UPCAST=interpret_mode() and not is_fp8,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        NUM_STAGES=cfg.num_stages, num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    return plan
+
+
+def launch_m_masked(a, b, d, masked_m, expected_m: int, sfa=None, sfb=None,
+                    cfg: GemmConfig | None = None) -> GroupedPlan:
+    """Build the plan of :func:`m_masked_plan`, launch it with ``masked_m`` (int32 ``[G]``), return it."""
+    plan = m_masked_plan(a, b, d, expected_m, sfa, sfb, cfg)
+    plan(a, b, d, sfa, sfb, masked_m)
+    return plan
 
 
 def launch_k_grouped(a, b, d, ks_dev, sum_k: int, sf_cols: int, mn_major: bool, sfa=None, sfb=None,

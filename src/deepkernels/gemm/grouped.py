@@ -75,6 +75,107 @@ get_m_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout  
 get_k_alignment_for_contiguous_layout = get_mk_alignment_for_contiguous_layout
 
 
+# ------------------------------------------------------------------------------------------- host fast path
+# A call whose *signature* (dtype, shape, strides, device and 16-B alignment of every tensor; recipe, compiled_dims,
+# expected_m, psum flag, contiguous alignment, config override, set_num_sms value, interpreter flag) equals one
+# that already passed validation reuses its verdict and launch plan: every check is a function of the signature,
+# and the plan calls the compiled kernel directly (deepkernels._launch.KernelLauncher). masked_m / grouped_layout
+# *values* are never part of it (read on the device only). Calls whose operands needed a copy (not K-major / not
+# packed), the reference path and no-op calls are never cached.
+_PLAN_LIMIT = 1024
+_PLANS: dict = {}
+_T = torch.Tensor
+
+
+def _tsig(t) -> tuple:
+    if type(t) is not _T:
+        raise TypeError
+    return (t.dtype, t.shape, t.stride(), t.device, t.data_ptr() & 15)
+
+
+_NOSIG = object()
+
+
+def _int(x):
+    """``x`` for an exact int, else a marker that sends the call down the full (validating) path."""
+    return x if type(x) is int else _NOSIG
+
+
+def _hashable(x):
+    return tuple(x) if isinstance(x, (list, tuple)) else x
+
+
+def _env_sig():
+    from . import dense
+    return (dense._NUM_SMS, dense._interp())
+
+
+def _fp8_sig(kind, a, b, d, idx, rest):
+    """Signature of an FP8 grouped call, or None (full path) for unusual argument types."""
+    try:
+        if type(a) not in (tuple, list) or type(b) not in (tuple, list) or len(a) != 2 or len(b) != 2:
+            return None
+        if any(x is _NOSIG for x in rest):
+            return None
+        rest = tuple(_hashable(x) for x in rest)
+        sig = (kind, True, _tsig(a[0]), _tsig(a[1]), _tsig(b[0]), _tsig(b[1]), _tsig(d), _tsig(idx), rest,
+               _env_sig())
+        hash(sig)
+        return sig
+    except Exception:
+        return None
+
+
+def _bf16_sig(kind, a, b, d, idx, rest):
+    try:
+        if any(x is _NOSIG for x in rest):
+            return None
+        rest = tuple(_hashable(x) for x in rest)
+        sig = (kind, False, _tsig(a), _tsig(b), _tsig(d), _tsig(idx), rest, _env_sig())
+        hash(sig)
+        return sig
+    except Exception:
+        return None
+
+
+def _lookup(sig):
+    from . import dense
+    return dense._lookup(_PLANS, sig)
+
+
+def _store(sig, plan) -> None:
+    if sig is None or plan is None:
+        return
+    if len(_PLANS) >= _PLAN_LIMIT:
+        _PLANS.clear()
+    _PLANS[sig] = plan
+
+
+def _same(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """``x`` is ``y``'s memory with ``y``'s strides (no copy was made)."""
+    return x.data_ptr() == y.data_ptr() and x.stride() == y.stride()
+
+
+def _mn_major_sfa(sfa):
+    from ..quant import get_mn_major_tma_aligned_tensor
+    return get_mn_major_tma_aligned_tensor(sfa)
+
+
+class _ContiguousRun:
+    """A cached m-grouped contiguous launch: expands a psum layout to per-row ids on the device, then launches."""
+
+    __slots__ = ("plan", "psum", "m_sum", "g_num", "alignment")
+
+    def __init__(self, plan, psum, m_sum, g_num, alignment):
+        self.plan, self.psum, self.m_sum, self.g_num, self.alignment = plan, psum, m_sum, g_num, alignment
+
+    def __call__(self, a_data, sfa, b_data, sfb, d, layout) -> None:
+        gid = layout
+        if self.psum:  # expand to per-row ids on the device (searchsorted; no host sync)
+            gid = _ref.row_group_ids(layout, self.m_sum, self.g_num, True, self.alignment).to(torch.int32)
+        self.plan(a_data, b_data, d, sfa, sfb, gid)
+
+
 # ------------------------------------------------------------------------------------------- m-grouped contiguous
 def _contiguous(a_data, b_data, sfa, sfb, d, grouped_layout, use_psum_layout, b_kmajor, compiled_dims, _config):
     """Shared validation + dispatch of the m-grouped contiguous GEMMs (b_data is ``[G, N, K]`` in NT form)."""
@@ -111,19 +212,20 @@ def _contiguous(a_data, b_data, sfa, sfb, d, grouped_layout, use_psum_layout, b_
             out = _ref.m_grouped_bf16_gemm_contiguous_ref(a_data, b_data, grouped_layout, use_psum_layout,
                                                           alignment, d.dtype)
         d.copy_(out)
-        return
+        return None
     if m_sum == 0:
-        return
+        return None
+    a_in, b_in = a_data, b_data
     a_data = _L.k_major("a[0]" if is_fp8 else "a", a_data)
     if b_kmajor:
         b_data = _L.k_major("b[0]" if is_fp8 else "b", b_data)
     else:  # BF16 nn: [G, K, N] storage, read MN-major
         b_store = _L.k_major("b", b_data.transpose(1, 2))
         b_data = b_store.transpose(1, 2)
-    gid = grouped_layout
-    if use_psum_layout:  # expand to per-row ids on the device (searchsorted; no host sync)
-        gid = _ref.row_group_ids(grouped_layout, m_sum, g_num, True, alignment).to(torch.int32)
-    _L.launch_m_contiguous(a_data, b_data, b_kmajor, d, gid, sfa, sfb, _config, alignment)
+    run = _ContiguousRun(_L.m_contiguous_plan(a_data, b_data, b_kmajor, d, sfa, sfb, _config, alignment),
+                         use_psum_layout, m_sum, g_num, alignment)
+    run(a_data, sfa, b_data, sfb, d, grouped_layout)
+    return run if _same(a_data, a_in) and _same(b_data, b_in) else None
 
 
 def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, grouped_layout: torch.Tensor, recipe=None,
@@ -150,11 +252,18 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, grouped_layout: torc
     ``M_sum == 0`` is a no-op. Raises TypeError (types, dtypes) or ValueError (shapes, scale shapes, recipes,
     K % 16 != 0, N, K or G == 0, extents >= 2^31) before launch.
     """
+    sig = _fp8_sig("contiguous", a, b, d, grouped_layout, (recipe, recipe_a, recipe_b, compiled_dims,
+                                                           use_psum_layout, _MK_ALIGNMENT, _config))
+    run = _lookup(sig)
+    if run is not None:  # same signature as a validated call: same verdict, launch directly
+        run(a[0], _mn_major_sfa(a[1]), b[0], b[1], d, grouped_layout)
+        return
     check_tensor("grouped_layout", grouped_layout, ndim=1, dtype=torch.int32)
     a_data, sfa = _L.check_fp8_pair("a", a, 2)
     b_data, sfb = _L.check_fp8_pair("b", b, 3)
     _L.check_m_recipe(recipe, recipe_a, recipe_b)
-    _contiguous(a_data, b_data, sfa, sfb, d, grouped_layout, use_psum_layout, True, compiled_dims, _config)
+    _store(sig, _contiguous(a_data, b_data, sfa, sfb, d, grouped_layout, use_psum_layout, True, compiled_dims,
+                            _config))
 
 
 def m_grouped_fp8_gemm_nn_contiguous(a, b, d: torch.Tensor, grouped_layout: torch.Tensor, recipe=None,
@@ -181,10 +290,15 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     ``[G, K, N]`` transpose is row-major); d ``[M_sum, N]`` bfloat16/float32 row-major; K % 64 == 0.
     grouped_layout and padding rules as :func:`m_grouped_fp8_gemm_nt_contiguous`. FP32 accumulation.
     """
+    sig = _bf16_sig("contiguous", a, b, d, grouped_layout, (compiled_dims, use_psum_layout, _MK_ALIGNMENT, _config))
+    run = _lookup(sig)
+    if run is not None:
+        run(a, None, b, None, d, grouped_layout)
+        return
     check_tensor("a", a, ndim=2, dtype=torch.bfloat16)
     check_tensor("b", b, ndim=3, dtype=torch.bfloat16)
     b_kmajor = not (b.stride(-2) == 1 and b.stride(-1) != 1)
-    _contiguous(a, b, None, None, d, grouped_layout, use_psum_layout, b_kmajor, compiled_dims, _config)
+    _store(sig, _contiguous(a, b, None, None, d, grouped_layout, use_psum_layout, b_kmajor, compiled_dims, _config))
 
 
 def m_grouped_bf16_gemm_nn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
@@ -220,10 +334,11 @@ def _masked(a_data, b_data, sfa, sfb, d, masked_m, expected_m, compiled_dims, _c
     if not is_fp8 and k % 64:
         raise ValueError(f"BF16 masked GEMMs need K % 64 == 0 (DeepGEMM SM90), got K = {k}")
     if is_fp8:
-        from ..quant import check_sf_layout, get_mn_major_tma_aligned_tensor
+        from ..quant import check_sf_layout
         check_sf_layout(sfa, m_max, k, 1, 128, num_groups=g_num, name="a[1]")
         check_sf_layout(sfb, n, k, 128, 128, num_groups=g_num, name="b[1]")
-        sfa = get_mn_major_tma_aligned_tensor(sfa)
+        # read through its strides by the kernel (any layout): no per-call MN-major copy (a kernel launch + an
+        # allocation per call, which also made the call's host path heavier); MN-major TMA-aligned is fastest
     _L.check_int32_extent("G * M_max", g_num * m_max)
     _L.check_int32_extent("G * N", g_num * n)
     if not use_kernels(a_data, b_data, d, masked_m, sfa, sfb):
@@ -231,10 +346,12 @@ def _masked(a_data, b_data, sfa, sfb, d, masked_m, expected_m, compiled_dims, _c
             _ref.m_grouped_fp8_gemm_masked_ref((a_data, sfa), (b_data, sfb), d, masked_m)
         else:
             _ref.m_grouped_bf16_gemm_masked_ref(a_data, b_data, d, masked_m)
-        return
+        return None
+    a_in, b_in = a_data, b_data
     a_data = _L.k_major("a[0]" if is_fp8 else "a", a_data)
     b_data = _L.k_major("b[0]" if is_fp8 else "b", b_data)
-    _L.launch_m_masked(a_data, b_data, d, masked_m, expected_m, sfa, sfb, _config)
+    plan = _L.launch_m_masked(a_data, b_data, d, masked_m, expected_m, sfa, sfb, _config)
+    return plan if _same(a_data, a_in) and _same(b_data, b_in) else None
 
 
 def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, expected_m: int, recipe=None,
@@ -257,19 +374,29 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
     Raises TypeError/ValueError before launch for bad types, shapes, scale shapes, recipes, expected_m <= 0,
     masked_m not int32 ``[G]`` on the same device, G/M_max/N/K == 0, or extents >= 2^31.
     """
+    sig = _fp8_sig("masked", a, b, d, masked_m, (recipe, recipe_a, recipe_b, compiled_dims, _int(expected_m), _config))
+    plan = _lookup(sig)
+    if plan is not None:  # same signature as a validated call: same verdict, launch directly
+        plan(a[0], b[0], d, a[1], b[1], masked_m)
+        return
     a_data, sfa = _L.check_fp8_pair("a", a, 3)
     b_data, sfb = _L.check_fp8_pair("b", b, 3)
     _L.check_m_recipe(recipe, recipe_a, recipe_b)
-    _masked(a_data, b_data, sfa, sfb, d, masked_m, expected_m, compiled_dims, _config)
+    _store(sig, _masked(a_data, b_data, sfa, sfb, d, masked_m, expected_m, compiled_dims, _config))
 
 
 def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, masked_m: torch.Tensor,
                                   expected_m: int, compiled_dims: str = "nk", *, _config=None) -> None:
     """M-grouped masked BF16 GEMM (DeepGEMM ``m_grouped_bf16_gemm_nt_masked``): a ``[G, M_max, K]``, b
     ``[G, N, K]`` bfloat16 K-major, K % 64 == 0; d, masked_m, expected_m as :func:`m_grouped_fp8_gemm_nt_masked`."""
+    sig = _bf16_sig("masked", a, b, d, masked_m, (compiled_dims, _int(expected_m), _config))
+    plan = _lookup(sig)
+    if plan is not None:
+        plan(a, b, d, None, None, masked_m)
+        return
     check_tensor("a", a, ndim=3, dtype=torch.bfloat16)
     check_tensor("b", b, ndim=3, dtype=torch.bfloat16)
-    _masked(a, b, None, None, d, masked_m, expected_m, compiled_dims, _config)
+    _store(sig, _masked(a, b, None, None, d, masked_m, expected_m, compiled_dims, _config))
 
 
 m_grouped_fp8_fp4_gemm_nt_masked = m_grouped_fp8_gemm_nt_masked
