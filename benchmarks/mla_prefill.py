@@ -100,11 +100,19 @@ def sparse_inputs(s_q, s_kv, topk, h_q, d_qk, sink):
     return q, kv, ind, sk
 
 
+def _gluon_name(variant):
+    return "gluon" if variant is None else f"gluon-{variant[0]}x{variant[1]}"
+
+
+GLUON_CFGS = {_gluon_name(v): v for v in _gsp.VARIANTS}
+
+
 def _launch_cfg(cfg):
-    """The launcher for one candidate: a Triton config tuple, or "gluon" (mla/_gluon_sparse_prefill.py)."""
-    if cfg == "gluon":
+    """The launcher for one candidate: a Triton config tuple, or a name in GLUON_CFGS
+    (mla/_gluon_sparse_prefill.py variants)."""
+    if cfg in GLUON_CFGS:
         return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp.launch_sparse_prefill_gluon(
-            out, ml, lse, q, kv, ind, scale, sk, tl)
+            out, ml, lse, q, kv, ind, scale, sk, tl, variant=GLUON_CFGS[cfg])
     return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _launch_sparse_prefill(
         out, ml, lse, q, kv, ind, scale, sk, tl, config=cfg)
 
@@ -113,7 +121,7 @@ def run_sparse(rows, sweep, s_kvs, s_q=4096, topk=2048, gluon=False):
     h_q, d_qk = 128, 576
     configs = SPARSE_CANDIDATES if sweep else [SPARSE_CONFIGS[h_q]]
     if gluon:
-        configs = configs + ["gluon"]
+        configs = configs + list(GLUON_CFGS)
     for s_kv in s_kvs:
         for sink in (False, True):
             try:
@@ -140,14 +148,14 @@ def run_sparse(rows, sweep, s_kvs, s_q=4096, topk=2048, gluon=False):
                     ms = bench(fn)
                     tf = flops / ms / 1e9
                     rows.add(op="flash_mla_sparse_fwd", provider="deepkernels",
-                             config=cfg if cfg == "gluon" else list(cfg), shape=shape, median_us=ms * 1e3, tflops=tf, gbps=nbytes / ms / 1e6, max_abs_err_rows=err,
+                             config=cfg if isinstance(cfg, str) else list(cfg), shape=shape, median_us=ms * 1e3, tflops=tf, gbps=nbytes / ms / 1e6, max_abs_err_rows=err,
                              lse_err_rows=lse_err_fmt(lerr), anchor="FlashMLA H200 (ANCHORS.md, no sink)",
                              anchor_tflops=FLASHMLA_H200.get(s_kv),
                              ratio_to_anchor=tf / FLASHMLA_H200[s_kv] if s_kv in FLASHMLA_H200 else None,
                              target_tflops=SPARSE_TARGET, default=cfg == SPARSE_CONFIGS[h_q])
                 except Exception as e:  # noqa: BLE001
                     rows.add(op="flash_mla_sparse_fwd", provider="deepkernels",
-                             config=cfg if cfg == "gluon" else list(cfg), shape=shape, error=repr(e)[:300])
+                             config=cfg if isinstance(cfg, str) else list(cfg), shape=shape, error=repr(e)[:300])
             del q, kv, ind
             torch.cuda.empty_cache()
 
