@@ -202,3 +202,56 @@ def test_gpu_gluon_matches_triton_path_bench_shape(poison):
     o2, l2 = dec._dense_launch(q, k, bt, sl, sched, ns, 576 ** -0.5, True, cfg)
     assert check_is_allclose("out vs triton", o, o2, *TOL_OUT)
     assert check_is_allclose("lse vs triton", l, l2, *TOL_LSE)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_public_op_dispatches_to_gluon(monkeypatch, poison):
+    """flash_mla_with_kvcache runs the Gluon kernel for rows >= 64 on sm90; DEEPKERNELS_DISABLE_GLUON=1 brings back
+    the Triton kernel (same results within FlashMLA's tolerances)."""
+    import deepkernels as dk
+    calls = []
+    orig = G.gluon_dense_launch
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return orig(*a, **kw)
+
+    monkeypatch.setattr(G, "gluon_dense_launch", counted)
+    q, k, bt, sl = make_case(4, 2, 64, 1, [300, 1, 5000, 64], device="cuda")
+    o_ref, l_ref = ref.dense_decode(q, k, bt, sl, 512, None, True)
+    outs = []
+    for disable in ("0", "1"):
+        monkeypatch.setenv("DEEPKERNELS_DISABLE_GLUON", disable)
+        n = len(calls)
+        meta, _ = dk.get_mla_metadata()
+        o, l = dk.flash_mla_with_kvcache(q, k, bt, sl, 512, meta, causal=True)
+        torch.cuda.synchronize()
+        assert (len(calls) > n) == (disable == "0")
+        assert check_is_allclose("out", o, o_ref, *TOL_OUT) and check_is_allclose("lse", l, l_ref, *TOL_LSE)
+        outs.append(o)
+    assert check_is_allclose("gluon vs triton", outs[0], outs[1], *TOL_OUT)
+    q16, k16, bt16, sl16 = make_case(2, 1, 16, 1, [100, 700], device="cuda")     # 16 rows: Triton kernel
+    monkeypatch.setenv("DEEPKERNELS_DISABLE_GLUON", "0")
+    n = len(calls)
+    meta, _ = dk.get_mla_metadata()
+    dk.flash_mla_with_kvcache(q16, k16, bt16, sl16, 512, meta)
+    assert len(calls) == n
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_gluon_cuda_graph_capture():
+    """The public op on the Gluon path (TMA descriptors passed by value) is capturable and replays correctly."""
+    import deepkernels as dk
+    q, k, bt, sl = make_case(8, 1, 128, 1, [100, 2000, 0, 64, 65, 1, 4096, 300], device="cuda")
+    meta, _ = dk.get_mla_metadata()
+    dk.flash_mla_with_kvcache(q, k, bt, sl, 512, meta)       # warm up / compile
+    meta2, _ = dk.get_mla_metadata()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o, l = dk.flash_mla_with_kvcache(q, k, bt, sl, 512, meta2)
+    g.replay()
+    torch.cuda.synchronize()
+    o_ref, l_ref = ref.dense_decode(q, k, bt, sl, 512)
+    assert check_is_allclose("out", o, o_ref, *TOL_OUT) and check_is_allclose("lse", l, l_ref, *TOL_LSE)

@@ -65,9 +65,11 @@ def _jit(fn):
     return gluon.jit(fn) if gluon is not None else fn
 
 
-# (num_stages, overlap, pv_regs, producer_regs)
-GLUON_DEFAULT = (2, True, 232, 40)
-GLUON_CANDIDATES = [(2, True, 232, 40), (2, False, 232, 40)]
+# (num_stages, overlap, pv_regs, producer_regs). Measured on the H200 (benchmarks/notes/mla_decode_gluon.md,
+# results/mla_decode_gluon-h200-2026-11-29-run1.json; b=128 varlen, 16 shapes): OVERLAP=False 379-588 TFLOPS,
+# 1.98-2.41x the Triton kernel; OVERLAP=True 318-488 (loses on every shape). Default: OVERLAP=False.
+GLUON_DEFAULT = (2, False, 232, 40)
+GLUON_CANDIDATES = [(2, False, 232, 40), (2, True, 232, 40)]
 
 
 # ----------------------------------------------------------------------------------------------- device code

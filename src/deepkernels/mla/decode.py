@@ -264,6 +264,7 @@ def _dense_launch(q, k_cache, block_table, cache_seqlens, sched, num_splits, sca
     nb, page, h_kv, _ = k_cache.shape
     group = h_q // h_kv
     rows = s_q * group
+    config_given = config                     # an explicit config (benchmarks, tests) always runs the Triton kernel
     config = config or _pick_config(rows)
     bm, bn, warps, stages = config[:4]
     flags = _config_flags(config)
@@ -294,9 +295,16 @@ def _dense_launch(q, k_cache, block_table, cache_seqlens, sched, num_splits, sca
     spec = (_spec, sched.dtype, sched.data_ptr() & 15 == 0, num_splits.dtype, num_splits.data_ptr() & 15 == 0)
     constexprs = (bool(causal and s_q > 1), page, SCHED_BLOCK, bm, bn, D_NOPE, D_PE, interpret_mode(), stages,
                   tile_in_page, v_split, "l" in flags, "w" in flags)
-    launcher = _main_launcher(_ddk._mla_decode_fwd_kernel, constexprs, warps, stages, spec)
-    launcher(grid, q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc, *ints[:6],
-             *ints[6:], scale, scale * _LOG2E)
+    if config_given is None and _gluon_ok(q, k_cache, rows):
+        # Gluon warp-specialised kernel (same schedule, outputs and combine): 1.98-2.41x the Triton kernel at
+        # b=128 (benchmarks/notes/mla_decode_gluon.md). DEEPKERNELS_DISABLE_GLUON=1 keeps the Triton kernel.
+        from . import _gluon_dense_decode as _gdd
+        _gdd.gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse,
+                                o_acc, l_acc)
+    else:
+        launcher = _main_launcher(_ddk._mla_decode_fwd_kernel, constexprs, warps, stages, spec)
+        launcher(grid, q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc, *ints[:6],
+                 *ints[6:], scale, scale * _LOG2E)
     # every request row is written: > 1 split combined; 0 splits (padded num_splits) -> empty or NaN (combine.py)
     combine_splits_(out, lse, o_acc, l_acc, num_splits, lengths=seqlens, causal=bool(causal and s_q > 1))
     return out, lse
@@ -304,6 +312,17 @@ def _dense_launch(q, k_cache, block_table, cache_seqlens, sched, num_splits, sca
 
 _LOG2E = math.log2(math.e)
 _T = torch.Tensor
+
+
+def _gluon_ok(q, k_cache, rows: int) -> bool:
+    """Dense split-KV step on the Gluon kernel? (CUDA sm90, bf16/fp16, page 64, d 576, rows >= 64, TMA-able
+    k_cache, Gluon importable, DEEPKERNELS_DISABLE_GLUON unset; see ``_gluon_dense_decode.supported``)."""
+    if not q.is_cuda or rows < 64:
+        return False
+    from . import _gluon_dense_decode as _gdd
+    return _gdd.supported(q, k_cache, rows)
+
+
 _PLANS: dict = {}
 _PLAN_LIMIT = 1024
 
