@@ -16,9 +16,17 @@ allocation + launch) is timed too.
 Anchor: the PyTorch reference in the same run -- gather the token records, dequantise in torch (fp8 * scale ->
 bf16), bmm QK^T, fp32 softmax, bmm PV (bf16).
 
+``--host``: host cost of the public call instead (``host_overhead``): for b = 1..128 at a small topk (GPU time
+small), the host submit time per call (perf_counter over back-to-back calls, no sync), the whole call (do_bench
+median), the CUDA-graph replay of the same call (kernels only), the same call with the plan cache emptied before
+every call (full validation + Triton's own launcher: what every call cost before the cached host path), and the
+number of fast (direct CompiledKernel) launches; JSON rows ``op = "mla_sparse_decode_host"``.
+
 Usage:
     python benchmarks/mla_sparse_decode.py [--sweep] [--json out.json] [--fmt v32,v41+fp4] [--hq 64,128]
         [--bsq 64x1,128x1,128x2] [--topk 2048] [--extra-topk 512] [--check]
+    python benchmarks/mla_sparse_decode.py --host [--fmt v41,v32] [--hq 128,64] [--host-b 1,2,4,8,16,32,64,128]
+        [--host-topk 64] [--json host.json]
 """
 from __future__ import annotations
 
@@ -203,6 +211,90 @@ def bench_case(fmt_spec, h_q, b, s_q, topk, xtopk, s_k, sweep, check, do_bench):
     return row, results
 
 
+def _fast_launches():
+    from deepkernels.mla import combine as _comb
+    return sum(x.fast_calls for d in (sd._LAUNCHERS, _comb._LAUNCHERS) for x in d.values())
+
+
+def host_overhead(fmt_spec, h_q, b, topk, xtopk, do_bench, graph=True, n=200):
+    """Host cost of one sparse decode call at a small topk (see the module docstring). Returns a JSON row."""
+    fmt, _, xfmt = fmt_spec.partition("+")
+    xfmt = xfmt or None
+    dev = DEVICE
+    d = KV_FORMATS[fmt].d_qk
+    s_k = max(4 * topk, 256)
+    q = torch.randn(b, 1, h_q, d, device=dev).clamp_(-1, 1).bfloat16()
+    cache = make_cache(fmt, b * s_k, dev)
+    ind = make_indices(b, 1, topk, s_k, dev)
+    tl_ = torch.full((b,), topk, dtype=torch.int32, device=dev)
+    xcache = xind = None
+    if xfmt:
+        xcache = make_cache(xfmt, b * max(4 * xtopk, 256), dev)
+        xind = make_indices(b, 1, xtopk, max(4 * xtopk, 256), dev)
+    meta = dk.get_mla_metadata()[0]
+    call = lambda: dk.flash_mla_with_kvcache(q, cache, None, None, 512, meta, is_fp8_kvcache=True,  # noqa: E731
+                                             indices=ind, topk_length=tl_, extra_k_cache=xcache,
+                                             extra_indices_in_kvcache=xind)
+    call()                      # plans the schedule (meta filled), compiles, binds the launchers
+    call()
+    _sync()
+    fast0 = _fast_launches()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        call()
+    t1 = time.perf_counter()
+    _sync()
+    host_us = (t1 - t0) / n * 1e6
+    fast = _fast_launches() - fast0
+
+    def nocache():
+        sd._PLANS.clear()
+        return call()
+    nocache()
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(n // 4):
+        nocache()
+    t1 = time.perf_counter()
+    _sync()
+    nocache_host_us = (t1 - t0) / (n // 4) * 1e6
+    sd._LAUNCHERS.clear()       # one KernelLauncher per emptied plan: drop them
+    whole_ms = do_bench(call, warmup=10, rep=50)
+    graph_ms = None
+    if graph and torch.cuda.is_available():
+        try:
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                call()
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                call()
+            g.replay()
+            _sync()
+            graph_ms = do_bench(g.replay, warmup=10, rep=50)
+        except Exception as e:  # noqa: BLE001
+            print(f"  graph capture failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
+    row = dict(op="mla_sparse_decode_host", fmt=fmt_spec, b=b, s_q=1, h_q=h_q, topk=topk,
+               extra_topk=xtopk if xfmt else 0, num_splits=int(meta.num_splits[-1]),
+               parts=int(meta.tile_scheduler_metadata.shape[0]), host_submit_us=host_us, nocache_host_submit_us=nocache_host_us,
+               whole_call_us=whole_ms * 1e3, graph_replay_us=None if graph_ms is None else graph_ms * 1e3,
+               fast_launches_per_call=fast / n, plans=len(sd._PLANS))
+    print(f"HOST {fmt_spec:8s} h_q={h_q:3d} b={b:3d} topk={topk}: submit {host_us:6.1f} us/call (plan cache emptied "
+          f"every call: {nocache_host_us:6.1f}), whole call {whole_ms*1e3:6.1f} us, graph replay "
+          f"{'-' if graph_ms is None else f'{graph_ms*1e3:6.1f}'} us, fast launches/call {fast / n:.1f}", flush=True)
+    del q, cache, ind, xcache, xind
+    return row
+
+
+def _warm_gpu():
+    if torch.cuda.is_available():
+        x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        for _ in range(1000):           # ~0.2 s of GEMMs: clocks up before the first timing
+            x @ x
+        _sync()
+
+
 def _sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -234,9 +326,13 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true",
                     help="CPU check of the script itself (needs TRITON_INTERPRET=1): tiny shapes, wall-clock timer")
+    ap.add_argument("--host", action="store_true", help="host cost per call vs CUDA-graph replay (small topk)")
+    ap.add_argument("--host-b", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16, 32, 64, 128])
+    ap.add_argument("--host-topk", type=int, default=64)
     args = ap.parse_args(argv)
     if args.smoke:
         args.hq, args.bsq, args.topk, args.extra_topk, args.s_k = [64], "2x1", [128], 64, 256
+        args.host_b = [1, 2]
         do_bench = _cpu_bench
     elif not torch.cuda.is_available():
         print("mla_sparse_decode benchmark needs a CUDA device (or --smoke with TRITON_INTERPRET=1)")
@@ -252,6 +348,25 @@ def main(argv=None):
             with open(args.json, "w") as fh:
                 json.dump({"provenance": prov, "rows": rows, "sweep": sweep}, fh, indent=1)
 
+    if args.host:
+        _warm_gpu()
+        for fmt in args.fmt.split(","):
+            for h_q in args.hq:
+                for b in args.host_b:
+                    try:
+                        rows.append(host_overhead(fmt, h_q, b, args.host_topk, min(args.extra_topk, args.host_topk),
+                                                  do_bench, n=4 if args.smoke else 200))
+                    except Exception as e:  # noqa: BLE001 - one failing shape must not stop the others
+                        print(f"HOST {fmt} h_q={h_q} b={b}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+                        _empty_cache()
+                        continue
+                    dump()
+        dump()
+        for r in rows:
+            print(f"SUMMARY host {r['fmt']:8s} h_q={r['h_q']:3d} b={r['b']:3d}: submit {r['host_submit_us']:.1f} us "
+                  f"(no plan cache {r['nocache_host_submit_us']:.1f}), whole {r['whole_call_us']:.1f} us, graph "
+                  f"{r['graph_replay_us'] if r['graph_replay_us'] is None else round(r['graph_replay_us'], 1)} us")
+        return 0
     for fmt in args.fmt.split(","):
         for topk in args.topk:
             for h_q in args.hq:

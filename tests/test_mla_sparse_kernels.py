@@ -188,10 +188,11 @@ def test_B18_topk_length_clamped_in_kernel():
 
 @pytest.mark.reference
 def test_B08_B09_grids_keep_large_counts_on_axis0():
+    from deepkernels.mla.combine import _combine_grid      # the combine shared with dense decode
     for parts, s_q, h_q in [(1, 70000, 128), (132, 2 ** 20 + 1, 64), (66, 3, 16)]:
         g = sd._fwd_grid(parts, s_q, h_q, sd.SPARSE_DECODE_CONFIGS[h_q][0])
         assert len(g) == 1 and g[0] < 2 ** 31
-        c = sd._combine_grid(1, s_q, h_q)
+        c = _combine_grid(1, s_q, h_q)
         assert c[0] == s_q and c[1] <= 16
 
 
@@ -296,13 +297,16 @@ def test_compile_sweep_candidates(cfg):
 
 @pytest.mark.compile
 def test_compile_combine():
-    from deepkernels.mla._sparse_kernels import _sparse_decode_combine_kernel
+    """The combine shared with dense decode, in the sparse path's specialisation (lse [b, s_q, h_q], top-k lengths
+    clamped, extra cache, sink)."""
+    from deepkernels.mla.combine import _mla_decode_combine_kernel
     from deepkernels.testing.compile import compile_sm90
-    c = compile_sm90(_sparse_decode_combine_kernel,
+    c = compile_sm90(_mla_decode_combine_kernel,
                      dict(oacc_ptr="*fp32", lacc_ptr="*fp32", nsplits_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32",
                           sink_ptr="*fp32", len_ptr="*i32", xlen_ptr="*i32", topk="i32", xtopk="i32", s_q="i32",
                           h_q="i32", acc_rows="i32"),
-                     dict(HAS_SINK=True, HEADS=8, D_V=512, HAS_LEN=True, HAS_EXTRA=True, HAS_XLEN=True), num_warps=4)
+                     dict(HAS_SINK=True, ALL_REQUESTS=False, HEADS=8, D_V=512, HAS_LEN=True, LSE_SHQ=True,
+                          TOPK_LEN=True, HAS_EXTRA=True, HAS_XLEN=True, RNE=False), num_warps=4)
     assert not c.uses_local_memory
 
 

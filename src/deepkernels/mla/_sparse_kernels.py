@@ -1,4 +1,5 @@
-"""Triton kernels for sparse top-k MLA decode over FP8/FP4 paged KV caches (split-KV stage and combine).
+"""Triton kernel for sparse top-k MLA decode over FP8/FP4 paged KV caches (split-KV stage; the combine is the one
+dense decode uses, :mod:`deepkernels.mla.combine`).
 
 One program = one (scheduler part, query position s, block of BLOCK_H query heads); the heads form the M dimension
 of both MMAs (MQA: every head reads the same KV token). The program walks the requests of its part (FlashMLA
@@ -21,7 +22,7 @@ MODEL1 block order, spec §4). Per BLOCK_N positions it
 Invalid tokens load as zeros (masked loads) and their scores are set to -inf by selection, so NaN in unreferenced
 cache slots can never reach the output. A request with one split writes ``out`` and ``lse`` directly (sink applied
 here); a split request writes ``O/L`` and the base-2 ``log2 L + m`` to accumulator row ``num_splits[req] + split``
-and :func:`_sparse_decode_combine_kernel` merges them (sink applied there, once).
+and :func:`deepkernels.mla.combine.combine_splits_` merges them (sink applied there, once).
 
 Schedule reuse: split boundaries come from the scheduler record but are clamped to the request's actual token
 line, and the last split of each request (``split == nsp - 1``) runs to the end of the line, so a schedule planned
@@ -37,7 +38,7 @@ import triton.language as tl
 
 from .._triton_helpers import rne_bf16 as _rne_bf16
 
-__all__ = ["_sparse_decode_fwd_kernel", "_sparse_decode_combine_kernel", "FMT_CODES"]
+__all__ = ["_sparse_decode_fwd_kernel", "FMT_CODES"]
 
 FMT_CODES = {"v32": 0, "model1": 1, "v41": 2, "fp4": 3}
 
@@ -165,7 +166,8 @@ def _attend_range(acc, m_i, l_i, q_a, q_r, kv_ptr, idx_row, t_lo, t_hi, n, page,
     return acc, m_i, l_i
 
 
-@triton.jit
+# acc_rows (= b + num_sm_parts) only bounds the accumulator rows: not specialised (no recompile per schedule size)
+@triton.jit(do_not_specialize=["acc_rows"])
 def _sparse_decode_fwd_kernel(
     q_ptr, kv_ptr, idx_ptr, len_ptr, xkv_ptr, xidx_ptr, xlen_ptr, sink_ptr,
     meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
@@ -268,72 +270,3 @@ def _sparse_decode_fwd_kernel(
             tl.store(lacc_ptr + a_off, tl.where(empty, float("-inf"), tl.log2(l_safe) + m_log2), mask=hm & ok)
             a_ptr = oacc_ptr + a_off[:, None] * 512
             tl.store(a_ptr + da[None, :], acc * inv[:, None], mask=(hm & ok)[:, None])
-
-
-@triton.jit
-def _sparse_decode_combine_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr, sink_ptr,
-                                  len_ptr, xlen_ptr, topk, xtopk,
-                                  s_q, h_q, acc_rows,
-                                  HAS_SINK: tl.constexpr, HEADS: tl.constexpr, D_V: tl.constexpr,
-                                  UPCAST: tl.constexpr = False, HAS_LEN: tl.constexpr = False,
-                                  HAS_EXTRA: tl.constexpr = False, HAS_XLEN: tl.constexpr = False):
-    """FlashMLA combine (spec §3.5) for requests with > 1 split; lse written to a contiguous [b, s_q, h_q].
-    UPCAST (interpreter): round to nearest-even bf16 explicitly (the interpreter's fp32->bf16 cast truncates).
-
-    A request the schedule gives no split at all (num_splits planned for a smaller batch and padded; the scheduler
-    itself gives every request >= 1 split) is written here: out 0 / lse +inf when it has no token position
-    (``min(topk_length, topk)`` [+ extra] == 0), else NaN out and lse (it cannot be computed without a split, and a
-    plausible-looking wrong value must never come out)."""
-    pid = tl.program_id(0).to(tl.int64)
-    bi = pid // s_q
-    si = pid % s_q
-    heads = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
-    hm = heads < h_q
-    start = tl.load(nsplits_ptr + bi)
-    nsp = tl.load(nsplits_ptr + bi + 1) - start
-    start = tl.minimum(tl.maximum(start, 0), acc_rows)
-    nsp = tl.minimum(nsp, acc_rows - start)        # a stale num_splits never reads past the buffers
-    if nsp > 1:
-        mx = tl.full([HEADS], float("-inf"), tl.float32)
-        for k in range(0, nsp):
-            row = (start + k).to(tl.int64)
-            mx = tl.maximum(mx, tl.load(lacc_ptr + (row * s_q + si) * h_q + heads, mask=hm, other=float("-inf")))
-        mx = tl.where(mx == float("-inf"), 0.0, mx)
-        ssum = tl.zeros([HEADS], dtype=tl.float32)
-        for k in range(0, nsp):
-            row = (start + k).to(tl.int64)
-            ssum += tl.exp2(tl.load(lacc_ptr + (row * s_q + si) * h_q + heads, mask=hm, other=float("-inf")) - mx)
-        g = tl.where(ssum == 0.0, float("inf"), tl.log2(ssum) + mx)
-        tl.store(lse_ptr + (bi * s_q + si) * h_q + heads, g * 0.6931471805599453, mask=hm)
-        if HAS_SINK:
-            sig = tl.load(sink_ptr + heads, mask=hm, other=float("-inf")) * 1.4426950408889634
-            g_fin = g + tl.log2(1.0 + tl.exp2(sig - g))
-            g = tl.where(g != float("inf"), g_fin, tl.where(sig == float("-inf"), g, sig))
-        dv = tl.arange(0, D_V)
-        acc = tl.zeros([HEADS, D_V], dtype=tl.float32)
-        for k in range(0, nsp):
-            row = (start + k).to(tl.int64)
-            w = tl.exp2(tl.load(lacc_ptr + (row * s_q + si) * h_q + heads, mask=hm, other=float("-inf")) - g)
-            o = tl.load(oacc_ptr + ((row * s_q + si) * h_q + heads)[:, None] * D_V + dv[None, :],
-                        mask=hm[:, None], other=0.0)
-            acc += w[:, None] * o
-        if UPCAST:
-            acc = _rne_bf16(acc)
-        tl.store(out_ptr + ((bi * s_q + si) * h_q + heads)[:, None] * D_V + dv[None, :],
-                 acc.to(out_ptr.dtype.element_ty), mask=hm[:, None])
-    elif nsp <= 0:
-        n = topk + bi * 0
-        if HAS_LEN:
-            n = tl.minimum(tl.maximum(tl.load(len_ptr + bi), 0), topk).to(tl.int64)
-        if HAS_EXTRA:
-            nx = xtopk + bi * 0
-            if HAS_XLEN:
-                nx = tl.minimum(tl.maximum(tl.load(xlen_ptr + bi), 0), xtopk).to(tl.int64)
-            n = n + nx
-        bad = n > 0
-        tl.store(lse_ptr + (bi * s_q + si) * h_q + heads,
-                 tl.zeros([HEADS], tl.float32) + tl.where(bad, float("nan"), float("inf")), mask=hm)
-        dv = tl.arange(0, D_V)
-        o = tl.zeros([HEADS, D_V], tl.float32) + tl.where(bad, float("nan"), 0.0)
-        tl.store(out_ptr + ((bi * s_q + si) * h_q + heads)[:, None] * D_V + dv[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=hm[:, None])

@@ -1,4 +1,4 @@
-"""Split-KV combine for MLA decode (FlashMLA ``flash_fwd_mla_combine_kernel`` math, spec/mla.md §3.5).
+"""Split-KV combine for MLA decode, dense and sparse (FlashMLA ``flash_fwd_mla_combine_kernel`` math, spec/mla.md §3.5).
 
 Inputs are the per-split partials a decode kernel wrote: ``o_accum [rows, s_q, h_q, d_v]`` fp32 holding ``O/L``
 (0 for an empty split) and ``lse_accum [rows, s_q, h_q]`` fp32 holding the **base-2** ``log2 L + m`` (``-inf`` for
@@ -9,8 +9,15 @@ an empty split); split ``n`` of request ``i`` lives at row ``num_splits[i] + n``
     sink σ = sink·log2 e:  G = G finite ? G + log2(1 + 2^(σ - G)) : (sink == -inf ? +inf : σ)
     out = round(sum_k 2^(lse_k - G) · o_k)   (fp32 accumulation in increasing k)
 
-A request with **no** split (``num_splits`` planned for a smaller batch and padded) is written too: out 0 / lse +inf
-when its query row sees no key (or no lengths are given), NaN when it does (it cannot be computed here).
+Both ends of a request's split range are clamped to ``[0, rows]``, so a stale or garbage ``num_splits`` never reads
+outside the accumulators. A request with **no** split (``num_splits`` planned for a smaller batch and padded) is
+written too: out 0 / lse +inf when its query row sees no key (or no lengths are given), NaN when it does (it cannot
+be computed here).
+
+One kernel serves both decode paths (:func:`combine_splits_`): the dense path (lse ``[b, h_q, s_q]`` contiguous,
+key counts = ``cache_seqlens``, optionally causal) and the sparse path (lse the transposed view of a contiguous
+``[b, s_q, h_q]``, key counts = top-k lengths clamped to ``[0, topk]`` plus the extra cache's, round-to-nearest
+bf16 under the interpreter).
 
 Grid: ``(b * s_q, ceil(h_q / HEADS))`` — ``b·s_q`` on axis 0 (no 65,535 limit), a head block on axis 1.
 """
@@ -21,24 +28,38 @@ import triton
 import triton.language as tl
 
 from .._launch import KernelLauncher
+from .._triton_helpers import rne_bf16 as _rne_bf16
 
 __all__ = ["combine_splits_"]
 
 _COMBINE_HEADS = 8
 
 
-# acc_rows (= b + num_sm_parts) only bounds the split count: not specialised, no recompile per batch size.
-@triton.jit(do_not_specialize=["acc_rows"])
+# acc_rows (= b + num_sm_parts) only bounds the split count, topk / xtopk only count the keys of a request with no
+# split: not specialised, no recompile per batch size or top-k.
+@triton.jit(do_not_specialize=["acc_rows", "topk", "xtopk"])
 def _mla_decode_combine_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr, sink_ptr, len_ptr,
-                               s_q, h_q, acc_rows,
-                               HAS_SINK: tl.constexpr, ALL_REQUESTS: tl.constexpr,
-                               HEADS: tl.constexpr, D_V: tl.constexpr,
-                               HAS_LEN: tl.constexpr = False, CAUSAL: tl.constexpr = False):
+                               s_q, h_q, acc_rows, xlen_ptr=None, topk=0, xtopk=0,
+                               HAS_SINK: tl.constexpr = False, ALL_REQUESTS: tl.constexpr = False,
+                               HEADS: tl.constexpr = 8, D_V: tl.constexpr = 512,
+                               HAS_LEN: tl.constexpr = False, CAUSAL: tl.constexpr = False,
+                               LSE_SHQ: tl.constexpr = False, TOPK_LEN: tl.constexpr = False,
+                               HAS_EXTRA: tl.constexpr = False, HAS_XLEN: tl.constexpr = False,
+                               RNE: tl.constexpr = False):
+    """LSE_SHQ: lse is a contiguous [b, s_q, h_q] (else [b, h_q, s_q]). TOPK_LEN: key counts are top-k lengths,
+    clamped to [0, topk] (``topk`` when HAS_LEN is off); else ``len_ptr`` holds plain key counts (0 without
+    HAS_LEN). HAS_EXTRA / HAS_XLEN: add the extra cache's count (``extra_topk_length`` clamped to [0, xtopk], else
+    xtopk). RNE: round the output to nearest-even bf16 explicitly (the interpreter's fp32->bf16 cast truncates).
+    The xlen_ptr / topk / xtopk arguments are read only under TOPK_LEN / HAS_EXTRA."""
     pid = tl.program_id(0).to(tl.int64)
     bi = pid // s_q
     si = pid % s_q
     heads = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
     hm = heads < h_q
+    if LSE_SHQ:
+        lse_off = (bi * s_q + si) * h_q + heads
+    else:
+        lse_off = (bi * h_q + heads) * s_q + si
     # a stale/garbage num_splits never reads outside the accumulators: both ends clamped to [0, acc_rows]
     start = tl.minimum(tl.maximum(tl.load(nsplits_ptr + bi), 0), acc_rows)
     nsp = tl.minimum(tl.maximum(tl.load(nsplits_ptr + bi + 1), start), acc_rows) - start
@@ -59,7 +80,7 @@ def _mla_decode_combine_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr
             lk = tl.load(lacc_ptr + (row * s_q + si) * h_q + heads, mask=hm, other=float("-inf"))
             ssum += tl.exp2(lk - mx)
         g = tl.where(ssum == 0.0, float("inf"), tl.log2(ssum) + mx)
-        tl.store(lse_ptr + (bi * h_q + heads) * s_q + si, g * 0.6931471805599453, mask=hm)
+        tl.store(lse_ptr + lse_off, g * 0.6931471805599453, mask=hm)
         if HAS_SINK:
             sig = tl.load(sink_ptr + heads, mask=hm, other=float("-inf")) * 1.4426950408889634
             g_fin = g + tl.log2(1.0 + tl.exp2(sig - g))
@@ -73,6 +94,8 @@ def _mla_decode_combine_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr
             o = tl.load(oacc_ptr + ((row * s_q + si) * h_q + heads)[:, None] * D_V + dv[None, :],
                         mask=hm[:, None], other=0.0)
             acc += w[:, None] * o
+        if RNE:
+            acc = _rne_bf16(acc)
         optr = out_ptr + ((bi * s_q + si) * h_q + heads)[:, None] * D_V + dv[None, :]
         tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=hm[:, None])
     elif nsp <= 0:
@@ -81,11 +104,21 @@ def _mla_decode_combine_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr
         n = si * 0
         if HAS_LEN:
             n = tl.load(len_ptr + bi).to(tl.int64)
-            if CAUSAL:
-                n = n - (s_q - 1 - si)
+        if TOPK_LEN:
+            if HAS_LEN:
+                n = tl.minimum(tl.maximum(n, 0), topk)
+            else:
+                n = n + topk
+        if CAUSAL:
+            n = n - (s_q - 1 - si)
+        if HAS_EXTRA:
+            nx = si * 0 + xtopk
+            if HAS_XLEN:
+                nx = tl.minimum(tl.maximum(tl.load(xlen_ptr + bi).to(tl.int64), 0), xtopk)
+            n = n + nx
         bad = n > 0
-        tl.store(lse_ptr + (bi * h_q + heads) * s_q + si,
-                 tl.zeros([HEADS], tl.float32) + tl.where(bad, float("nan"), float("inf")), mask=hm)
+        tl.store(lse_ptr + lse_off, tl.zeros([HEADS], tl.float32) + tl.where(bad, float("nan"), float("inf")),
+                 mask=hm)
         dv = tl.arange(0, D_V)
         o = tl.zeros([HEADS, D_V], tl.float32) + tl.where(bad, float("nan"), 0.0)
         optr = out_ptr + ((bi * s_q + si) * h_q + heads)[:, None] * D_V + dv[None, :]
@@ -95,44 +128,74 @@ def _mla_decode_combine_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr
 def combine_splits_(out: torch.Tensor, lse: torch.Tensor, o_accum: torch.Tensor, lse_accum: torch.Tensor,
                     num_splits: torch.Tensor, attn_sink: torch.Tensor | None = None,
                     all_requests: bool = False, lengths: torch.Tensor | None = None,
-                    causal: bool = False) -> None:
-    """Launch the combine in place (out-parameter launcher; no validation, callers own the shapes).
+                    causal: bool = False, *, topk: int | None = None, extra_lengths: torch.Tensor | None = None,
+                    extra_topk: int | None = None, rne: bool = False) -> None:
+    """Launch the combine in place (out-parameter launcher; callers own the shapes, only lse's layout is checked).
 
     Args:
         out: ``[b, s_q, h_q, d_v]`` contiguous, bf16/fp16 (written for requests with > 1 split, or all requests
-            when ``all_requests``).
-        lse: ``[b, h_q, s_q]`` contiguous fp32, natural log (same rows written).
+            when ``all_requests``, and for requests with no split).
+        lse: ``[b, h_q, s_q]`` fp32, natural log (same rows written): contiguous (dense decode) or the transposed
+            view of a contiguous ``[b, s_q, h_q]`` (sparse decode; strides ``(s_q*h_q, 1, h_q)``).
         o_accum: ``[rows, s_q, h_q, d_v]`` contiguous fp32; lse_accum: ``[rows, s_q, h_q]`` contiguous fp32 base 2.
-        num_splits: ``[b + 1]`` int32 prefix sum from :func:`deepkernels.mla.metadata.compute_schedule`.
+        num_splits: ``[b + 1]`` int32 prefix sum from :func:`deepkernels.mla.metadata.compute_schedule`; each
+            request's range is clamped to ``[0, rows]`` (a stale or garbage value never reads outside o_accum).
         attn_sink: optional ``[h_q]`` fp32; applied here (never in a split) — with ``all_requests=True`` this
             is the one place it is applied, which is what a sparse path with a sink wants.
         all_requests: also combine single-split requests (their decode kernel then writes only partials).
-        lengths: optional ``[b]`` int32 key counts (dense: ``cache_seqlens``); ``causal``: query ``i`` of ``s_q``
-            sees ``lengths - (s_q - 1 - i)`` keys. Every request with **no** split (``num_splits`` planned for a
-            smaller batch and padded, the vLLM CUDA-graph pattern) is written here: out 0 / lse +inf when it has no
-            key (or ``lengths`` is None), else NaN out and lse (its attention cannot be computed without a split).
+        lengths: optional ``[b]`` int32 key counts (dense: ``cache_seqlens``; with ``topk``: top-k lengths);
+            ``causal``: query ``i`` of ``s_q`` sees ``lengths - (s_q - 1 - i)`` keys. Every request with **no**
+            split (``num_splits`` planned for a smaller batch and padded, the vLLM CUDA-graph pattern) is written
+            here: out 0 / lse +inf when it has no key (or no key count is known: ``lengths`` and ``topk`` None),
+            else NaN out and lse (its attention cannot be computed without a split).
+        topk: sparse decode: a request's key count is ``clamp(lengths[i], 0, topk)``, or ``topk`` when
+            ``lengths`` is None. extra_topk / extra_lengths: an extra cache's count, ``clamp(extra_lengths[i], 0,
+            extra_topk)`` or ``extra_topk``, added to it.
+        rne: round the output to nearest-even explicitly (bf16 under the interpreter, whose fp32->bf16 cast
+            truncates; the GPU cast already rounds to nearest even).
+    Raises:
+        ValueError if ``lse`` has neither layout.
     """
     b, s_q, h_q, d_v = out.shape
     if b * s_q == 0 or h_q == 0:
         return
+    ls = lse.stride()
+    lse_shq = ls[2] != 1 and s_q > 1        # s_q == 1 (or h_q == 1): both layouts are the same memory
+    want = (s_q * h_q, 1, h_q) if lse_shq else (h_q * s_q, s_q, 1)
+    if lse.shape != (b, h_q, s_q) or any(n > 1 and st != w for n, st, w in zip(lse.shape, ls, want)):
+        raise ValueError(f"lse must be [b, h_q, s_q] = {[b, h_q, s_q]}, contiguous or the transposed view of a "
+                         f"contiguous [b, s_q, h_q]; got shape {list(lse.shape)} strides {list(ls)}")
     sink = attn_sink if attn_sink is not None else lse_accum
-    grid = (b * s_q, triton.cdiv(h_q, _COMBINE_HEADS))
+    grid = _combine_grid(b, s_q, h_q)
     acc_rows = o_accum.shape[0]
-    # Triton's specialisation facts of this launch (dtypes, 16-B alignment, s_q/h_q == 1 / % 16, i32 range)
     lens = lengths if lengths is not None else num_splits
+    xlens = extra_lengths if extra_lengths is not None else num_splits
     causal = bool(causal) and s_q > 1 and lengths is not None
-    ptrs = (o_accum, lse_accum, num_splits, out, lse, sink, lens)
-    key = (_mla_decode_combine_kernel, attn_sink is not None, bool(all_requests), d_v, lengths is not None, causal,
-           tuple((t.dtype, t.data_ptr() & 15 == 0) for t in ptrs),
-           s_q == 1, s_q % 16 == 0, h_q == 1, h_q % 16 == 0, max(s_q, h_q, acc_rows) < 2 ** 31)
+    has_x = extra_topk is not None
+    topk_i = 0 if topk is None else int(topk)
+    xtopk_i = int(extra_topk) if has_x else 0
+    # Triton's specialisation facts of this launch (dtypes, 16-B alignment, s_q/h_q == 1 / % 16, i32 range)
+    ptrs = (o_accum, lse_accum, num_splits, out, lse, sink, lens, xlens)
+    flags = (attn_sink is not None, bool(all_requests), d_v, lengths is not None, causal, lse_shq, topk is not None,
+             has_x, has_x and extra_lengths is not None, bool(rne))
+    key = (_mla_decode_combine_kernel, flags, tuple((t.dtype, t.data_ptr() & 15 == 0) for t in ptrs),
+           s_q == 1, s_q % 16 == 0, h_q == 1, h_q % 16 == 0, max(s_q, h_q, acc_rows, topk_i, xtopk_i) < 2 ** 31)
     launcher = _LAUNCHERS.get(key)
     if launcher is None:
         if len(_LAUNCHERS) >= 256:
             _LAUNCHERS.clear()
         launcher = _LAUNCHERS[key] = KernelLauncher(_mla_decode_combine_kernel, dict(
-            HAS_SINK=attn_sink is not None, ALL_REQUESTS=bool(all_requests), HEADS=_COMBINE_HEADS, D_V=d_v,
-            HAS_LEN=lengths is not None, CAUSAL=causal, num_warps=4))
-    launcher(grid, o_accum, lse_accum, num_splits, out, lse, sink, lens, s_q, h_q, acc_rows)
+            HAS_SINK=flags[0], ALL_REQUESTS=flags[1], HEADS=_COMBINE_HEADS, D_V=d_v, HAS_LEN=flags[3],
+            CAUSAL=causal, LSE_SHQ=lse_shq, TOPK_LEN=flags[6], HAS_EXTRA=has_x, HAS_XLEN=flags[8], RNE=flags[9],
+            num_warps=4))
+    launcher(grid, o_accum, lse_accum, num_splits, out, lse, sink, lens, s_q, h_q, acc_rows, xlens, topk_i, xtopk_i)
+
+
+
+def _combine_grid(b: int, s_q: int, h_q: int) -> tuple:
+    """Combine grid: ``b * s_q`` on axis 0 (no 65,535 limit), head blocks of 8 on axis 1 (h_q <= 128 -> at most
+    16)."""
+    return (b * s_q, triton.cdiv(h_q, _COMBINE_HEADS))
 
 
 _LAUNCHERS: dict = {}   # specialisation key -> KernelLauncher (deepkernels._launch: cached compiled-kernel launch)

@@ -25,7 +25,7 @@ import triton.language as tl
 from .._backend import use_kernels
 from .._launch import KernelLauncher
 
-__all__ = ["compute_schedule", "SCHED_BLOCK", "FIXED_OVERHEAD_BLOCKS"]
+__all__ = ["compute_schedule", "resolve_schedule", "SCHED_BLOCK", "FIXED_OVERHEAD_BLOCKS"]
 
 SCHED_BLOCK = 64
 FIXED_OVERHEAD_BLOCKS = 5
@@ -156,6 +156,45 @@ def compute_schedule(token_counts: torch.Tensor, num_sm_parts: int,
     _sched_launcher(int(fixed_overhead), counts.data_ptr() & 15 == 0, b < 2 ** 31 and num_sm_parts < 2 ** 31)(
         grid, counts, meta, num_splits, b, num_sm_parts)
     return meta, num_splits
+
+
+def resolve_schedule(meta, num_splits, cfg, plan, legacy, meta_type):
+    """The ``(tile_scheduler_metadata, num_splits)`` pair of one decode call: FlashMLA's metadata contract
+    (spec/mla.md §1.1), shared by the dense and the sparse decode paths.
+
+    Args:
+        meta: the call's ``tile_scheduler_metadata``. A ``meta_type`` instance (``FlashMLASchedMeta``) is filled on
+            its first use with ``cfg`` and ``plan()`` and returned as is by later calls of the same ``cfg``; anything
+            else is handed to ``legacy``.
+        num_splits: the call's ``num_splits``; must be None with a ``FlashMLASchedMeta``.
+        cfg: the call's ``FlashMLASchedMeta.Config`` (compared with ``==`` on reuse; the same object is accepted
+            without comparing).
+        plan: zero-argument callable returning a fresh ``(meta [num_sm_parts, 8], num_splits [b + 1])`` int32 pair
+            (e.g. :func:`compute_schedule` of the call's token counts); called only for an unfilled metadata object.
+        legacy: callable ``legacy(meta)`` returning the pair for the other metadata forms a path accepts (legacy
+            tensors of the old ``get_mla_metadata``), or None for a form it does not accept.
+        meta_type: the ``FlashMLASchedMeta`` class (it lives with the public op, which imports this module).
+    Returns:
+        ``(tile_scheduler_metadata, num_splits)``.
+    Raises:
+        ValueError if ``num_splits`` is given with a ``FlashMLASchedMeta`` or the object was filled for another
+        configuration; TypeError (naming tile_scheduler_metadata) for a form neither accepts.
+    """
+    if isinstance(meta, meta_type):
+        if num_splits is not None:
+            raise ValueError("num_splits must be None when tile_scheduler_metadata is a FlashMLASchedMeta")
+        if meta.have_initialized:
+            if meta.config is not cfg and meta.config != cfg:
+                raise ValueError(f"tile_scheduler_metadata was built for {meta.config}, reused with {cfg}; "
+                                 "call get_mla_metadata() again for a new configuration")
+            return meta.tile_scheduler_metadata, meta.num_splits
+        sched, ns = plan()
+        meta.config, meta.tile_scheduler_metadata, meta.num_splits, meta.have_initialized = cfg, sched, ns, True
+        return sched, ns
+    pair = legacy(meta)
+    if pair is None:
+        raise TypeError(f"tile_scheduler_metadata must come from get_mla_metadata(), got {type(meta).__name__}")
+    return pair
 
 
 _LAUNCHERS: dict = {}

@@ -4,9 +4,17 @@
 ``deepkernels.mla.decode.flash_mla_with_kvcache`` routes every call with ``indices`` here
 (:func:`_sparse_decode_forward`). Semantics: :mod:`deepkernels.reference.mla_sparse` (FlashMLA
 ``flash_mla_with_kvcache`` sparse mode, spec/mla.md §1.2, §2, §3, §4, §9). Kernels:
-:mod:`deepkernels.mla._sparse_kernels` (split-KV stage + combine), scheduled by
-:func:`deepkernels.mla.metadata.compute_schedule` driven by the per-request token count
-(``topk_length`` or ``topk``; with an extra cache ``64*ceil(n_main/64) + n_extra``, FlashMLA's rule).
+:mod:`deepkernels.mla._sparse_kernels` (split-KV stage) and the combine shared with dense decode
+(:func:`deepkernels.mla.combine.combine_splits_`), scheduled by :func:`deepkernels.mla.metadata.compute_schedule`
+driven by the per-request token count (``topk_length`` or ``topk``; with an extra cache
+``64*ceil(n_main/64) + n_extra``, FlashMLA's rule); the metadata contract is
+:func:`deepkernels.mla.metadata.resolve_schedule`, shared with dense decode.
+
+Host path (as dense decode): every argument check is a function of the call's *signature* (dtype, shape, strides,
+device and 16-byte alignment of each tensor, the flags, the interpreter / forced-reference switches), so a
+signature that passed once is cached (``_PLANS``) and a repeated call skips the checks; the split-KV kernel is
+launched through a :class:`deepkernels._launch.KernelLauncher` keyed by that plan (direct compiled-kernel launch on
+the GPU), the combine through its own cached launcher.
 
 Batch-invariant mode (no split-KV, so a request's result never depends on the other requests of the batch): call
 ``deepkernels.set_sparse_decode_batch_invariant(True)`` or set ``DEEPKERNELS_BATCH_INVARIANT=1`` in the
@@ -21,11 +29,14 @@ from typing import Optional
 import torch
 
 from .._backend import device_of, interpret_mode, use_kernels
+from .._launch import KernelLauncher, spec_key
 from .._validate import check_tensor
 from ..quant.kvcache import KV_FORMATS
 from ..reference.mla_sparse import detect_sparse_formats, sparse_decode_ref
+from . import _sparse_kernels as _sk
+from .combine import combine_splits_
 from .decode import FlashMLASchedMeta, _nonpositive_scale, _num_sms   # _num_sms honours set_mla_num_sms, set_num_sms
-from .metadata import FIXED_OVERHEAD_BLOCKS, SCHED_BLOCK, compute_schedule
+from .metadata import FIXED_OVERHEAD_BLOCKS, SCHED_BLOCK, compute_schedule, resolve_schedule
 
 __all__ = ["set_sparse_decode_batch_invariant", "sparse_decode_batch_invariant", "sparse_decode_config",
            "SPARSE_DECODE_CONFIGS", "SPARSE_DECODE_CANDIDATES"]
@@ -116,22 +127,18 @@ def _check_cache(name: str, c: torch.Tensor, fmt: str):
         raise ValueError(f"{name} holds {nb * page} tokens; indices are int32, so at most 2^31 - 1")
 
 
-def _check_indices(name: str, ind: torch.Tensor, b: int, s_q: int) -> torch.Tensor:
+def _check_indices(name: str, ind: torch.Tensor, b: int, s_q: int) -> None:
     check_tensor(name, ind, ndim=3, dtype=torch.int32)
     if ind.shape[0] != b or ind.shape[1] != s_q:
         raise ValueError(f"{name} must have shape [b={b}, s_q={s_q}, topk], got {list(ind.shape)}")
-    if ind.shape[2] > 1 and ind.stride(2) != 1:
-        ind = ind.contiguous()
-    return ind
 
 
-def _check_len(name: str, t: Optional[torch.Tensor], b: int) -> Optional[torch.Tensor]:
+def _check_len(name: str, t: Optional[torch.Tensor], b: int) -> None:
     if t is None:
-        return None
+        return
     check_tensor(name, t, ndim=1, dtype=torch.int32)
     if t.shape[0] != b:
         raise ValueError(f"{name} must have shape [b={b}], got {list(t.shape)}")
-    return t.contiguous()
 
 
 def _token_counts(b, topk, topk_length, xtopk, extra_topk_length, has_extra, device):
@@ -154,37 +161,34 @@ def _trivial_schedule(b: int, device):
     return meta, torch.arange(b + 1, dtype=torch.int32, device=device)
 
 
-def _get_schedule(meta_obj, num_splits, cfg, counts_fn, device, parts, batch_invariant):
-    if isinstance(meta_obj, FlashMLASchedMeta):
-        if num_splits is not None:
-            raise ValueError("num_splits must be None when tile_scheduler_metadata is a FlashMLASchedMeta")
-        if meta_obj.have_initialized:
-            if meta_obj.config != cfg:
-                raise ValueError(f"tile_scheduler_metadata was built for {meta_obj.config}, reused with {cfg}; "
-                                 "call get_mla_metadata() again for a new configuration")
-        else:
-            sched, ns = compute_schedule(counts_fn(), parts, FIXED_OVERHEAD_BLOCKS)
-            meta_obj.config, meta_obj.tile_scheduler_metadata, meta_obj.num_splits = cfg, sched, ns
-            meta_obj.have_initialized = True
-        if batch_invariant:
-            return _trivial_schedule(cfg.b, device)
-        return meta_obj.tile_scheduler_metadata, meta_obj.num_splits
-    if isinstance(meta_obj, torch.Tensor) or meta_obj is None:
-        # legacy call form (tensors from the old get_mla_metadata, planned without the extra cache): recompute,
-        # so that a plan made for other lengths can never drop tokens
-        if batch_invariant:
-            return _trivial_schedule(cfg.b, device)
-        return compute_schedule(counts_fn(), parts, FIXED_OVERHEAD_BLOCKS)
-    raise TypeError(f"tile_scheduler_metadata must come from get_mla_metadata(), got {type(meta_obj).__name__}")
+_FWD_CONSTEXPRS = ("FMT", "XFMT", "PAGE_SHIFT", "XPAGE_SHIFT", "HAS_EXTRA", "HAS_LEN", "HAS_XLEN", "HAS_SINK",
+                   "BLOCK_H", "BLOCK_N", "XBLOCK_N", "SBLOCK", "UPCAST", "NUM_STAGES")
+_LAUNCHERS: dict = {}
+_LAUNCHER_LIMIT = 1024
+
+
+def _fwd_launcher(fn, constexprs: tuple, warps: int, stages: int, spec) -> KernelLauncher:
+    """KernelLauncher of the split-KV kernel for one specialisation ``spec`` (Triton's facts about the non-constexpr
+    arguments). Keyed by the kernel object too, so a test's stand-in kernel (monkeypatched module attribute) is what
+    gets called."""
+    key = (fn, constexprs, warps, stages, spec)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        if len(_LAUNCHERS) >= _LAUNCHER_LIMIT:
+            _LAUNCHERS.clear()
+        launcher = _LAUNCHERS[key] = KernelLauncher(
+            fn, dict(zip(_FWD_CONSTEXPRS, constexprs), num_warps=warps, num_stages=stages))
+    return launcher
 
 
 def _launch_sparse_decode(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None,
                           extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
-                          extra_topk_length=None, config=None):
+                          extra_topk_length=None, config=None, _spec=None):
     """Out-parameter launcher (inputs already validated): ``out [b, s_q, h_q, 512]`` contiguous bf16,
-    ``lse_buf [b, s_q, h_q]`` contiguous fp32 natural log; ``sched [parts, 8]``/``num_splits [b + 1]`` int32."""
-    from ._sparse_kernels import FMT_CODES, _sparse_decode_combine_kernel, _sparse_decode_fwd_kernel
-
+    ``lse_buf [b, s_q, h_q]`` contiguous fp32 natural log; ``sched [parts, 8]``/``num_splits [b + 1]`` int32.
+    ``_spec``: a hashable object standing for the specialisation facts of every kernel argument except
+    sched/num_splits/acc_rows (the public op passes its cached call plan, whose signature fixes them); None computes
+    them here with :func:`deepkernels._launch.spec_key`."""
     b, s_q, h_q, _ = q.shape
     block_h, block_n, warps, stages, _ = config or sparse_decode_config(h_q, fmt)
     parts = sched.shape[0]
@@ -199,28 +203,32 @@ def _launch_sparse_decode(out, lse_buf, q, k_cache, indices, sched, num_splits, 
     has_x = extra_k_cache is not None
     xkv = extra_k_cache.view(torch.uint8) if has_x else kv
     xind = extra_indices if has_x else indices
+    topk, xtopk = indices.shape[2], (xind.shape[2] if has_x else 0)
     dummy = l_acc
-    _sparse_decode_fwd_kernel[_fwd_grid(parts, s_q, h_q, block_h)](
-        q, kv, indices, topk_length if topk_length is not None else dummy,
-        xkv, xind, extra_topk_length if extra_topk_length is not None else dummy,
-        attn_sink if attn_sink is not None else dummy,
-        sched, num_splits, out, lse_buf, o_acc, l_acc,
-        q.stride(0), q.stride(1), q.stride(2),
-        kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1], indices.stride(0), indices.stride(1),
-        xkv.stride(0), xkv.shape[1], xkv.shape[0] * xkv.shape[1], xind.stride(0), xind.stride(1),
-        b, s_q, h_q, indices.shape[2], xind.shape[2] if has_x else 0, acc_rows, scale * _LOG2E,
-        FMT=FMT_CODES[fmt], XFMT=FMT_CODES[xfmt] if has_x else FMT_CODES[fmt],
-        PAGE_SHIFT=_page_shift(kv.shape[1]), XPAGE_SHIFT=_page_shift(xkv.shape[1]), HAS_EXTRA=has_x,
-        HAS_LEN=topk_length is not None, HAS_XLEN=extra_topk_length is not None, HAS_SINK=attn_sink is not None,
-        BLOCK_H=block_h, BLOCK_N=block_n, XBLOCK_N=_block_n(block_n, xfmt) if has_x else block_n, SBLOCK=SCHED_BLOCK, UPCAST=interpret_mode(), NUM_STAGES=stages,
-        num_warps=warps, num_stages=stages)
-    _sparse_decode_combine_kernel[_combine_grid(b, s_q, h_q)](
-        o_acc, l_acc, num_splits, out, lse_buf, attn_sink if attn_sink is not None else l_acc,
-        topk_length if topk_length is not None else num_splits,
-        extra_topk_length if extra_topk_length is not None else num_splits,
-        indices.shape[2], xind.shape[2] if has_x else 0, s_q, h_q, acc_rows,
-        HAS_SINK=attn_sink is not None, HEADS=8, D_V=512, UPCAST=interpret_mode(), HAS_LEN=topk_length is not None,
-        HAS_EXTRA=has_x, HAS_XLEN=extra_topk_length is not None, num_warps=4)
+    ptrs = (q, kv, indices, topk_length if topk_length is not None else dummy,
+            xkv, xind, extra_topk_length if extra_topk_length is not None else dummy,
+            attn_sink if attn_sink is not None else dummy)
+    ints = (q.stride(0), q.stride(1), q.stride(2),
+            kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1], indices.stride(0), indices.stride(1),
+            xkv.stride(0), xkv.shape[1], xkv.shape[0] * xkv.shape[1], xind.stride(0), xind.stride(1),
+            b, s_q, h_q, topk, xtopk, acc_rows)
+    if _spec is None:
+        _spec = spec_key(*ptrs, out, lse_buf, o_acc, l_acc, *ints)
+    else:   # sched/num_splits/acc_rows are the only launch facts the public op's signature does not fix
+        _spec = (_spec, acc_rows < 2 ** 31)
+    spec = (_spec, sched.dtype, sched.data_ptr() & 15 == 0, num_splits.dtype, num_splits.data_ptr() & 15 == 0)
+    constexprs = (_sk.FMT_CODES[fmt], _sk.FMT_CODES[xfmt] if has_x else _sk.FMT_CODES[fmt],
+                  _page_shift(kv.shape[1]), _page_shift(xkv.shape[1]), has_x, topk_length is not None,
+                  extra_topk_length is not None, attn_sink is not None, block_h, block_n,
+                  _block_n(block_n, xfmt) if has_x else block_n, SCHED_BLOCK, interpret_mode(), stages)
+    launcher = _fwd_launcher(_sk._sparse_decode_fwd_kernel, constexprs, warps, stages, spec)
+    launcher(_fwd_grid(parts, s_q, h_q, block_h), *ptrs, sched, num_splits, out, lse_buf, o_acc, l_acc, *ints,
+             scale * _LOG2E)
+    # every request row is written: > 1 split combined here (sink applied once, here); 0 splits (padded
+    # num_splits) -> out 0 / lse +inf without a token position, else NaN (combine.py)
+    combine_splits_(out, lse_buf.transpose(1, 2), o_acc, l_acc, num_splits, attn_sink=attn_sink,
+                    lengths=topk_length, topk=topk, extra_lengths=extra_topk_length if has_x else None,
+                    extra_topk=xtopk if has_x else None, rne=interpret_mode())
 
 
 def _page_shift(page: int) -> int:
@@ -233,9 +241,107 @@ def _fwd_grid(parts: int, s_q: int, h_q: int, block_h: int) -> tuple:
     return (parts * s_q * -(-h_q // block_h),)
 
 
-def _combine_grid(b: int, s_q: int, h_q: int) -> tuple:
-    """Combine grid: b*s_q on axis 0, head blocks of 8 on axis 1 (h_q <= 128 -> at most 16)."""
-    return (b * s_q, -(-h_q // 8))
+_T = torch.Tensor
+_PLANS: dict = {}
+_PLAN_LIMIT = 1024
+
+
+class _CallPlan:
+    """One validated call signature of the sparse path (see :func:`_call_sig`); hashed by identity (launch key)."""
+
+    __slots__ = ("cfg", "fmt", "xfmt", "config", "dev", "empty", "kernels")
+
+
+def _tsig(t) -> tuple:
+    if t is None:
+        return None
+    if type(t) is not _T:
+        raise TypeError   # unusual argument type: no signature (the full path runs and reports it)
+    return (t.dtype, t.shape, t.stride(), t.device, t.data_ptr() & 15)
+
+
+def _call_sig(q, k_cache, indices, head_dim_v, is_fp8_kvcache, attn_sink, extra_k_cache, extra_indices,
+              topk_length, extra_topk_length, causal, config):
+    """Hashable signature of a sparse call: dtype/shape/strides/device/16-B alignment of every tensor (None for an
+    absent optional one), head_dim_v, the truth of is_fp8_kvcache and causal, the config override, the interpreter
+    flag and DEEPKERNELS_FORCE_REFERENCE (both decide the backend). Every argument check of the sparse path except
+    softmax_scale and the metadata state is a function of it, so a signature that passed once passes again; it also
+    fixes every specialisation fact of the split-KV launch except sched/num_splits/acc_rows. None for unusual
+    argument types (full path every time)."""
+    try:
+        if type(q) is not _T or type(k_cache) is not _T or type(indices) is not _T or type(head_dim_v) is not int:
+            return None
+        sig = (_tsig(q), _tsig(k_cache), _tsig(indices), _tsig(attn_sink), _tsig(extra_k_cache),
+               _tsig(extra_indices), _tsig(topk_length), _tsig(extra_topk_length), head_dim_v,
+               bool(is_fp8_kvcache), bool(causal), config, interpret_mode(),
+               os.environ.get("DEEPKERNELS_FORCE_REFERENCE", "0") not in ("", "0"))
+        hash(sig)
+        return sig
+    except Exception:
+        return None
+
+
+def _validate_call(q, k_cache, indices, head_dim_v, softmax_scale, is_fp8_kvcache, attn_sink, extra_k_cache,
+                   extra_indices_in_kvcache, topk_length, extra_topk_length, causal, config, sig) -> _CallPlan:
+    """Every argument check of the sparse path, in the order the errors are reported (softmax_scale between the
+    tensor checks and the device check, as it always was); caches the plan under ``sig`` (when not None)."""
+    if not is_fp8_kvcache:
+        raise ValueError("is_fp8_kvcache must be True when indices is given (sparse decode runs on FP8/FP4 caches)")
+    if causal:
+        raise ValueError("causal must be False when indices is given (sparse decode)")
+    check_tensor("q", q, ndim=4, dtype=torch.bfloat16)
+    check_tensor("k_cache", k_cache, ndim=4, dtype=_CACHE_DTYPES)
+    if extra_k_cache is not None:
+        check_tensor("extra_k_cache", extra_k_cache, ndim=4, dtype=_CACHE_DTYPES)
+    fmt, xfmt = detect_sparse_formats(k_cache, extra_k_cache)
+    f = KV_FORMATS[fmt]
+    b, s_q, h_q, d_qk = q.shape
+    if d_qk != f.d_qk:
+        raise ValueError(f"q: d_qk must be {f.d_qk} for a {k_cache.shape[-1]}-byte ({fmt}) cache, got q shape "
+                         f"{list(q.shape)}")
+    if head_dim_v != 512:
+        raise ValueError(f"head_dim_v must be 512, got {head_dim_v}")
+    if h_q not in SPARSE_DECODE_CONFIGS:
+        raise ValueError(f"q: h_q must be one of {sorted(SPARSE_DECODE_CONFIGS)}, got shape {list(q.shape)}")
+    _check_cache("k_cache", k_cache, fmt)
+    _check_indices("indices", indices, b, s_q)
+    if (extra_k_cache is None) != (extra_indices_in_kvcache is None):
+        raise ValueError("extra_indices_in_kvcache is required with extra_k_cache and forbidden without it")
+    if extra_k_cache is None and extra_topk_length is not None:
+        raise ValueError("extra_topk_length is only allowed with extra_k_cache")
+    if extra_k_cache is not None:
+        _check_cache("extra_k_cache", extra_k_cache, xfmt)
+        _check_indices("extra_indices_in_kvcache", extra_indices_in_kvcache, b, s_q)
+    _check_len("topk_length", topk_length, b)
+    _check_len("extra_topk_length", extra_topk_length, b)
+    if attn_sink is not None:
+        check_tensor("attn_sink", attn_sink, ndim=1, dtype=torch.float32)
+        if attn_sink.shape[0] != h_q:
+            raise ValueError(f"attn_sink must have shape [h_q={h_q}], got {list(attn_sink.shape)}")
+    _scale(softmax_scale, d_qk)
+    plan = _CallPlan()
+    plan.dev = device_of(q, k_cache, indices, attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length,
+                         extra_topk_length)
+    plan.fmt, plan.xfmt = fmt, xfmt
+    plan.cfg = FlashMLASchedMeta.Config(
+        b=b, s_q=s_q, h_q=h_q, page_block_size=k_cache.shape[1], h_k=1, causal=False, is_fp8_kvcache=True,
+        topk=indices.shape[2], extra_page_block_size=None if extra_k_cache is None else extra_k_cache.shape[1],
+        extra_topk=extra_indices_in_kvcache.shape[2] if extra_k_cache is not None else None)
+    plan.config = config or sparse_decode_config(h_q, fmt)
+    plan.empty = b == 0 or s_q == 0
+    plan.kernels = use_kernels(q, k_cache, indices)
+    if sig is not None:
+        if len(_PLANS) >= _PLAN_LIMIT:
+            _PLANS.clear()
+        _PLANS[sig] = plan
+    return plan
+
+
+def _scale(softmax_scale, d_qk: int) -> float:
+    scale = d_qk ** -0.5 if softmax_scale is None else float(softmax_scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    return scale
 
 
 def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metadata, num_splits=None,
@@ -271,68 +377,57 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
     Raises:
         TypeError / ValueError naming the argument for bad types, shapes, strides, formats or flags.
     """
-    if not is_fp8_kvcache:
-        raise ValueError("is_fp8_kvcache must be True when indices is given (sparse decode runs on FP8/FP4 caches)")
-    if causal:
-        raise ValueError("causal must be False when indices is given (sparse decode)")
-    check_tensor("q", q, ndim=4, dtype=torch.bfloat16)
-    check_tensor("k_cache", k_cache, ndim=4, dtype=_CACHE_DTYPES)
-    if extra_k_cache is not None:
-        check_tensor("extra_k_cache", extra_k_cache, ndim=4, dtype=_CACHE_DTYPES)
-    fmt, xfmt = detect_sparse_formats(k_cache, extra_k_cache)
-    f = KV_FORMATS[fmt]
-    b, s_q, h_q, d_qk = q.shape
-    if d_qk != f.d_qk:
-        raise ValueError(f"q: d_qk must be {f.d_qk} for a {k_cache.shape[-1]}-byte ({fmt}) cache, got q shape "
-                         f"{list(q.shape)}")
-    if head_dim_v != 512:
-        raise ValueError(f"head_dim_v must be 512, got {head_dim_v}")
-    if h_q not in SPARSE_DECODE_CONFIGS:
-        raise ValueError(f"q: h_q must be one of {sorted(SPARSE_DECODE_CONFIGS)}, got shape {list(q.shape)}")
-    _check_cache("k_cache", k_cache, fmt)
-    indices = _check_indices("indices", indices, b, s_q)
-    if (extra_k_cache is None) != (extra_indices_in_kvcache is None):
-        raise ValueError("extra_indices_in_kvcache is required with extra_k_cache and forbidden without it")
-    if extra_k_cache is None and extra_topk_length is not None:
-        raise ValueError("extra_topk_length is only allowed with extra_k_cache")
-    if extra_k_cache is not None:
-        _check_cache("extra_k_cache", extra_k_cache, xfmt)
-        extra_indices_in_kvcache = _check_indices("extra_indices_in_kvcache", extra_indices_in_kvcache, b, s_q)
-    topk_length = _check_len("topk_length", topk_length, b)
-    extra_topk_length = _check_len("extra_topk_length", extra_topk_length, b)
-    if attn_sink is not None:
-        check_tensor("attn_sink", attn_sink, ndim=1, dtype=torch.float32)
-        if attn_sink.shape[0] != h_q:
-            raise ValueError(f"attn_sink must have shape [h_q={h_q}], got {list(attn_sink.shape)}")
-        attn_sink = attn_sink.contiguous()
-    scale = d_qk ** -0.5 if softmax_scale is None else float(softmax_scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
-    dev = device_of(q, k_cache, indices, attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length,
-                    extra_topk_length)
-    topk = indices.shape[2]
-    xtopk = extra_indices_in_kvcache.shape[2] if extra_k_cache is not None else None
-    cfg = FlashMLASchedMeta.Config(b=b, s_q=s_q, h_q=h_q, page_block_size=k_cache.shape[1], h_k=1, causal=False,
-                                   is_fp8_kvcache=True, topk=topk,
-                                   extra_page_block_size=None if extra_k_cache is None else extra_k_cache.shape[1],
-                                   extra_topk=xtopk)
-    config = config or sparse_decode_config(h_q, fmt)
+    sig = _call_sig(q, k_cache, indices, head_dim_v, is_fp8_kvcache, attn_sink, extra_k_cache,
+                    extra_indices_in_kvcache, topk_length, extra_topk_length, causal, config)
+    plan = None if sig is None else _PLANS.get(sig)
+    if plan is None:
+        plan = _validate_call(q, k_cache, indices, head_dim_v, softmax_scale, is_fp8_kvcache, attn_sink,
+                              extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length, causal,
+                              config, sig)
+    cfg, dev = plan.cfg, plan.dev
+    b, s_q, h_q = cfg.b, cfg.s_q, cfg.h_q
+    scale = _scale(softmax_scale, q.shape[3])
+    # the copies the kernels need (none for the usual layouts; which ones is fixed by the signature)
     if q.stride(-1) != 1:
         q = q.contiguous()
-    counts_fn = lambda: _token_counts(b, topk, topk_length, xtopk, extra_topk_length,  # noqa: E731
-                                      extra_k_cache is not None, dev)
-    if b == 0 or s_q == 0:
+    if indices.shape[2] > 1 and indices.stride(2) != 1:
+        indices = indices.contiguous()
+    has_x = extra_k_cache is not None
+    if has_x and extra_indices_in_kvcache.shape[2] > 1 and extra_indices_in_kvcache.stride(2) != 1:
+        extra_indices_in_kvcache = extra_indices_in_kvcache.contiguous()
+    if topk_length is not None:
+        topk_length = topk_length.contiguous()
+    if extra_topk_length is not None:
+        extra_topk_length = extra_topk_length.contiguous()
+    if attn_sink is not None:
+        attn_sink = attn_sink.contiguous()
+    if plan.empty:
         return (torch.zeros(b, s_q, h_q, 512, dtype=q.dtype, device=dev),
                 torch.full((b, s_q, h_q), float("inf"), device=dev).transpose(1, 2))
-    kernels = use_kernels(q, k_cache, indices)
-    parts = _num_sm_parts(dev, s_q, h_q, config)
-    sched, ns = _get_schedule(tile_scheduler_metadata, num_splits, cfg, counts_fn, dev, parts, _BATCH_INVARIANT)
-    if not kernels:
+    config, batch_invariant = plan.config, _BATCH_INVARIANT
+    topk, xtopk = cfg.topk, cfg.extra_topk
+
+    def replan():
+        counts = _token_counts(b, topk, topk_length, xtopk, extra_topk_length, has_x, dev)
+        return compute_schedule(counts, _num_sm_parts(dev, s_q, h_q, config), FIXED_OVERHEAD_BLOCKS)
+
+    def legacy(meta):
+        # legacy call form (tensors from the old get_mla_metadata, planned without the extra cache) or None:
+        # re-planned, so that a plan made for other lengths can never drop tokens
+        if meta is None or isinstance(meta, torch.Tensor):
+            return _trivial_schedule(b, dev) if batch_invariant else replan()
+        return None
+
+    sched, ns = resolve_schedule(tile_scheduler_metadata, num_splits, cfg, replan, legacy, FlashMLASchedMeta)
+    if batch_invariant and isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
+        sched, ns = _trivial_schedule(b, dev)
+    if not plan.kernels:
         return sparse_decode_ref(q, k_cache, indices, 512, scale, attn_sink, extra_k_cache,
                                  extra_indices_in_kvcache, topk_length, extra_topk_length)
-    q, scale, _ = _nonpositive_scale(q, scale)       # scale <= 0: exact rewrite (kernel max in raw-score units)
+    q, scale, exact = _nonpositive_scale(q, scale)   # scale <= 0: exact rewrite (kernel max in raw-score units)
     out = torch.empty(b, s_q, h_q, 512, dtype=q.dtype, device=dev)
     lse_buf = torch.empty(b, s_q, h_q, dtype=torch.float32, device=dev)
-    _launch_sparse_decode(out, lse_buf, q, k_cache, indices, sched, ns, scale, fmt, attn_sink, extra_k_cache,
-                          extra_indices_in_kvcache, xfmt, topk_length, extra_topk_length, config)
+    _launch_sparse_decode(out, lse_buf, q, k_cache, indices, sched, ns, scale, plan.fmt, attn_sink, extra_k_cache,
+                          extra_indices_in_kvcache, plan.xfmt, topk_length, extra_topk_length, config,
+                          plan if sig is not None and exact else None)
     return out, lse_buf.transpose(1, 2)
