@@ -100,19 +100,11 @@ def sparse_inputs(s_q, s_kv, topk, h_q, d_qk, sink):
     return q, kv, ind, sk
 
 
-def _gluon_name(variant):
-    return "gluon" if variant is None else f"gluon-{variant[0]}x{variant[1]}"
-
-
-GLUON_CFGS = {_gluon_name(v): v for v in _gsp.VARIANTS}
-
-
 def _launch_cfg(cfg):
-    """The launcher for one candidate: a Triton config tuple, or a name in GLUON_CFGS
-    (mla/_gluon_sparse_prefill.py variants)."""
-    if cfg in GLUON_CFGS:
+    """The launcher for one candidate: a Triton config tuple, or "gluon" (mla/_gluon_sparse_prefill.py)."""
+    if cfg == "gluon":
         return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp.launch_sparse_prefill_gluon(
-            out, ml, lse, q, kv, ind, scale, sk, tl, variant=GLUON_CFGS[cfg])
+            out, ml, lse, q, kv, ind, scale, sk, tl)
     return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _launch_sparse_prefill(
         out, ml, lse, q, kv, ind, scale, sk, tl, config=cfg)
 
@@ -121,7 +113,7 @@ def run_sparse(rows, sweep, s_kvs, s_q=4096, topk=2048, gluon=False):
     h_q, d_qk = 128, 576
     configs = SPARSE_CANDIDATES if sweep else [SPARSE_CONFIGS[h_q]]
     if gluon:
-        configs = configs + list(GLUON_CFGS)
+        configs = configs + ["gluon"]
     for s_kv in s_kvs:
         for sink in (False, True):
             try:

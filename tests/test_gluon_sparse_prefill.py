@@ -16,32 +16,29 @@ pytestmark = pytest.mark.skipif(not G.available(), reason=f"Gluon not importable
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("variant", G.VARIANTS)
 @pytest.mark.parametrize("d_pe,has_len,has_sink", [(64, False, False), (64, True, True), (0, True, False)])
-def test_compile_sm90(d_pe, has_len, has_sink, variant):
+def test_compile_sm90(d_pe, has_len, has_sink):
     from deepkernels.testing.compile import SM90_SMEM_LIMIT, ptxas_sm90
-    k = G.compile_sm90(d_pe, has_len, has_sink, variant=variant)
+    k = G.compile_sm90(d_pe, has_len, has_sink)
     ptx = k.asm["ptx"]
     assert "wgmma.mma_async" in ptx
     assert "cp.async" in ptx and "cp.async.wait_group" in ptx
-    # per warpgroup: S = (512 + d_pe) / 16 k-steps, PV = BLOCK_N / 16 (the pipelined kernel has S twice: prologue
-    # and loop); nothing is computed twice across the warpgroups (the [4, 2] layouts split N)
-    s_steps, pv_steps = (512 + d_pe) // 16, (64 if variant is None else variant[0]) // 16
-    want = s_steps + pv_steps if variant is None else 2 * s_steps + 2 * pv_steps
-    assert ptx.count("wgmma.mma_async") == want
+    # per warpgroup: S = (512 + d_pe) / 16 k-steps, PV = 64 / 16; nothing is computed twice across the
+    # warpgroups (the [4, 2] layouts split N)
+    assert ptx.count("wgmma.mma_async") == (512 + d_pe) // 16 + 4
     assert k.metadata.shared <= SM90_SMEM_LIMIT
     rep = ptxas_sm90(ptx)
     if rep is not None:
         assert rep.spill_bytes == 0, rep.log
 
 
-def _run(q, kv, ind, sk, tl, sm_scale=0.5, name="", variant="default"):
+def _run(q, kv, ind, sk, tl, sm_scale=0.5, name=""):
     s_q, h_q, _ = q.shape
     out = torch.full((s_q, h_q, 512), float("nan"), dtype=torch.bfloat16, device=q.device)
     ml = torch.full((s_q, h_q), float("nan"), device=q.device)
     lse = torch.full((s_q, h_q), float("nan"), device=q.device)
     assert G.supported(q, kv)
-    G.launch_sparse_prefill_gluon(out, ml, lse, q, kv, ind, sm_scale, sk, tl, variant=variant)
+    G.launch_sparse_prefill_gluon(out, ml, lse, q, kv, ind, sm_scale, sk, tl)
     ro, rml, rlse = sparse_prefill_ref(q, kv, ind, sm_scale, 512, sk, tl)
     assert check_is_allclose(f"{name} out", out.float(), ro, abs_tol=8e-4, rel_tol=3.01 / 128, cos_diff_tol=7e-6)
     assert check_is_allclose(f"{name} lse", lse, rlse, abs_tol=1e-6, rel_tol=2.01 / 65536)
@@ -50,31 +47,28 @@ def _run(q, kv, ind, sk, tl, sm_scale=0.5, name="", variant="default"):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", G.VARIANTS)
 @pytest.mark.parametrize("d_qk,h_q", [(576, 128), (576, 64), (512, 64), (512, 128)])
 @pytest.mark.parametrize("s_kv,topk", [(592, 128), (1521, 512), (114, 384), (4096, 100)])
-def test_gpu_regular(d_qk, h_q, s_kv, topk, variant):
+def test_gpu_regular(d_qk, h_q, s_kv, topk):
     q, kv, ind, sk, tl = make_case(62, s_kv, topk, h_q=h_q, d_qk=d_qk, device="cuda")
-    _run(q, kv, ind, sk, tl, name=f"{d_qk}/{h_q}/{s_kv}/{topk}", variant=variant)
+    _run(q, kv, ind, sk, tl, name=f"{d_qk}/{h_q}/{s_kv}/{topk}")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", G.VARIANTS)
 @pytest.mark.parametrize("sink,with_len", [(False, False), (True, False), (False, True), (True, True)])
-def test_gpu_features(sink, with_len, variant):
+def test_gpu_features(sink, with_len):
     q, kv, ind, sk, tl = make_case(213, 1592, 384, h_q=128, sink=sink, with_len=with_len, all_invalid=True,
                                    device="cuda")
-    _run(q, kv, ind, sk, tl, name=f"sink={sink} len={with_len}", variant=variant)
+    _run(q, kv, ind, sk, tl, name=f"sink={sink} len={with_len}")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", G.VARIANTS)
 @pytest.mark.parametrize("s_q,s_kv,topk", [(1, 128, 128), (1234, 4321, 4096), (1024, 32, 2048), (3, 64, 0),
                                            (5, 200, 16), (5, 300, 48)])
-def test_gpu_corners(s_q, s_kv, topk, variant):
-    # all-invalid rows, blocks with no valid index (s_kv << topk), topk = 0, fewer blocks than ring slots
+def test_gpu_corners(s_q, s_kv, topk):
+    # all-invalid rows, blocks with no valid index (s_kv << topk), topk = 0, one partial block
     q, kv, ind, sk, tl = make_case(s_q, s_kv, topk, h_q=128, sink=True, all_invalid=topk > 0, device="cuda")
-    _run(q, kv, ind, sk, tl, variant=variant)
+    _run(q, kv, ind, sk, tl)
 
 
 @pytest.mark.gpu

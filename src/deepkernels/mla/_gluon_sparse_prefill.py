@@ -19,7 +19,12 @@ Why Gluon: Triton puts every warp on M for the chained dots, so with 64 heads bo
   shared memory for the whole program (64 KB + 8 KB).
 
 Shared memory: Q 72 KB + ring 2 x 72 KB + P 8 KB = 224 KB (d_qk 576); the H200 allows 227 KB per block.
-No warp specialisation yet (one instruction stream; the overlap comes from cp.async and the async wgmma).
+No warp specialisation yet (one instruction stream; the overlap comes from cp.async). Measured on the H200
+(``results/mla_prefill_gluon-h200-2026-11-29*.json``): 332-338 TFLOPS at s_q 4096, h_q 128, topk 2048 vs 235-260 for
+the Triton kernel. A software-pipelined variant (ring of 4 x 32-token or 8 x 16-token tiles, S(j+1) and PV(j) in
+flight together) was correct but slower, 244 and 141 TFLOPS: with smaller tiles the per-block barriers, cross-
+warpgroup reductions and narrow wgmmas cost more than the overlap wins (commit e495a5c has it). Next: a producer
+warpgroup (FlashMLA's structure) so the gather and the two consumer warpgroups run decoupled.
 """
 from __future__ import annotations
 
@@ -80,6 +85,30 @@ def _g_gather(kvn_buf, kvp_buf, kv_ptr, idx_row, start, n, s_kv, stride_kvs,
         offs_p = gl.arange(0, D_PE, gl.SliceLayout(0, LP))
         async_copy.async_copy_global_to_shared(kvp_buf, rowsp + D_V + offs_p[None, :], mask=okp[:, None])
     async_copy.commit_group()
+
+
+@_jit
+def _g_scores(q_n, q_p, kv_n, kv_p, slot, s_zero, D_PE: gl.constexpr):
+    """Issue S = Q_nope K_nope^T (+ Q_rope K_rope^T) for one ring slot, async; returns the token."""
+    tok = warpgroup_mma(q_n, kv_n.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    if D_PE > 0:
+        tok = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok, is_async=True)
+    return tok
+
+
+@_jit
+def _g_softmax(s, idx_row, start, n, s_kv, m_i, l_i, scale_log2, BLOCK_N: gl.constexpr, S_L: gl.constexpr):
+    """Online-softmax step on the raw scores of top-k positions [start, start + BLOCK_N): returns
+    (P fp32, new running max, new row sum, alpha = rescale factor for the accumulator)."""
+    offs_n = start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_L))
+    idx = gl.load(idx_row + offs_n, mask=offs_n < n, other=-1)
+    valid = (idx >= 0) & (idx < s_kv)
+    s = gl.where(valid[None, :], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2((m_i - m_safe) * scale_log2)
+    p = gl.exp2((s - m_safe[:, None]) * scale_log2)
+    return p, m_new, l_i * alpha + gl.sum(p, 1), alpha
 
 
 @_jit
@@ -150,169 +179,16 @@ def _sparse_prefill_gluon_kernel(
             async_copy.wait_group(0)
         fence_async_shared()
         gl.thread_barrier()          # block j's rows (copied by all threads) visible to both warpgroups
-        kn = kv_n.index(slot)
-        tok_s = warpgroup_mma(q_n, kn.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        if D_PE > 0:
-            tok_s = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok_s, is_async=True)
+        tok_s = _g_scores(q_n, q_p, kv_n, kv_p, slot, s_zero, D_PE)
         s = warpgroup_mma_wait(0, deps=(tok_s, ))
-
-        offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_L))
-        idx = gl.load(idx_row + offs_n, mask=offs_n < n, other=-1)
-        valid = (idx >= 0) & (idx < s_kv)
-        s = gl.where(valid[None, :], s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2((m_i - m_safe) * scale_log2)
-        p = gl.exp2((s - m_safe[:, None]) * scale_log2)
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
+        p, m_i, l_i, alpha = _g_softmax(s, idx_row, j * BLOCK_N, n, s_kv, m_i, l_i, scale_log2, BLOCK_N, S_L)
 
         p_smem.store(p.to(gl.bfloat16))
         fence_async_shared()
         gl.thread_barrier()          # both halves of P written before either warpgroup reads it
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
-        tok_o = warpgroup_mma(p_smem, kn, acc, is_async=True)
+        tok_o = warpgroup_mma(p_smem, kv_n.index(slot), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(tok_o, ))
-
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, S_L))
-    denom = l_safe
-    if HAS_SINK:
-        sink = gl.load(sink_ptr + offs_h)
-        m_nat = gl.where(empty, 0.0, m_i * sm_scale)
-        denom = l_safe + gl.exp(sink - m_nat)
-    inv = gl.where(empty, 0.0, 1.0 / denom)
-    out = acc * gl.convert_layout(inv, gl.SliceLayout(1, O_L))[:, None]
-    offs_ho = hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, O_L))
-    offs_d = gl.arange(0, D_V, gl.SliceLayout(0, O_L))
-    o_rows = out_ptr + tok * stride_os + offs_ho.to(gl.int64)[:, None] * stride_oh
-    gl.store(o_rows + offs_d[None, :], out.to(gl.bfloat16))
-    lse = gl.where(empty, float("inf"), m_i * sm_scale + gl.log(l_safe))
-    mx = gl.where(empty, float("-inf"), m_i * sm_scale)
-    gl.store(lse_ptr + tok * H_Q + offs_h, lse)
-    gl.store(ml_ptr + tok * H_Q + offs_h, mx)
-
-
-@_jit
-def _g_scores(q_n, q_p, kv_n, kv_p, slot, s_zero, D_PE: gl.constexpr):
-    """Issue S = Q_nope K_nope^T (+ Q_rope K_rope^T) for one ring slot, async; returns the token."""
-    tok = warpgroup_mma(q_n, kv_n.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    if D_PE > 0:
-        tok = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok, is_async=True)
-    return tok
-
-
-@_jit
-def _g_softmax(s, idx_row, start, n, s_kv, m_i, l_i, scale_log2, BLOCK_N: gl.constexpr, S_L: gl.constexpr):
-    """Online-softmax step on the raw scores of top-k positions [start, start + BLOCK_N): returns
-    (P fp32, new running max, new row sum, alpha = rescale factor for the accumulator)."""
-    offs_n = start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_L))
-    idx = gl.load(idx_row + offs_n, mask=offs_n < n, other=-1)
-    valid = (idx >= 0) & (idx < s_kv)
-    s = gl.where(valid[None, :], s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = gl.exp2((m_i - m_safe) * scale_log2)
-    p = gl.exp2((s - m_safe[:, None]) * scale_log2)
-    return p, m_new, l_i * alpha + gl.sum(p, 1), alpha
-
-
-@_jit
-def _sparse_prefill_gluon_pipe_kernel(
-    q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr,
-    s_kv, topk, sm_scale, scale_log2,
-    stride_qs, stride_qh, stride_kvs, stride_is, stride_os, stride_oh, H_Q,
-    D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
-    BLOCK_N: gl.constexpr, NUM_SLOTS: gl.constexpr,
-):
-    """Software-pipelined variant: a NUM_SLOTS-deep ring of BLOCK_N-token tiles gathered NUM_SLOTS - 2 blocks
-    ahead; in iteration j the wgmma of S(j+1) and of O += P(j) V(j) are in flight together, and the softmax of
-    block j+1 runs while PV(j) is still on the tensor cores (FA3-style intra-warpgroup overlap)."""
-    BLOCK_H: gl.constexpr = 64
-    D_V: gl.constexpr = 512
-    DIST: gl.constexpr = NUM_SLOTS - 2            # gather distance (blocks ahead of the S being computed)
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                  instr_shape=[16, BLOCK_N // 2, 16])
-    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
-    LN: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
-    LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
-    SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], gl.bfloat16)
-    SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16)
-    SH_PB: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
-
-    NUM_HB = H_Q // BLOCK_H
-    pid = gl.program_id(0)
-    tok = (pid // NUM_HB).to(gl.int64)
-    hb = pid % NUM_HB
-
-    q_n = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_V], SH_N)
-    offs_hq = hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, LN))
-    q_rows = q_ptr + tok * stride_qs + offs_hq.to(gl.int64)[:, None] * stride_qh
-    q_n.store(gl.load(q_rows + gl.arange(0, D_V, gl.SliceLayout(0, LN))[None, :]))
-    kv_n = gl.allocate_shared_memory(gl.bfloat16, [NUM_SLOTS, BLOCK_N, D_V], SH_N)
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], SH_PB)
-    if D_PE > 0:
-        q_p = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_PE], SH_P)
-        offs_hp = hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, LP))
-        q_rows_p = q_ptr + tok * stride_qs + offs_hp.to(gl.int64)[:, None] * stride_qh
-        q_p.store(gl.load(q_rows_p + D_V + gl.arange(0, D_PE, gl.SliceLayout(0, LP))[None, :]))
-        kv_p = gl.allocate_shared_memory(gl.bfloat16, [NUM_SLOTS, BLOCK_N, D_PE], SH_P)
-    else:
-        q_p = q_n
-        kv_p = kv_n
-
-    n = topk
-    if HAS_LEN:
-        n = gl.minimum(gl.maximum(gl.load(len_ptr + tok), 0), topk)
-    idx_row = idx_ptr + tok * stride_is
-    num_blocks = gl.cdiv(n, BLOCK_N)
-
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))
-    l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, S_L))
-    acc = gl.zeros([BLOCK_H, D_V], gl.float32, O_L)
-    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_L)
-    p = s_zero
-
-    if num_blocks > 0:
-        # prologue: gathers 0..DIST in flight (one commit group each, empty past the end), then S(0), softmax(0)
-        for i in gl.static_range(DIST + 1):
-            if i < num_blocks:
-                _g_gather(kv_n.index(i), kv_p.index(i), kv_ptr, idx_row, i * BLOCK_N, n, s_kv, stride_kvs,
-                          BLOCK_N, D_V, D_PE, LN, LP)
-            else:
-                async_copy.commit_group()
-        async_copy.wait_group(DIST)
-        fence_async_shared()
-        gl.thread_barrier()
-        tok_s = _g_scores(q_n, q_p, kv_n, kv_p, 0, s_zero, D_PE)
-        s = warpgroup_mma_wait(0, deps=(tok_s, ))
-        p, m_i, l_i, alpha = _g_softmax(s, idx_row, 0, n, s_kv, m_i, l_i, scale_log2, BLOCK_N, S_L)
-    for j in range(num_blocks):
-        slot = j % NUM_SLOTS
-        p_smem.store(p.to(gl.bfloat16))
-        if j + 1 < num_blocks:
-            async_copy.wait_group(DIST - 1)    # gather(j+1) landed (this thread's copies)
-        fence_async_shared()
-        gl.thread_barrier()                    # P(j) and tile j+1 visible to both warpgroups
-        if j + 1 < num_blocks:
-            tok_s = _g_scores(q_n, q_p, kv_n, kv_p, (j + 1) % NUM_SLOTS, s_zero, D_PE)
-            tok_o = warpgroup_mma(p_smem, kv_n.index(slot), acc, is_async=True)
-            s = warpgroup_mma_wait(1, deps=(tok_s, ))          # S(j+1) done; PV(j) may still run
-            p, m_i, l_i, alpha = _g_softmax(s, idx_row, (j + 1) * BLOCK_N, n, s_kv, m_i, l_i, scale_log2,
-                                            BLOCK_N, S_L)
-            acc = warpgroup_mma_wait(0, deps=(tok_o, ))
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
-        else:
-            tok_o = warpgroup_mma(p_smem, kv_n.index(slot), acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(tok_o, ))
-        gl.thread_barrier()                    # PV(j) done in both warpgroups: slot j and P are free
-        nxt = j + DIST + 1
-        if nxt < num_blocks:
-            _g_gather(kv_n.index(nxt % NUM_SLOTS), kv_p.index(nxt % NUM_SLOTS), kv_ptr, idx_row, nxt * BLOCK_N, n,
-                      s_kv, stride_kvs, BLOCK_N, D_V, D_PE, LN, LP)
-        else:
-            async_copy.commit_group()
 
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
@@ -351,49 +227,35 @@ def supported(q: torch.Tensor, kv: torch.Tensor) -> bool:
     return aligned and q.shape[1] % BLOCK_H == 0 and q.shape[2] in (576, 512)
 
 
-# Kernel variants: None = the 2-slot kernel above (64-token tiles); (BLOCK_N, NUM_SLOTS) = the pipelined kernel.
-VARIANTS = [None, (32, 4), (16, 8)]
-DEFAULT_VARIANT = None
-
-
-def _kernel_and_consts(variant):
-    if variant is None:
-        return _sparse_prefill_gluon_kernel, {}
-    block_n, slots = variant
-    return _sparse_prefill_gluon_pipe_kernel, {"BLOCK_N": block_n, "NUM_SLOTS": slots}
-
-
-def launch_sparse_prefill_gluon(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None, topk_length=None,
-                                variant="default"):
+def launch_sparse_prefill_gluon(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None, topk_length=None):
     """Out-parameter launcher with the contract of ``prefill._launch_sparse_prefill`` (inputs validated by
     :func:`deepkernels.mla.prefill.flash_mla_sparse_fwd`; last dims contiguous; ``h_q % 64 == 0``)."""
     s_q, h_q, d_qk = q.shape
     if s_q == 0:
         return
-    fn, consts = _kernel_and_consts(DEFAULT_VARIANT if variant == "default" else variant)
     dummy = lse
-    fn[(s_q * (h_q // BLOCK_H), )](
+    _sparse_prefill_gluon_kernel[(s_q * (h_q // BLOCK_H), )](
         q, kv, indices, topk_length if topk_length is not None else dummy,
         attn_sink if attn_sink is not None else dummy, out, max_logits, lse,
         kv.shape[0], indices.shape[-1], float(sm_scale), float(sm_scale) * _LOG2E,
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), h_q,
-        D_PE=d_qk - D_V, HAS_LEN=topk_length is not None, HAS_SINK=attn_sink is not None, **consts,
+        D_PE=d_qk - D_V, HAS_LEN=topk_length is not None, HAS_SINK=attn_sink is not None,
         num_warps=NUM_WARPS)
 
 
-def compile_sm90(d_pe: int = 64, has_len: bool = False, has_sink: bool = False, variant="default"):
+def compile_sm90(d_pe: int = 64, has_len: bool = False, has_sink: bool = False):
     """Cross-compile the kernel for sm90 (no GPU needed). Returns the CompiledKernel."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn, extra = _kernel_and_consts(DEFAULT_VARIANT if variant == "default" else variant)
+    fn = _sparse_prefill_gluon_kernel
     sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "len_ptr": "*i32", "sink_ptr": "*fp32",
            "out_ptr": "*bf16", "ml_ptr": "*fp32", "lse_ptr": "*fp32",
            "s_kv": "i32", "topk": "i32", "sm_scale": "fp32", "scale_log2": "fp32",
            "stride_qs": "i32", "stride_qh": "i32", "stride_kvs": "i32", "stride_is": "i32", "stride_os": "i32",
            "stride_oh": "i32", "H_Q": "i32"}
-    consts = {"D_PE": d_pe, "HAS_LEN": has_len, "HAS_SINK": has_sink, **extra}
+    consts = {"D_PE": d_pe, "HAS_LEN": has_len, "HAS_SINK": has_sink}
     sig.update({k: "constexpr" for k in consts})
     hinted = ("q_ptr", "kv_ptr", "idx_ptr", "out_ptr", "stride_qs", "stride_qh", "stride_kvs", "stride_os",
               "stride_oh")
