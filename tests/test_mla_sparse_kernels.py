@@ -186,6 +186,56 @@ def test_B18_topk_length_clamped_in_kernel():
     assert torch.equal(o, o2) and torch.equal(l_, l2)
 
 
+
+@pytest.mark.interpret
+def test_interpret_combine_garbage_num_splits_stays_in_bounds():
+    """The combine in the sparse path's specialisation (lse [b, s_q, h_q], top-k lengths): a stale or garbage
+    num_splits (negative, decreasing, past the accumulator rows) never reads outside o_accum/lse_accum, both ends
+    of each request's range clamped to [0, rows] exactly as for dense decode; an empty range gives out 0 / lse +inf
+    without a token position, NaN with one."""
+    from deepkernels.mla.combine import combine_splits_
+    from deepkernels.reference import mla as ref
+    b, s_q, h_q, rows = 4, 2, 16, 5
+    o = torch.randn(rows, s_q, h_q, 512)
+    l2 = torch.randn(rows, s_q, h_q)
+    ns = torch.tensor([-7, 2, 1, 9, 11], dtype=torch.int32)  # [-7,2) -> [0,2); [2,1) empty; [1,9) -> [1,5); [9,11) empty
+    out = torch.full((b, s_q, h_q, 512), float("nan"), dtype=torch.bfloat16)
+    lse = torch.full((b, s_q, h_q), float("nan"))
+    lengths = torch.tensor([3, 0, 40, 9], dtype=torch.int32)
+    combine_splits_(out, lse.transpose(1, 2), o, l2, ns, all_requests=True, lengths=lengths, topk=8, rne=True)
+    for r, (r0, r1) in ((0, (0, 2)), (2, (1, 5))):
+        ro, rl = ref.combine_splits(o[r0:r1], l2[r0:r1], torch.tensor([0, r1 - r0], dtype=torch.int32),
+                                    torch.bfloat16)
+        assert check_is_allclose(f"out r{r}", out[r].float(), ro[0].float(), **TOL_OUT_TINY)
+        assert check_is_allclose(f"lse r{r}", lse[r].transpose(0, 1), rl[0], **TOL_LSE)
+    assert (out[1] == 0).all() and torch.isposinf(lse[1]).all()        # empty range, topk_length 0: no token
+    assert out[3].isnan().all() and lse[3].isnan().all()               # empty range, 8 token positions: NaN
+
+
+def test_public_op_launches_take_the_fast_path_on_a_repeated_signature(monkeypatch):
+    """Second call with the same signature: the split-KV kernel and the combine go through the bound
+    KernelLauncher (direct CompiledKernel.run), keyed stably by the cached call plan; a new FlashMLASchedMeta per
+    step recomputes the schedule. (No device: kernels and binding are stand-ins.)"""
+    import deepkernels._launch as launch
+    import deepkernels.mla._sparse_kernels as sk
+    import deepkernels.mla.combine as comb
+    from test_mla_decode_reference import _FakeJit
+    log = []
+    monkeypatch.setattr(sk, "_sparse_decode_fwd_kernel", _FakeJit(sk._sparse_decode_fwd_kernel, log, "decode"))
+    monkeypatch.setattr(comb, "_mla_decode_combine_kernel", _FakeJit(comb._mla_decode_combine_kernel, log, "combine"))
+    monkeypatch.setattr(launch, "_bindable", lambda args: True)
+    monkeypatch.setattr(launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(launch, "_stream_getter", lambda: (lambda dev: 0))
+    monkeypatch.setattr(sd, "use_kernels", lambda *t: True)
+    monkeypatch.setattr(sd, "_PLANS", {})           # plans made under the patch (kernels=True on CPU) are dropped
+    monkeypatch.setattr(sd, "_LAUNCHERS", {})
+    monkeypatch.setattr(comb, "_LAUNCHERS", {})
+    kw = make_case(2, 1, 16, "v41", 64, 80, 16, xfmt="fp4", xtopk=32, xpage=8, with_len=True, sink=True)
+    for _ in range(3):
+        _public(kw)
+    assert log == [("decode", "slow"), ("combine", "slow")] + [("decode", "fast"), ("combine", "fast")] * 2
+    assert len(sd._PLANS) == 1 and len(sd._LAUNCHERS) == 1
+
 @pytest.mark.reference
 def test_B08_B09_grids_keep_large_counts_on_axis0():
     from deepkernels.mla.combine import _combine_grid      # the combine shared with dense decode

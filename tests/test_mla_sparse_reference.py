@@ -295,3 +295,45 @@ def test_B21_B22_geometry_from_shapes():
     o, l_ = _public(kw)
     ro, rl = ref_call(kw)
     assert check_is_allclose("out", o.float(), ro.float(), **dict(TOL_OUT, cos_diff_tol=2e-5))
+
+
+# ------------------------------------------------------------------ host path: validated-signature plan cache
+@pytest.mark.reference
+def test_plan_cache_skips_checks_on_a_repeated_signature_only(monkeypatch):
+    """A call whose signature (dtype/shape/strides/device/alignment of every tensor, flags) passed once skips the
+    argument checks; a new signature is checked again, and what the signature does not fix (softmax_scale, the
+    metadata object's state and type, num_splits) is checked on every call, with the same errors."""
+    import deepkernels.mla.sparse_decode as sd
+    monkeypatch.setattr(sd, "_PLANS", {})
+    checked = []
+    real = sd._check_cache
+    monkeypatch.setattr(sd, "_check_cache", lambda name, c, fmt: (checked.append(name), real(name, c, fmt)))
+    kw = make_case(2, 1, 16, "v41", 64, 80, 16, xfmt="fp4", xtopk=32, xpage=8, with_len=True, sink=True)
+    o1, l1 = _public(kw)
+    assert checked == ["k_cache", "extra_k_cache"] and len(sd._PLANS) == 1
+    o2, l2 = _public(kw)                                               # same signature: no check ran
+    assert checked == ["k_cache", "extra_k_cache"] and torch.equal(o1, o2) and torch.equal(l1, l2)
+    q_t = torch.zeros(2, 1, 16, 1024, dtype=torch.bfloat16)[..., :512]   # same values, other strides: checked
+    q_t.copy_(kw["q"])
+    o3, _ = _public(dict(kw, q=q_t))
+    assert len(checked) == 4 and len(sd._PLANS) == 2 and torch.equal(o3, o1)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        _public(dict(kw, softmax_scale=float("inf")))
+    meta = dk.get_mla_metadata()[0]
+    _public(kw, meta)
+    with pytest.raises(ValueError, match="num_splits must be None"):
+        dk.flash_mla_with_kvcache(kw["q"], kw["k_cache"], None, None, 512, meta, meta.num_splits,
+                                  softmax_scale=kw["softmax_scale"], is_fp8_kvcache=True, indices=kw["indices"],
+                                  attn_sink=kw["attn_sink"], extra_k_cache=kw["extra_k_cache"],
+                                  extra_indices_in_kvcache=kw["extra_indices_in_kvcache"],
+                                  topk_length=kw["topk_length"], extra_topk_length=kw["extra_topk_length"])
+    with pytest.raises(ValueError, match="reused"):                    # same meta, another configuration
+        _public(dict(kw, q=kw["q"][:, :, :, :].repeat(1, 1, 2, 1), attn_sink=kw["attn_sink"].repeat(2)), meta)
+    with pytest.raises(TypeError, match="tile_scheduler_metadata"):
+        _public(kw, meta=object())
+    n_plans = len(sd._PLANS)
+    with pytest.raises(ValueError, match="topk_length"):              # a failing signature is never cached
+        _public(dict(kw, topk_length=torch.zeros(3, dtype=torch.int32)))
+    with pytest.raises(ValueError, match="topk_length"):
+        _public(dict(kw, topk_length=torch.zeros(3, dtype=torch.int32)))
+    assert len(sd._PLANS) == n_plans
