@@ -28,13 +28,16 @@ needs_sm90 = pytest.mark.skipif(not (_ON_GPU and G.available() and torch.cuda.ge
                                 reason="needs an sm90 GPU and Gluon")
 
 TOL_OUT = (8e-4, 2.01 / 128, 5e-6)
+# kernel variants run through the whole correctness grid (the FA3-style variant 1 lost on every shape: edge test only)
+MAIN_CFGS = [c for c in G.GLUON_CANDIDATES if c[1] != 1]
+CFG_ID = "s{}_ov{}_r{}_{}".format
 TOL_LSE = (1e-6, 8.01 / 65536)
 
 
 # ------------------------------------------------------------------ compile tier
 @pytest.mark.compile
 @needs_gluon
-@pytest.mark.parametrize("cfg", G.GLUON_CANDIDATES, ids=lambda c: "s{}_ov{}_r{}_{}".format(*c))
+@pytest.mark.parametrize("cfg", G.GLUON_CANDIDATES, ids=lambda c: CFG_ID(*c))
 @pytest.mark.parametrize("causal", [False, True])
 def test_gluon_decode_compiles_for_sm90(cfg, causal):
     c = G._compile_sm90(cfg, causal)
@@ -58,10 +61,11 @@ def test_gluon_decode_compiles_for_sm90(cfg, causal):
 
 @pytest.mark.compile
 @needs_gluon
-def test_gluon_overlap_keeps_pv_in_flight():
-    """OVERLAP: the P V wgmma of tile j-1 stays in flight while tile j's softmax runs (wait_group 1 in the loop)."""
-    ptx = G._compile_sm90((2, True, 232, 40)).asm["ptx"]
-    assert "wgmma.wait_group.sync.aligned 1;" in ptx
+def test_gluon_overlap_variants_keep_wgmmas_in_flight():
+    """overlap 1: P_{j-1} V_{j-1} stays in flight during tile j's softmax (wait_group 1); overlap 2: S_{j+1} stays in
+    flight while P_j V_j is retired and its ring slot released (wait_group 2)."""
+    assert "wgmma.wait_group.sync.aligned 1;" in G._compile_sm90((2, 1, 232, 40)).asm["ptx"]
+    assert "wgmma.wait_group.sync.aligned 2;" in G._compile_sm90((2, 2, 232, 40)).asm["ptx"]
 
 
 def test_gluon_gate_refuses_cpu_and_small_rows():
@@ -117,24 +121,26 @@ GPU_GRID = [
 
 @pytest.mark.gpu
 @needs_sm90
+@pytest.mark.parametrize("cfg", MAIN_CFGS, ids=lambda c: CFG_ID(*c))
 @pytest.mark.parametrize("b,s_q,s_k,h_q,h_kv,varlen,causal", GPU_GRID[::2])
-def test_gpu_gluon_grid(b, s_q, s_k, h_q, h_kv, varlen, causal, poison):
+def test_gpu_gluon_grid(b, s_q, s_k, h_q, h_kv, varlen, causal, cfg, poison):
     torch.manual_seed(b * 1000 + s_q * 100 + s_k + h_q)
-    _run(*_case(b, s_q, s_k, h_q, h_kv, varlen), causal)
+    _run(*_case(b, s_q, s_k, h_q, h_kv, varlen), causal, config=cfg)
 
 
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("h_q,s_q", [(128, 1), (128, 2), (64, 1)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_gluon_zero_seqlens(h_q, s_q, causal, poison):
+@pytest.mark.parametrize("cfg", MAIN_CFGS, ids=lambda c: CFG_ID(*c))
+def test_gpu_gluon_zero_seqlens(h_q, s_q, causal, cfg, poison):
     torch.manual_seed(7)
-    _run(*_case(128, s_q, 4096, h_q, 1, True, zero_frac=0.5), causal)
+    _run(*_case(128, s_q, 4096, h_q, 1, True, zero_frac=0.5), causal, config=cfg)
 
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("cfg", G.GLUON_CANDIDATES, ids=lambda c: "s{}_ov{}_r{}_{}".format(*c))
+@pytest.mark.parametrize("cfg", G.GLUON_CANDIDATES, ids=lambda c: CFG_ID(*c))
 def test_gpu_gluon_every_config_edge_lengths(cfg, poison):
     """Lengths at page boundaries (0, 1, 63, 64, 65, ...), NaN past every end; both kernel variants."""
     q, k, bt, sl = make_case(8, 2, 128, 1, [0, 1, 63, 64, 65, 700, 1500, 3000], device="cuda")
@@ -144,35 +150,38 @@ def test_gpu_gluon_every_config_edge_lengths(cfg, poison):
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("num_sms", [1, 3, 264, 1000])
-def test_gpu_gluon_many_and_few_parts(num_sms, poison):
+@pytest.mark.parametrize("cfg", MAIN_CFGS, ids=lambda c: CFG_ID(*c))
+def test_gpu_gluon_many_and_few_parts(num_sms, cfg, poison):
     """Few parts: one CTA walks many requests (ring and message phases carried across pieces). Many parts: every
     request split into many pieces (accumulator rows, combine)."""
     dec.set_mla_num_sms(num_sms)
     try:
         torch.manual_seed(num_sms)
-        _run(*_case(16, 2, 1500, 128, 1, True, zero_frac=0.2), True)
-        _run(*_case(3, 1, 5000, 64, 1, True), False)
+        _run(*_case(16, 2, 1500, 128, 1, True, zero_frac=0.2), True, config=cfg)
+        _run(*_case(3, 1, 5000, 64, 1, True), False, config=cfg)
     finally:
         dec.set_mla_num_sms(None)
 
 
 @pytest.mark.gpu
 @needs_sm90
-def test_gpu_gluon_stale_schedule(poison):
+@pytest.mark.parametrize("cfg", MAIN_CFGS, ids=lambda c: CFG_ID(*c))
+def test_gpu_gluon_stale_schedule(cfg, poison):
     """Schedule planned for other lengths of the same batch: splits are clamped to the actual lengths and each
     request's last split runs to its actual end."""
     q, k, bt, sl = make_case(4, 2, 128, 1, [100, 3000, 0, 777], device="cuda")
     planned = torch.tensor([2000, 5, 900, 64], dtype=torch.int32, device="cuda")
-    _run(q, k, bt, sl, True, sched_lens=planned)
+    _run(q, k, bt, sl, True, sched_lens=planned, config=cfg)
 
 
 @pytest.mark.gpu
 @needs_sm90
-def test_gpu_gluon_noncontiguous_q_fp16(poison):
+@pytest.mark.parametrize("cfg", MAIN_CFGS, ids=lambda c: CFG_ID(*c))
+def test_gpu_gluon_noncontiguous_q_fp16(cfg, poison):
     q, k, bt, sl = make_case(4, 2, 64, 1, [300, 1, 5000, 64], dtype=torch.float16)
     qb = torch.randn(4, 2, 64, 704, dtype=torch.float16)
     qb[..., :576] = q
-    _run(qb[..., :576].cuda(), k.cuda(), bt.cuda(), sl.cuda(), True)
+    _run(qb[..., :576].cuda(), k.cuda(), bt.cuda(), sl.cuda(), True, config=cfg)
 
 
 @pytest.mark.gpu

@@ -65,11 +65,13 @@ def _jit(fn):
     return gluon.jit(fn) if gluon is not None else fn
 
 
-# (num_stages, overlap, pv_regs, producer_regs). Measured on the H200 (benchmarks/notes/mla_decode_gluon.md,
-# results/mla_decode_gluon-h200-2026-11-29-run1.json; b=128 varlen, 16 shapes): OVERLAP=False 379-588 TFLOPS,
-# 1.98-2.41x the Triton kernel; OVERLAP=True 318-488 (loses on every shape). Default: OVERLAP=False.
-GLUON_DEFAULT = (2, False, 232, 40)
-GLUON_CANDIDATES = [(2, False, 232, 40), (2, True, 232, 40)]
+# (num_stages, overlap, pv_regs, producer_regs); overlap: 0 serial (S, softmax, P V per tile), 1 FA3-style (softmax
+# of tile j under P_{j-1} V_{j-1}), 2 "S ahead" (S of tile j+1 issued right behind P_j V_j). Measured on the H200
+# (benchmarks/notes/mla_decode_gluon.md, results/mla_decode_gluon-h200-2026-11-29-run1.json; b=128 varlen, 16
+# shapes): 0 -> 379-588 TFLOPS, 1.98-2.41x the Triton kernel; 1 -> 318-488 (loses on every shape: with 2 ring
+# stages its late slot release leaves the next TMA load too little time). Default: 0.
+GLUON_DEFAULT = (2, 0, 232, 40)
+GLUON_CANDIDATES = [(2, 0, 232, 40), (2, 2, 232, 40), (2, 1, 232, 40)]
 
 
 # ----------------------------------------------------------------------------------------------- device code
@@ -243,7 +245,7 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
         l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, L_S))
         o = gl.zeros([64, 256], gl.float32, L_O)
         n_tiles = gl.maximum(k1 - k0 + 63, 0) // 64
-        if OVERLAP:
+        if OVERLAP == 1:
             if n_tiles > 0:
                 # prologue: S_0, softmax, P_0 -> smem
                 slot = it % NUM_STAGES
@@ -275,6 +277,43 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
                     msg += 1
                 # epilogue: P_last V_last
                 slot = it % NUM_STAGES
+                o_tok = warpgroup_mma(p_smem, k_nope.index(slot).slice(0, 256, dim=1), o, is_async=True)
+                o = warpgroup_mma_wait(0, deps=(o_tok, ))
+                mbarrier.arrive(kempty.index(slot))
+                it += 1
+        elif OVERLAP == 2:
+            if n_tiles > 0:
+                # S of tile j+1 is issued right behind P_j V_j (no issue bubble after the P V wait); the ring slot
+                # of tile j is released as soon as P_j V_j completes (wait_group 2: the two S groups may run on)
+                slot = it % NUM_STAGES
+                mbarrier.wait(kready.index(slot), (it // NUM_STAGES) & 1)
+                tok = warpgroup_mma(q_nope, k_nope.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                                    is_async=True)
+                tok = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), tok, is_async=True)
+                s = warpgroup_mma_wait(0, deps=(tok, ))
+                for j in range(0, n_tiles - 1):
+                    t0 = k0 + j * 64
+                    slot = it % NUM_STAGES
+                    p, alpha, m_i, l_i = _g_softmax(s, m_i, l_i, t0, lim, sm_scale_log2, L_S)
+                    _g_send_p(p, alpha, p_smem, a_smem, pready, pfree, msg, k_nope.index(slot), k1 - t0, DT)
+                    msg += 1
+                    o = o * gl.convert_layout(alpha, gl.SliceLayout(1, L_O))[:, None]
+                    o_tok = warpgroup_mma(p_smem, k_nope.index(slot).slice(0, 256, dim=1), o, is_async=True)
+                    it += 1
+                    nslot = it % NUM_STAGES
+                    mbarrier.wait(kready.index(nslot), (it // NUM_STAGES) & 1)
+                    s_tok = warpgroup_mma(q_nope, k_nope.index(nslot).permute((1, 0)), zero_s, use_acc=False,
+                                          is_async=True)
+                    s_tok = warpgroup_mma(q_rope, k_rope.index(nslot).permute((1, 0)), s_tok, is_async=True)
+                    o = warpgroup_mma_wait(2, deps=(o_tok, ))
+                    mbarrier.arrive(kempty.index(slot))
+                    s = warpgroup_mma_wait(0, deps=(s_tok, ))
+                t0 = k0 + (n_tiles - 1) * 64
+                slot = it % NUM_STAGES
+                p, alpha, m_i, l_i = _g_softmax(s, m_i, l_i, t0, lim, sm_scale_log2, L_S)
+                _g_send_p(p, alpha, p_smem, a_smem, pready, pfree, msg, k_nope.index(slot), k1 - t0, DT)
+                msg += 1
+                o = o * gl.convert_layout(alpha, gl.SliceLayout(1, L_O))[:, None]
                 o_tok = warpgroup_mma(p_smem, k_nope.index(slot).slice(0, 256, dim=1), o, is_async=True)
                 o = warpgroup_mma_wait(0, deps=(o_tok, ))
                 mbarrier.arrive(kempty.index(slot))
