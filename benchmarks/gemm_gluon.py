@@ -78,7 +78,11 @@ def main():
             except Exception as e:
                 row["ref_error"] = repr(e)[:200]
             d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-            impls = {"triton_default": lambda: dense.fp8_gemm_nt(A, B, d)}
+            from deepkernels.gemm._configs import select_fp8_config
+            tcfg = select_fp8_config(m, n, k, dense.get_num_sms())
+            # the Triton table config (an explicit config never takes the Gluon dispatch) and the public default
+            impls = {"triton_default": lambda: dense.fp8_gemm_nt(A, B, d, _config=tcfg),
+                     "public_default": lambda: dense.fp8_gemm_nt(A, B, d)}
             if n % 128 == 0:
                 sfa_c, sfb_c = A[1].T.contiguous().T, B[1].contiguous().T
                 impls["cublas_blockwise"] = lambda: torch._scaled_mm(A[0], B[0].T, scale_a=sfa_c, scale_b=sfb_c,

@@ -65,6 +65,17 @@ def bench(fn, dry: bool) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median") * 1e3
 
 
+def bench_graph(fn, dry: bool):
+    """Median µs per call replayed from a CUDA graph (host launch cost removed), or None."""
+    if dry:
+        return None
+    import triton.testing
+    try:
+        return triton.testing.do_bench_cudagraph(fn, rep=30, return_mode="median") * 1e3
+    except Exception:
+        return None
+
+
 def nbytes(*ts) -> int:
     return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
@@ -124,6 +135,7 @@ def _time_pair(row, ours, cublas, d, d_cublas, ref_fn, dry):
         ref = ref_fn()
         row["diff_vs_dequant"] = float(calc_diff(torch.nan_to_num(d.float(), nan=1e4), ref))
         row["us"] = bench(ours, dry)
+        row["graph_us"] = bench_graph(ours, dry)
     except Exception as e:  # keep going: one failure must not stop the other rows
         row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     if dry:
@@ -183,7 +195,68 @@ def run_contiguous(g, m, n, k, device, dry, label="contiguous", counts=None):
     ours = lambda: dk.m_grouped_fp8_gemm_nt_contiguous(A, B, d, gl)  # noqa: E731
     _time_pair(row, ours, cublas_loop(a_slices, B, out_slices), d, d_cublas, ref_full, dry)
     _ratio_fields(row, flops, byts, (label, g, m, n, k))
+    if not dry:
+        _gluon_contiguous(row, A, B, d, gl, ref_full, flops)
     return row
+
+
+def _gluon_contiguous(row, A, B, d, gl, ref_full, flops):
+    """v3: the Gluon warp-specialised m-grouped contiguous kernel (direct launcher), each config checked
+    (NaN-poisoned output, padding rows exactly 0, calc_diff vs the dequantized product) before it is timed."""
+    from deepkernels.gemm import _gluon_fp8 as G
+    from deepkernels.testing import calc_diff
+    if not G.available():
+        row["gluon"] = {"error": repr(G._IMPORT_ERROR)[:200]}
+        return
+    ref = ref_full()
+    pad = (gl < 0) | (gl >= B[0].shape[0])
+    out = row["gluon"] = {}
+    for cfg in (G.GLUON_WS_128_S6, G.GLUON_WS_128_S6_PF):
+        r = out[cfg.name()] = {}
+        try:
+            fn = lambda cfg=cfg: G._launch_fp8_gluon_m_contiguous(A[0], A[1], B[0], B[1], d, gl, cfg)  # noqa: E731
+            d.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            r["nan"] = bool(torch.isnan(d).any())
+            r["pad_zero"] = bool((d[pad] == 0).all())
+            r["diff"] = float(calc_diff(torch.nan_to_num(d.float(), nan=1e4), ref))
+            if r["nan"] or not r["pad_zero"] or r["diff"] > 1e-3:
+                r["error"] = "failed its check: not timed"
+                continue
+            r["us"] = bench(fn, False)
+            r["graph_us"] = bench_graph(fn, False)
+            r["tflops"] = flops / r["us"] / 1e6
+            if row.get("us"):
+                r["vs_triton"] = row["us"] / r["us"]
+            if row.get("cublas_us"):
+                r["vs_cublas"] = row["cublas_us"] / r["us"]
+        except Exception as e:
+            r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    # the public op routed through the Gluon kernel (DEEPKERNELS_GROUPED_GLUON=1: whole-call dispatch path)
+    r = out["public_gluon"] = {}
+    os.environ["DEEPKERNELS_GROUPED_GLUON"] = "1"
+    try:
+        import deepkernels as dk
+        fn = lambda: dk.m_grouped_fp8_gemm_nt_contiguous(A, B, d, gl)  # noqa: E731
+        d.fill_(float("nan"))
+        fn()
+        torch.cuda.synchronize()
+        r["diff"] = float(calc_diff(torch.nan_to_num(d.float(), nan=1e4), ref))
+        r["nan"] = bool(torch.isnan(d).any())
+        if not r["nan"] and r["diff"] <= 1e-3:
+            r["us"] = bench(fn, False)
+            r["tflops"] = flops / r["us"] / 1e6
+            if row.get("us"):
+                r["vs_triton"] = row["us"] / r["us"]
+            if row.get("cublas_us"):
+                r["vs_cublas"] = row["cublas_us"] / r["us"]
+        else:
+            r["error"] = "failed its check: not timed"
+    except Exception as e:
+        r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    finally:
+        os.environ.pop("DEEPKERNELS_GROUPED_GLUON", None)
 
 
 def run_masked(g, m, n, k, device, dry, m_max=MASKED_M_MAX):
@@ -287,8 +360,16 @@ def line(r) -> str:
     s = (f"{r.get('kind', r.get('op')):<13} {shape:<32} ours {f('us', '9.1f')} us {f('tflops')} TF {f('gbps', '7.0f')} "
          f"GB/s | cuBLAS loop {f('cublas_us', '9.1f')} us x{f('ratio_vs_cublas', '5.2f')} | "
          f"DeepGEMM {f('deepgemm_published_tflops', '5.0f')} TF x{f('ratio_vs_published', '5.2f')}")
+    if r.get("graph_us"):
+        s += f" | graph {r['graph_us']:.1f} us"
     if r.get("diff_vs_dequant") is not None:
         s += f" | diff {r['diff_vs_dequant']:.1e}"
+    for name, x in (r.get("gluon") or {}).items():
+        if isinstance(x, dict):
+            s += (f"\n    {name}: {x.get('us', float('nan')):.1f} us (graph {x.get('graph_us') or float('nan'):.1f}) "
+                  f"{x.get('tflops', float('nan')):.0f} TF x{x.get('vs_triton', float('nan')):.2f} vs triton "
+                  f"x{x.get('vs_cublas', float('nan')):.2f} vs cuBLAS diff {x.get('diff', float('nan')):.1e}"
+                  f"{' ERROR ' + x['error'] if x.get('error') else ''}")
     if r.get("error"):
         s += f" | ERROR {r['error']}"
     if r.get("cublas_note"):

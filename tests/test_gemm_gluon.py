@@ -125,3 +125,19 @@ def test_gluon_fp8_small_grid_persistent():
     G._launch_fp8_gluon(A[0], A[1], B[0], B[1], d, G.GLUON_DEFAULT, num_sms=3)
     torch.cuda.synchronize()
     assert float(calc_diff(d.double(), _ref64(A, B, k))) < 1e-3
+
+
+@pytest.mark.compile
+@needs_gluon
+@pytest.mark.parametrize("cfg", [G.GLUON_WS_128_S6, G.GLUON_WS_128_S6_PF, G.GLUON_WS_128_S4],
+                         ids=lambda c: c.name())
+def test_gluon_m_contiguous_compiles_for_sm90(cfg):
+    """The m-grouped contiguous Gluon kernel (flat pass loop): wgmma + TMA, warp-specialised, no spills."""
+    c = G._compile_sm90_m_contiguous(cfg)
+    ptx = c.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert "ttg.warp_specialize" in c.asm["ttgir"]
+    assert int(c.metadata.shared) <= SM90_SMEM_LIMIT
+    rep = _ptxas(ptx)
+    assert rep.spill_bytes == 0, rep.log
+    assert "C7514" not in rep.log

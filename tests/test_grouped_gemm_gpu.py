@@ -234,3 +234,60 @@ def test_contiguous_fast_launch_path_gpu():
     (run,) = grouped._PLANS.values()
     assert run.plan.launcher.fast_calls == 2
     check_contiguous(d, A, B, gl)
+
+
+# ------------------------------------------------------------------------- Gluon m-grouped contiguous (v3)
+def _gluon_contig_or_skip():
+    from deepkernels.gemm import _gluon_fp8 as G
+    if not G.available():
+        pytest.skip(f"gluon not importable: {G._IMPORT_ERROR!r}")
+    return G
+
+
+@pytest.mark.parametrize("cfg_name", ["GLUON_WS_128_S6", "GLUON_WS_128_S6_PF", "GLUON_WS_128_S4"])
+@pytest.mark.parametrize("case", ["production", "mixed", "odd"])
+def test_gluon_contiguous_fp8_gpu(case, cfg_name):
+    """The Gluon warp-specialised m-grouped contiguous kernel: aligned production layout with padding rows,
+    a layout that mixes groups inside 128-row tiles (plus ids outside [0, G) and all-padding tiles), and odd
+    N / K tails with a small persistent grid. Output NaN-poisoned; padding rows must be exact zeros."""
+    G = _gluon_contig_or_skip()
+    cfg = getattr(G, cfg_name)
+    if case == "production":
+        g, n, k, gl, sms = 4, 4096, 7168, _contiguous_layout(4, 2048, "cuda"), None
+    elif case == "mixed":
+        g, n, k, sms = 3, 256, 512, None
+        gl = torch.tensor(([0, 1, 1, -1, 2, 0, 2, 2] * 40) + [-1] * 128 + [99] * 5 + [1] * 60, dtype=torch.int32,
+                          device="cuda")
+    else:
+        g, n, k, gl, sms = 5, 576, 1040, _contiguous_layout(5, 300, "cuda"), 7
+    A, B, gl = contiguous_case(gl, g, n, k, "cuda")
+    d = nan(gl.numel(), n, device="cuda")
+    G._launch_fp8_gluon_m_contiguous(A[0], A[1], B[0], B[1], d, gl, cfg, num_sms=sms)
+    torch.cuda.synchronize()
+    assert not torch.isnan(d).any(), "unwritten output rows"
+    pad = (gl < 0) | (gl >= g)
+    assert (d[pad] == 0).all(), "padding rows must be exactly zero"
+    bq = _dequant_groups(B, 128)
+    aq = _dequant_groups(A, 1)
+    want = torch.zeros_like(d, dtype=torch.float32)
+    for i in range(g):
+        rows = gl == i
+        want[rows] = aq[rows] @ bq[i].T
+    assert calc_diff(d.float(), want) < 1e-5
+
+
+def test_gluon_contiguous_public_dispatch_gpu(monkeypatch):
+    """DEEPKERNELS_GROUPED_GLUON=1 routes the public op through the Gluon kernel (cached plan, repeat calls)."""
+    G = _gluon_contig_or_skip()
+    from deepkernels.gemm import grouped
+    monkeypatch.setenv("DEEPKERNELS_GROUPED_GLUON", "1")
+    gl = _contiguous_layout(3, 300, "cuda")
+    A, B, gl = contiguous_case(gl, 3, 512, 1024, "cuda")
+    grouped._PLANS.clear()
+    for _ in range(2):
+        d = nan(gl.numel(), 512, device="cuda")
+        dk.m_grouped_fp8_gemm_nt_contiguous(A, B, d, gl)
+    torch.cuda.synchronize()
+    (run,) = grouped._PLANS.values()
+    assert isinstance(run.plan, grouped._GluonContiguousPlan)
+    check_contiguous(d, A, B, gl)

@@ -430,6 +430,160 @@ def _fp8_gluon_pipe_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, str
     _g_store_tile(d_ptr, acc, off_m, off_n, M, N, stride_dm, BLOCK_M, BLOCK_N, L)
 
 
+# ------------------------------------------------------------------- m-grouped contiguous (MoE) on the WS loop
+# D[i] = A[i] @ B[gid[i]].T for 0 <= gid[i] < G, exact zeros for the other (padding) rows. Same producer /
+# math-warpgroup structure as _fp8_gluon_ws_kernel; B is one TMA descriptor over the flattened [G*N, K]. Per
+# tile, every partition computes the same sequence of *passes* from the tile's row ids (the smallest group id
+# >= g_lo among the tile's rows, then the next, ...): one pass per group present, so a tile that mixes groups
+# (a layout breaking the 128-row alignment) still gives the reference result; the math warpgroups store only
+# their rows of the pass's group, then write zeros to padding rows. No host read of the layout.
+
+
+@_jit
+def _gc_tile_group(gid_ptr, off_m, M, G, g_lo, BLOCK_M: gl.constexpr):
+    """Smallest group id >= g_lo among rows [off_m, off_m + BLOCK_M) (ids outside [0, G) are padding), or G."""
+    LG: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    offs = off_m + gl.arange(0, BLOCK_M, LG)
+    ids = gl.load(gid_ptr + offs, mask=offs < M, other=-1)
+    ids = gl.where((ids >= g_lo) & (ids < G), ids, G)
+    return gl.min(ids, axis=0)
+
+
+@_jit
+def _gc_store_rows(d_ptr, acc, gid_ptr, off_m, off_n, M, N, G, g, stride_dm,
+                   ROWS: gl.constexpr, BLOCK_N: gl.constexpr, L: gl.constexpr):
+    """Store ``acc`` (BF16) into the rows of [off_m, off_m + ROWS) whose id is ``g``; ``g = -1``: into the padding
+    rows (ids outside [0, G)). Offsets and masks are built here, after the main loop (not live across it)."""
+    offs_m = off_m + gl.arange(0, ROWS, gl.SliceLayout(1, L))
+    offs_n = off_n + gl.arange(0, BLOCK_N, gl.SliceLayout(0, L))
+    m_mask = offs_m < M
+    ids = gl.load(gid_ptr + offs_m, mask=m_mask, other=0)
+    if g >= 0:
+        rows = m_mask & (ids == g)
+    else:
+        rows = m_mask & ((ids < 0) | (ids >= G))
+    ptrs = d_ptr + offs_m.to(gl.int64)[:, None] * stride_dm + offs_n[None, :]
+    gl.store(ptrs, acc.to(gl.bfloat16), mask=rows[:, None] & (offs_n < N)[None, :])
+
+
+@_jit
+def _gc_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, gid_ptr, M, N, K, G, num_progs,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr):
+    pid = gl.program_id(0)
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    num_kb = gl.cdiv(K, 128)
+    it = 0
+    for tile_id in range(pid, num_tiles, num_progs):
+        pid_m, pid_n = _g_tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        g = _gc_tile_group(gid_ptr, off_m, M, G, 0, BLOCK_M)
+        while g < G:
+            b_row = g * N + off_n
+            for kb in range(num_kb):
+                slot = it % NUM_STAGES
+                mbarrier.wait(empty.index(slot), ((it // NUM_STAGES) & 1) ^ 1)
+                _g_load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, slot, off_m, b_row, kb, True)
+                it += 1
+            g = _gc_tile_group(gid_ptr, off_m, M, G, g + 1, BLOCK_M)
+
+
+@_jit
+def _gc_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, gid_ptr, M, N, K, G, stride_dm,
+             sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs,
+             ROW0: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+             NUM_STAGES: gl.constexpr, PREFETCH: gl.constexpr):
+    ROWS: gl.constexpr = 64
+    L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                instr_shape=[16, BLOCK_N, 32])
+    pid = gl.program_id(0)
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    num_kb = gl.cdiv(K, 128)
+    zero = gl.zeros([ROWS, BLOCK_N], gl.float32, L)
+    it = 0
+    # one flat loop, one (tile, group) pass or one tile advance per iteration (a `while` over the passes nested
+    # in the tile loop made ptxas spill ~740 B in the math partitions; this form compiles without spills)
+    tile_id = pid
+    g = G
+    if tile_id < num_tiles:
+        pid_m, pid_n = _g_tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        g = _gc_tile_group(gid_ptr, pid_m * BLOCK_M, M, G, 0, BLOCK_M)
+    while tile_id < num_tiles:
+        pid_m, pid_n = _g_tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_t = pid_m * BLOCK_M
+        off_m = off_t + ROW0
+        off_n = pid_n * BLOCK_N
+        if g < G:
+            offs_m = off_m + gl.arange(0, ROWS, gl.SliceLayout(1, L))
+            m_mask = offs_m < M
+            sfa_rows = sfa_ptr + offs_m.to(gl.int64) * sfa_sm
+            sfb_base = sfb_ptr + g.to(gl.int64) * sfb_sg + (off_n // 128).to(gl.int64) * sfb_sn
+            acc = gl.zeros([ROWS, BLOCK_N], gl.float32, L)
+            if PREFETCH:
+                sa = gl.load(sfa_rows, mask=m_mask, other=0.0)
+                sb = gl.load(sfb_base)
+            for kb in range(num_kb):
+                if PREFETCH:
+                    kn = gl.minimum(kb + 1, num_kb - 1)
+                    sa_n = gl.load(sfa_rows + kn * sfa_sk, mask=m_mask, other=0.0)
+                    sb_n = gl.load(sfb_base + kn * sfb_sk)
+                else:
+                    sa = gl.load(sfa_rows + kb * sfa_sk, mask=m_mask, other=0.0)
+                    sb = gl.load(sfb_base + kb * sfb_sk)
+                slot = it % NUM_STAGES
+                mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
+                tok = warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)),
+                                    zero, use_acc=False, is_async=True)
+                part = warpgroup_mma_wait(0, deps=(tok, ))
+                mbarrier.arrive(empty.index(slot))
+                acc += part * (sa * sb)[:, None]
+                if PREFETCH:
+                    sa = sa_n
+                    sb = sb_n
+                it += 1
+            _gc_store_rows(d_ptr, acc, gid_ptr, off_m, off_n, M, N, G, g, stride_dm, ROWS, BLOCK_N, L)
+            g = _gc_tile_group(gid_ptr, off_t, M, G, g + 1, BLOCK_M)
+        else:
+            # padding rows -> exact zeros (a fresh zero tile: the loop's wgmma `zero` stays unmaterialised)
+            _gc_store_rows(d_ptr, gl.zeros([ROWS, BLOCK_N], gl.float32, L), gid_ptr, off_m, off_n, M, N, G, -1,
+                           stride_dm, ROWS, BLOCK_N, L)
+            tile_id += num_progs
+            if tile_id < num_tiles:
+                pid_m, pid_n = _g_tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+                g = _gc_tile_group(gid_ptr, pid_m * BLOCK_M, M, G, 0, BLOCK_M)
+
+
+@_jit
+def _fp8_gluon_m_contiguous_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, gid_ptr, M, N, K, G, stride_dm,
+                                   sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs,
+                                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+                                   NUM_STAGES: gl.constexpr, MATH_REGS: gl.constexpr, PREFETCH: gl.constexpr):
+    """Persistent warp-specialised m-grouped contiguous FP8 1D2D GEMM (TMA producer + 2 math warpgroups)."""
+    gl.static_assert(BLOCK_M == 128)
+    gl.static_assert(BLOCK_N <= 128)
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    gl.warp_specialize([
+        (_gc_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, gid_ptr, M, N, K, G, num_progs,
+                        BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
+        (_gc_math, (a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, gid_ptr, M, N, K, G, stride_dm,
+                    sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES,
+                    PREFETCH)),
+        (_gc_math, (a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, gid_ptr, M, N, K, G, stride_dm,
+                    sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs, 64, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES,
+                    PREFETCH)),
+    ], [4, 4], [MATH_REGS, MATH_REGS])
+
+
 # ----------------------------------------------------------------------------------------------- host code
 
 def _smem_layout():
@@ -524,3 +678,62 @@ def _compile_sm90(cfg: GluonConfig):
     attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in ("d_ptr", "sfa_ptr", "sfb_ptr")}
     src = GluonASTSource(fn, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def _launch_fp8_gluon_m_contiguous(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
+                                   d: torch.Tensor, gid: torch.Tensor, config: GluonConfig | None = None,
+                                   num_sms: int | None = None) -> torch.Tensor:
+    """m-grouped contiguous ``d[i] = (a[i] * sfa[i]) @ (b[gid[i]] * sfb[gid[i]])^T`` (BF16), zeros where ``gid[i]``
+    is outside ``[0, G)``, with the Gluon warp-specialised loop (128x128 tiles: ``config.block_m`` must be 128).
+
+    a ``[M, K]`` e4m3 K-major; b ``[G, N, K]`` e4m3 K-major with packed groups (``b.stride(0) == N *
+    b.stride(1)``); sfa ``[M, ceil(K/128)]`` / sfb ``[G, ceil(N/128), ceil(K/128)]`` float32, any strides;
+    d ``[M, N]`` bfloat16 row-major; gid int32 ``[M]``. The caller validated shapes (grouped.py)."""
+    if not available():
+        raise RuntimeError(f"Gluon is not importable: {_IMPORT_ERROR!r}")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("Gluon kernels have no interpreter support (TRITON_INTERPRET is set)")
+    cfg = config or GLUON_WS_128_S6
+    if cfg.block_m != 128 or cfg.block_n > 128 or not cfg.warp_spec or cfg.overlap:
+        raise ValueError(f"m-grouped contiguous Gluon kernel needs a 128 x <=128 non-overlap WS config, got {cfg}")
+    for name, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("d", d), ("gid", gid)):
+        if not t.is_cuda:
+            raise ValueError(f"{name} must be a CUDA tensor")
+    m, k = a.shape
+    g_num, n = b.shape[0], b.shape[1]
+    if d.dtype != torch.bfloat16 or a.stride(1) != 1 or b.stride(2) != 1 or d.stride(1) != 1 or \
+            (g_num > 1 and b.stride(0) != n * b.stride(1)):
+        raise ValueError("needs bf16 row-major d, K-major a and b, packed b groups")
+    lay = _smem_layout()
+    a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [cfg.block_m, BLOCK_K], lay)
+    b_desc = TensorDescriptor(b, [g_num * n, k], [b.stride(1), 1], [cfg.block_n, BLOCK_K], lay)
+    tiles = ((m + cfg.block_m - 1) // cfg.block_m) * ((n + cfg.block_n - 1) // cfg.block_n)
+    progs = max(1, min(tiles, num_sms or _num_sms(a.device)))
+    _fp8_gluon_m_contiguous_kernel[(progs, )](
+        a_desc, b_desc, d, sfa, sfb, gid, m, n, k, g_num, d.stride(0), sfa.stride(0), sfa.stride(1),
+        sfb.stride(0), sfb.stride(1), sfb.stride(2), progs,
+        cfg.block_m, cfg.block_n, cfg.group_m, cfg.num_stages, cfg.math_regs, cfg.prefetch,
+        num_warps=4, maxnreg=cfg.maxnreg())
+    return d
+
+
+def _compile_sm90_m_contiguous(cfg: GluonConfig):
+    """Cross-compile the m-grouped contiguous kernel for ``cfg`` for sm90 (no GPU needed)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    lay = repr(_smem_layout())
+    fn = _fp8_gluon_m_contiguous_kernel
+    sig = {"a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {BLOCK_K}],{lay}>",
+           "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {BLOCK_K}],{lay}>",
+           "d_ptr": "*bf16", "sfa_ptr": "*fp32", "sfb_ptr": "*fp32", "gid_ptr": "*i32",
+           "M": "i32", "N": "i32", "K": "i32", "G": "i32", "stride_dm": "i32",
+           "sfa_sm": "i32", "sfa_sk": "i32", "sfb_sg": "i32", "sfb_sn": "i32", "sfb_sk": "i32", "num_progs": "i32"}
+    consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
+                  MATH_REGS=cfg.math_regs, PREFETCH=cfg.prefetch)
+    for kname in consts:
+        sig[kname] = "constexpr"
+    attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in ("d_ptr", "sfa_ptr", "sfb_ptr", "gid_ptr")}
+    src = GluonASTSource(fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": cfg.maxnreg()})

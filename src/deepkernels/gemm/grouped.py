@@ -107,7 +107,8 @@ def _hashable(x):
 
 def _env_sig():
     from . import dense
-    return (dense._NUM_SMS, dense._interp())
+    env = dense._ENV
+    return (dense._NUM_SMS, dense._interp(), env.get("DEEPKERNELS_GROUPED_GLUON"), env.get("DEEPKERNELS_DISABLE_GLUON"))
 
 
 def _fp8_sig(kind, a, b, d, idx, rest):
@@ -159,6 +160,41 @@ def _same(x: torch.Tensor, y: torch.Tensor) -> bool:
 def _mn_major_sfa(sfa):
     from ..quant import get_mn_major_tma_aligned_tensor
     return get_mn_major_tma_aligned_tensor(sfa)
+
+
+def _gluon_contiguous_config(m_sum, n, k, is_fp8, b_kmajor, d, alignment, cfg):
+    """The Gluon warp-specialised config for an m-grouped contiguous call, or None (Triton kernel).
+
+    ``DEEPKERNELS_GROUPED_GLUON=1`` forces it where it applies (FP8, K-major B, BF16 ``d`` on CUDA, no config
+    override), ``=0`` or ``DEEPKERNELS_DISABLE_GLUON=1`` never uses it. Default: not dispatched (v3: the kernel
+    passed no device run yet)."""
+    import os
+    if not is_fp8 or not b_kmajor or cfg is not None or d.dtype != torch.bfloat16 or not d.is_cuda:
+        return None
+    from .._backend import interpret_mode
+    env = os.environ.get("DEEPKERNELS_GROUPED_GLUON", "")
+    if interpret_mode() or env == "0" or os.environ.get("DEEPKERNELS_DISABLE_GLUON", "0") not in ("", "0"):
+        return None
+    from . import _gluon_fp8
+    if not _gluon_fp8.available():
+        return None
+    if env == "1":
+        return _gluon_fp8.GLUON_WS_128_S6
+    return None
+
+
+class _GluonContiguousPlan:
+    """m-grouped contiguous FP8 on the Gluon warp-specialised loop (gemm/_gluon_fp8.py)."""
+
+    __slots__ = ("config",)
+
+    def __init__(self, config):
+        self.config = config
+
+    def __call__(self, a, b, d, sfa, sfb, gid) -> None:
+        from ._gluon_fp8 import _launch_fp8_gluon_m_contiguous
+        from .dense import get_num_sms
+        _launch_fp8_gluon_m_contiguous(a, sfa, b, sfb, d, gid, self.config, get_num_sms())
 
 
 class _ContiguousRun:
@@ -222,8 +258,10 @@ def _contiguous(a_data, b_data, sfa, sfb, d, grouped_layout, use_psum_layout, b_
     else:  # BF16 nn: [G, K, N] storage, read MN-major
         b_store = _L.k_major("b", b_data.transpose(1, 2))
         b_data = b_store.transpose(1, 2)
-    run = _ContiguousRun(_L.m_contiguous_plan(a_data, b_data, b_kmajor, d, sfa, sfb, _config, alignment),
-                         use_psum_layout, m_sum, g_num, alignment)
+    gcfg = _gluon_contiguous_config(m_sum, n, k, is_fp8, b_kmajor, d, alignment, _config)
+    plan = _GluonContiguousPlan(gcfg) if gcfg is not None else \
+        _L.m_contiguous_plan(a_data, b_data, b_kmajor, d, sfa, sfb, _config, alignment)
+    run = _ContiguousRun(plan, use_psum_layout, m_sum, g_num, alignment)
     run(a_data, sfa, b_data, sfb, d, grouped_layout)
     return run if _same(a_data, a_in) and _same(b_data, b_in) else None
 
