@@ -16,8 +16,9 @@ import traceback
 
 import torch
 
-SHAPES = [(4096, 2112, 7168), (4096, 24576, 1536), (4096, 32768, 512),
-          (4096, 7168, 16384), (4096, 4096, 7168), (4096, 7168, 2048)]
+# K >= 7168 first (where the Gluon kernel is dispatched): a run that hits its time budget still covers them
+SHAPES = [(4096, 7168, 16384), (4096, 4096, 7168), (4096, 2112, 7168),
+          (4096, 24576, 1536), (4096, 7168, 2048), (4096, 32768, 512)]
 
 
 def _inputs(m, n, k):
