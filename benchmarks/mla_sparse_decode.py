@@ -216,8 +216,9 @@ def _fast_launches():
     return sum(x.fast_calls for d in (sd._LAUNCHERS, _comb._LAUNCHERS) for x in d.values())
 
 
-def host_overhead(fmt_spec, h_q, b, topk, xtopk, do_bench, graph=True, n=200):
-    """Host cost of one sparse decode call at a small topk (see the module docstring). Returns a JSON row."""
+def host_overhead(fmt_spec, h_q, b, topk, xtopk, do_bench, graph=True, n=200, warmup_only=False):
+    """Host cost of one sparse decode call at a small topk (see the module docstring). Returns a JSON row
+    (``warmup_only``: two calls, no timing, None: fills Triton's disk cache for a later timed run)."""
     fmt, _, xfmt = fmt_spec.partition("+")
     xfmt = xfmt or None
     dev = DEVICE
@@ -238,6 +239,9 @@ def host_overhead(fmt_spec, h_q, b, topk, xtopk, do_bench, graph=True, n=200):
     call()                      # plans the schedule (meta filled), compiles, binds the launchers
     call()
     _sync()
+    if warmup_only:
+        print(f"WARM {fmt_spec} h_q={h_q} b={b}", flush=True)
+        return None
     fast0 = _fast_launches()
     t0 = time.perf_counter()
     for _ in range(n):
@@ -329,6 +333,7 @@ def main(argv=None):
     ap.add_argument("--host", action="store_true", help="host cost per call vs CUDA-graph replay (small topk)")
     ap.add_argument("--host-b", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8, 16, 32, 64, 128])
     ap.add_argument("--host-topk", type=int, default=64)
+    ap.add_argument("--host-warmup", action="store_true", help="with --host: compile only (two calls per case)")
     args = ap.parse_args(argv)
     if args.smoke:
         args.hq, args.bsq, args.topk, args.extra_topk, args.s_k = [64], "2x1", [128], 64, 256
@@ -354,13 +359,15 @@ def main(argv=None):
             for h_q in args.hq:
                 for b in args.host_b:
                     try:
-                        rows.append(host_overhead(fmt, h_q, b, args.host_topk, min(args.extra_topk, args.host_topk),
-                                                  do_bench, n=4 if args.smoke else 200))
+                        row = host_overhead(fmt, h_q, b, args.host_topk, min(args.extra_topk, args.host_topk),
+                                            do_bench, n=4 if args.smoke else 200, warmup_only=args.host_warmup)
                     except Exception as e:  # noqa: BLE001 - one failing shape must not stop the others
                         print(f"HOST {fmt} h_q={h_q} b={b}: FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
                         _empty_cache()
                         continue
-                    dump()
+                    if row is not None:
+                        rows.append(row)
+                        dump()
         dump()
         for r in rows:
             print(f"SUMMARY host {r['fmt']:8s} h_q={r['h_q']:3d} b={r['b']:3d}: submit {r['host_submit_us']:.1f} us "

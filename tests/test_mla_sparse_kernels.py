@@ -451,3 +451,26 @@ def test_gpu_huge_logits_max_element_exact(poison):
     kw["softmax_scale"] = 1e3
     o, l_, _ = run_and_check(kw)
     assert torch.isfinite(o).all() and torch.isfinite(l_).all()
+
+
+@pytest.mark.gpu
+def test_gpu_repeated_call_fast_path_bit_identical():
+    """Repeated calls with one signature take the cached host path (plan + direct CompiledKernel launches of the
+    split-KV kernel and the shared combine) and give bit-identical results; a batch of another size (b = 1, a
+    multiple of 16, other: unspecialised) reuses the compiled kernel."""
+    from deepkernels.mla import combine as comb
+    kw = make_case(16, 1, 128, "v41", 256, 512, 64, xfmt="fp4", xtopk=64, with_len=True, with_xlen=True, sink=True,
+                   device="cuda")
+    sd._PLANS.clear()
+    o1, l1 = _public(kw)
+    fast0 = sum(x.fast_calls for d in (sd._LAUNCHERS, comb._LAUNCHERS) for x in d.values())
+    for _ in range(3):
+        o2, l2 = _public(kw)
+        assert torch.equal(o1, o2) and torch.equal(l1, l2)
+    fast = sum(x.fast_calls for d in (sd._LAUNCHERS, comb._LAUNCHERS) for x in d.values()) - fast0
+    assert fast == 6, f"{fast} fast launches for 3 repeated calls (2 expected per call)"
+    for b in (1, 3):
+        part = {k: (v[:b] if isinstance(v, torch.Tensor) and k in ("q", "indices", "topk_length",
+                                                                    "extra_indices_in_kvcache", "extra_topk_length")
+                    else v) for k, v in kw.items()}
+        run_and_check(part)

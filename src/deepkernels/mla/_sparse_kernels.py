@@ -166,8 +166,10 @@ def _attend_range(acc, m_i, l_i, q_a, q_r, kv_ptr, idx_row, t_lo, t_hi, n, page,
     return acc, m_i, l_i
 
 
-# acc_rows (= b + num_sm_parts) only bounds the accumulator rows: not specialised (no recompile per schedule size)
-@triton.jit(do_not_specialize=["acc_rows"])
+# Integer arguments that vary per decode step or per cache size only bound loops, clamps and masks: not specialised
+# (no recompile when the batch becomes 1 or a multiple of 16, or with the schedule's size); strides, page sizes and
+# topk stay specialised.
+@triton.jit(do_not_specialize=["b", "num_tok", "xnum_tok", "acc_rows"])
 def _sparse_decode_fwd_kernel(
     q_ptr, kv_ptr, idx_ptr, len_ptr, xkv_ptr, xidx_ptr, xlen_ptr, sink_ptr,
     meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
