@@ -37,8 +37,9 @@ import triton
 import triton.language as tl
 
 from .._triton_helpers import rne_bf16 as _rne_bf16
+from .metadata import sched_record
 
-__all__ = ["_sparse_decode_fwd_kernel", "FMT_CODES"]
+__all__ = ["_sparse_decode_fwd_kernel", "online_softmax_step", "FMT_CODES"]
 
 FMT_CODES = {"v32": 0, "model1": 1, "v41": 2, "fp4": 3}
 
@@ -71,6 +72,31 @@ def _finish_bf16(x, UPCAST: tl.constexpr):
         return _rne_bf16(x)
     else:
         return x.to(tl.bfloat16)
+
+
+@triton.jit
+def online_softmax_step(s, valid, m_i, l_i, scale_log2, AXIS: tl.constexpr):
+    """One block of an online softmax in base 2 with the running max in raw-score units (so the max element gives
+    exactly 2^0 whatever the compiler fuses; FlashMLA d626421), shared by sparse decode and sparse prefill.
+
+    ``s``: raw scores ``[rows, tokens]`` (AXIS = 1) or ``[tokens, rows]`` (AXIS = 0); ``valid [tokens]``: invalid
+    tokens get score -inf by selection (never multiplied); ``m_i``, ``l_i [rows]``: running max (raw units) and sum.
+    Returns ``(p, alpha, m_new, l_i)``: the block's fp32 probabilities (``s``'s layout), the rescale factor of the
+    previous accumulator, the new running max and the updated row sum (from fp32 p). A row with no valid token so
+    far keeps max -inf and gets p = 0, alpha = 1."""
+    if AXIS == 1:
+        s = tl.where(valid[None, :], s, float("-inf"))
+    else:
+        s = tl.where(valid[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, AXIS))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2((m_i - m_safe) * scale_log2)
+    if AXIS == 1:
+        p = tl.exp2((s - m_safe[:, None]) * scale_log2)
+    else:
+        p = tl.exp2((s - m_safe[None, :]) * scale_log2)
+    l_i = l_i * alpha + tl.sum(p, AXIS)
+    return p, alpha, m_new, l_i
 
 
 @triton.jit
@@ -154,12 +180,7 @@ def _attend_range(acc, m_i, l_i, q_a, q_r, kv_ptr, idx_row, t_lo, t_hi, n, page,
         s = tl.dot(q_a, tl.trans(ka))
         if HAS_ROPE:
             s = tl.dot(q_r, tl.trans(kr), s)
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2((m_i - m_safe) * sm_scale_log2)
-        p = tl.exp2((s - m_safe[:, None]) * sm_scale_log2)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_new, l_i = online_softmax_step(s, valid, m_i, l_i, sm_scale_log2, 1)
         pb = _finish_bf16(p, UPCAST)
         acc = tl.dot(pb, ka, acc * alpha[:, None])
         m_i = m_new
@@ -192,12 +213,7 @@ def _sparse_decode_fwd_kernel(
     tmp = pid // n_hb
     si = tmp % s_q
     part = tmp // s_q
-    rec = meta_ptr + part * 8
-    begin_req = tl.maximum(tl.load(rec + 0), 0)
-    end_req = tl.minimum(tl.load(rec + 1), b - 1)
-    begin_blk = tl.load(rec + 2)
-    end_blk = tl.load(rec + 3)
-    begin_split = tl.load(rec + 4)
+    begin_req, end_req, begin_blk, end_blk, begin_split = sched_record(meta_ptr, part, b)
 
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = heads < h_q

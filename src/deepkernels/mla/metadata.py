@@ -25,7 +25,7 @@ import triton.language as tl
 from .._backend import use_kernels
 from .._launch import KernelLauncher
 
-__all__ = ["compute_schedule", "resolve_schedule", "SCHED_BLOCK", "FIXED_OVERHEAD_BLOCKS"]
+__all__ = ["compute_schedule", "resolve_schedule", "sched_record", "SCHED_BLOCK", "FIXED_OVERHEAD_BLOCKS"]
 
 SCHED_BLOCK = 64
 FIXED_OVERHEAD_BLOCKS = 5
@@ -42,6 +42,17 @@ def _request_costs(counts_ptr, offs, m, carry, OVERHEAD: tl.constexpr, SBLOCK: t
     cost = tl.where(m, blocks + OVERHEAD, 0)
     start = carry + tl.cumsum(cost, 0) - cost
     return blocks, cost, start + OVERHEAD, start + cost
+
+
+@triton.jit
+def sched_record(meta_ptr, part, b):
+    """The fields of scheduler record ``part`` a decode kernel walks (format in the module docstring):
+    ``(begin_req, end_req, begin_block, end_block, begin_split)`` with ``begin_req`` clamped to >= 0 and ``end_req``
+    to <= b - 1 (a padded no-work part has begin_req = b > end_req: no request is visited)."""
+    rec = meta_ptr + part * 8
+    begin_req = tl.maximum(tl.load(rec + 0), 0)
+    end_req = tl.minimum(tl.load(rec + 1), b - 1)
+    return begin_req, end_req, tl.load(rec + 2), tl.load(rec + 3), tl.load(rec + 4)
 
 
 # b and num_parts vary per decode step / config: not specialised (no recompile when the batch becomes 1 or a

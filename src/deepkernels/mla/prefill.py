@@ -22,6 +22,7 @@ from .._triton_helpers import rne_bf16 as _rne_bf16
 from .._validate import check_dtype, check_tensor
 from ..reference.mla_prefill import sparse_prefill_ref
 from . import _gluon_sparse_prefill as _gsp
+from ._sparse_kernels import online_softmax_step
 
 __all__ = ["flash_mla_sparse_fwd"]
 
@@ -84,12 +85,7 @@ def _sparse_prefill_fwd_kernel(
                 if UPCAST:
                     k_pe = k_pe.to(tl.float32)
                 st = tl.dot(k_pe, tl.trans(q_pe), st)
-            st = tl.where(valid[:, None], st, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(st, 0))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2((m_i - m_safe) * scale_log2)
-            pt = tl.exp2((st - m_safe[None, :]) * scale_log2)
-            l_i = l_i * alpha + tl.sum(pt, 0)
+            pt, alpha, m_new, l_i = online_softmax_step(st, valid, m_i, l_i, scale_log2, 0)
             if UPCAST:
                 pv = tl.dot(tl.trans(_rne_bf16(pt)), k_nope)
             else:
@@ -101,12 +97,7 @@ def _sparse_prefill_fwd_kernel(
                 if UPCAST:
                     k_pe = k_pe.to(tl.float32)
                 s = tl.dot(q_pe, tl.trans(k_pe), s)
-            s = tl.where(valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2((m_i - m_safe) * scale_log2)
-            p = tl.exp2((s - m_safe[:, None]) * scale_log2)
-            l_i = l_i * alpha + tl.sum(p, 1)
+            p, alpha, m_new, l_i = online_softmax_step(s, valid, m_i, l_i, scale_log2, 1)
             if UPCAST:
                 pv = tl.dot(_rne_bf16(p), k_nope)
             else:
