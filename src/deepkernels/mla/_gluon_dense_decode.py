@@ -10,8 +10,9 @@ clamped to ``[0, num_blocks)``, block-table columns ``>= ceil(len / 64)`` never 
 requests write ``out``/``lse`` (natural log, +inf when empty) directly; split requests write ``O/L`` and the base-2
 ``log2 L + m`` (-inf when empty) to accumulator row ``num_splits[req] + split`` for the unchanged combine kernel.
 
-Structure (three partitions of ``gl.warp_specialize``, 9 warps = 288 threads, so each thread may hold up to 224
-registers instead of 168 at 384 threads):
+Structure (three partitions of ``gl.warp_specialize``, 9 warps; Triton pads the CTA to 384 threads, so ptxas
+allocates every partition within 168 registers: the 64x256 fp32 accumulator (128) + S (32) fit, ~20-30 B of
+per-request scalars spill outside the tile loop):
 
 * producer (1 warp): TMA loads of one 64-token page per tile into a ``NUM_STAGES``-deep ring: K_nope ``[64, 512]``
   and K_rope ``[64, 64]`` boxes from a 2-D descriptor over ``k_cache`` viewed as ``[num_blocks * 64, h_kv * 576]``
@@ -20,8 +21,10 @@ registers instead of 168 at 384 threads):
   ``S = Q K^T`` (64x64, K = 512 + 64) with wgmma, the online softmax (running max in raw-score units,
   ``p = exp2((s - m) * scale * log2e)``, masked scores by selection), writes bf16 ``P`` and the rescale factor
   ``alpha`` to shared memory (``pready``/``pfree`` mbarriers), and accumulates ``O[:, :256] += P V[:, :256]``.
-  With ``OVERLAP`` the wgmma of ``S`` for tile j+1 and ``P_j V_j`` are issued together and the softmax of tile j+1
-  runs while ``P_j V_j`` is still on the tensor cores (FA3-style intra-warpgroup overlap).
+  ``OVERLAP`` picks the issue order: 0 (default, fastest) S_j -> softmax -> P_j V_j, each waited for; 1 issues S_j
+  with P_{j-1} V_{j-1} and runs the softmax of tile j under it (FA3-style); 2 issues S_{j+1} right behind P_j V_j.
+  Both overlapped orders lost on the H200 (1: -12..-31 %, 2: -2..-17 % per shape): with only 2 ring stages (Q and two 72 KB
+  K tiles fill 224 KB of shared memory) any later release of a ring slot shortens the time the next TMA load has.
 * PV warpgroup (worker, 4 warps): for every tile, rescales its ``O[:, 256:]`` by ``alpha`` and accumulates
   ``P V[:, 256:]`` from the shared P; at the end of a piece it receives ``1/L`` and writes its half.
 
@@ -67,9 +70,11 @@ def _jit(fn):
 
 # (num_stages, overlap, pv_regs, producer_regs); overlap: 0 serial (S, softmax, P V per tile), 1 FA3-style (softmax
 # of tile j under P_{j-1} V_{j-1}), 2 "S ahead" (S of tile j+1 issued right behind P_j V_j). Measured on the H200
-# (benchmarks/notes/mla_decode_gluon.md, results/mla_decode_gluon-h200-2026-11-29-run1.json; b=128 varlen, 16
-# shapes): 0 -> 379-588 TFLOPS, 1.98-2.41x the Triton kernel; 1 -> 318-488 (loses on every shape: with 2 ring
-# stages its late slot release leaves the next TMA load too little time). Default: 0.
+# (benchmarks/notes/mla_decode_gluon.md, results/mla_decode_gluon-h200-2026-11-29-run{1,2}.json; b=128 varlen, 16
+# shapes): 0 -> 304-599 TFLOPS, 1.69-2.41x the Triton kernel; 2 -> 296-539; 1 -> 318-488 (both overlapped orders
+# lose on every shape except 1 at the noisy first shape: with 2 ring stages a later slot release leaves the next
+# TMA load too little time). Default: 0. pv_regs / producer_regs only set setmaxnreg: ptxas allocates the whole
+# kernel within 168 registers (Triton pads the 9 warps to 384 threads).
 GLUON_DEFAULT = (2, 0, 232, 40)
 GLUON_CANDIDATES = [(2, 0, 232, 40), (2, 2, 232, 40), (2, 1, 232, 40)]
 
