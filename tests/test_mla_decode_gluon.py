@@ -264,3 +264,35 @@ def test_gpu_gluon_cuda_graph_capture():
     torch.cuda.synchronize()
     o_ref, l_ref = ref.dense_decode(q, k, bt, sl, 512)
     assert check_is_allclose("out", o, o_ref, *TOL_OUT) and check_is_allclose("lse", l, l_ref, *TOL_LSE)
+
+
+# rows < 64 (h_q 16 / 32 bandwidth regime): the kernel masks query rows past `rows` on load and store, so it runs
+# with a padded 64-row tile. The public gate (G.MIN_ROWS) decides whether these shapes are dispatched; this grid
+# checks the kernel itself on them, with the schedule the Triton path would plan (2 parts per SM) and one part per SM.
+SMALL_GRID = [
+    (b, s_q, s_k, h_q, h_kv, varlen, causal)
+    for b in (3, 64) for s_q in (1, 2) for s_k in (20, 140, 4096)
+    for (h_q, h_kv) in ((16, 1), (32, 1), (1, 1), (9, 1), (32, 2))
+    for varlen, causal in ((False, False), (True, True))
+    if s_q * h_q // h_kv < 64
+]
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("parts_rows", ["triton", "gluon"])
+@pytest.mark.parametrize("b,s_q,s_k,h_q,h_kv,varlen,causal", SMALL_GRID[::3])
+def test_gpu_gluon_small_rows(b, s_q, s_k, h_q, h_kv, varlen, causal, parts_rows, poison):
+    from deepkernels.mla.metadata import compute_schedule
+    torch.manual_seed(b * 1000 + s_q * 100 + s_k + h_q)
+    q, k, bt, sl = _case(b, s_q, s_k, h_q, h_kv, varlen)
+    rows = s_q * h_q // h_kv
+    plan_rows = rows if parts_rows == "triton" else 64
+    sched, ns = compute_schedule(sl, dec._num_sm_parts(q.device, plan_rows, h_kv))
+    scale = 576 ** -0.5
+    o, l = G.gluon_dense_forward(q, k, bt, sl, sched, ns, scale, causal and s_q > 1)
+    torch.cuda.synchronize()
+    o_ref, l_ref = ref.dense_decode(q, k, bt, sl, 512, scale, causal)
+    assert not torch.isnan(o).any() and not torch.isnan(l).any(), "unwritten or NaN outputs"
+    assert check_is_allclose("out", o, o_ref, *TOL_OUT)
+    assert check_is_allclose("lse", l, l_ref, *TOL_LSE)
