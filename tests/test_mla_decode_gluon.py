@@ -1,4 +1,4 @@
-"""Gluon warp-specialised dense MLA decode (``deepkernels.mla._gluon_dense_decode``), compute path (rows >= 64).
+"""Gluon warp-specialised dense MLA decode (``deepkernels.mla._gluon_dense_decode``), every row count.
 
 - compile tier: every candidate config (and causal) cross-compiles for sm90 on the CPU: wgmma, TMA bulk copies,
   mbarriers, ``setmaxnreg`` (warp-specialised), shared memory within 227 KB, no local memory in the PTX, ptxas
@@ -68,11 +68,12 @@ def test_gluon_overlap_variants_keep_wgmmas_in_flight():
     assert "wgmma.wait_group.sync.aligned 2;" in G._compile_sm90((2, 2, 232, 40)).asm["ptx"]
 
 
-def test_gluon_gate_refuses_cpu_and_small_rows():
+def test_gluon_gate_refuses_cpu_and_other_pages():
     q = torch.zeros(1, 1, 128, 576, dtype=torch.bfloat16)
     k = torch.zeros(4, 64, 1, 576, dtype=torch.bfloat16)
     assert not G.supported(q, k, 128)      # CPU tensors
     assert not G.supported(q, k, 32)
+    assert not G.supported(q, torch.zeros(4, 32, 1, 576, dtype=torch.bfloat16), 128)
 
 
 # ------------------------------------------------------------------ gpu tier
@@ -216,8 +217,8 @@ def test_gpu_gluon_matches_triton_path_bench_shape(poison):
 @pytest.mark.gpu
 @needs_sm90
 def test_gpu_public_op_dispatches_to_gluon(monkeypatch, poison):
-    """flash_mla_with_kvcache runs the Gluon kernel for rows >= 64 on sm90; DEEPKERNELS_DISABLE_GLUON=1 brings back
-    the Triton kernel (same results within FlashMLA's tolerances)."""
+    """flash_mla_with_kvcache runs the Gluon kernel on sm90 (rows >= 64 and fewer); DEEPKERNELS_DISABLE_GLUON=1
+    brings back the Triton kernel (same results within FlashMLA's tolerances); page size 32 keeps Triton."""
     import deepkernels as dk
     calls = []
     orig = G.gluon_dense_launch
@@ -240,12 +241,14 @@ def test_gpu_public_op_dispatches_to_gluon(monkeypatch, poison):
         assert check_is_allclose("out", o, o_ref, *TOL_OUT) and check_is_allclose("lse", l, l_ref, *TOL_LSE)
         outs.append(o)
     assert check_is_allclose("gluon vs triton", outs[0], outs[1], *TOL_OUT)
-    q16, k16, bt16, sl16 = make_case(2, 1, 16, 1, [100, 700], device="cuda")     # 16 rows: Triton kernel
+    q16, k16, bt16, sl16 = make_case(2, 1, 16, 1, [100, 700], device="cuda")     # 16 rows: Gluon, padded tile
     monkeypatch.setenv("DEEPKERNELS_DISABLE_GLUON", "0")
     n = len(calls)
     meta, _ = dk.get_mla_metadata()
-    dk.flash_mla_with_kvcache(q16, k16, bt16, sl16, 512, meta)
-    assert len(calls) == n
+    o16, l16 = dk.flash_mla_with_kvcache(q16, k16, bt16, sl16, 512, meta)
+    assert len(calls) == n + 1
+    r16, rl16 = ref.dense_decode(q16, k16, bt16, sl16, 512, None, False)
+    assert check_is_allclose("out", o16, r16, *TOL_OUT) and check_is_allclose("lse", l16, rl16, *TOL_LSE)
 
 
 @pytest.mark.gpu

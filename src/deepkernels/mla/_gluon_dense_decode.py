@@ -1,5 +1,7 @@
-"""Gluon (``triton.experimental.gluon``, Triton 3.6) warp-specialised dense paged MLA decode for sm90 — the
-compute-bound path (``rows = s_q * h_q / h_kv >= 64``).
+"""Gluon (``triton.experimental.gluon``, Triton 3.6) warp-specialised dense paged MLA decode for sm90, every
+``rows = s_q * h_q / h_kv`` (fewer than 64 rows run in a padded 64-row tile: query rows past ``rows`` are masked on
+load and store; at h_q 16 / 32 the kernel is bandwidth-bound and still 1.1-2.0x the Triton kernel's GB/s,
+``benchmarks/results/mla_decode_small_rows-h200-2026-11-29.json``).
 
 Same contract as the Triton split-KV kernel :func:`deepkernels.mla._dense_decode_kernels._mla_decode_fwd_kernel`
 (which stays the fallback): one CTA per (scheduler part, kv head, 64-row query block), persistent over the
@@ -466,7 +468,7 @@ def _smem_layout():
 
 def supported(q: torch.Tensor, k_cache: torch.Tensor, rows: int) -> bool:
     """Gate of the Gluon path: Gluon importable, not disabled (``DEEPKERNELS_DISABLE_GLUON=1``), not under the
-    interpreter, CUDA sm90 tensors, bf16/fp16, d_qk 576, page_block_size 64, >= 64 query rows per kv head, and a
+    interpreter, CUDA sm90 tensors, bf16/fp16, d_qk 576, page_block_size 64, at least one query row, and a
     k_cache whose pages can be addressed as rows of a 2-D TMA descriptor (16-B aligned)."""
     if not available() or os.environ.get("DEEPKERNELS_DISABLE_GLUON", "0") not in ("", "0"):
         return False
@@ -477,7 +479,7 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor, rows: int) -> bool:
     if k_cache.dtype != q.dtype or q.shape[-1] != 576 or k_cache.dim() != 4:
         return False
     nb, page, h_kv, d = k_cache.shape
-    if page != PAGE or d != 576 or rows < 64 or nb * page >= 2 ** 31:
+    if page != PAGE or d != 576 or rows < 1 or nb * page >= 2 ** 31:
         return False
     s0, s1, s2, s3 = k_cache.stride()
     if s3 != 1 or (h_kv > 1 and s2 != 576) or s0 != page * s1 or s1 < h_kv * 576 or (s1 * 2) % 16:

@@ -297,7 +297,8 @@ def _dense_launch(q, k_cache, block_table, cache_seqlens, sched, num_splits, sca
                   tile_in_page, v_split, "l" in flags, "w" in flags)
     if config_given is None and _gluon_ok(q, k_cache, rows):
         # Gluon warp-specialised kernel (same schedule, outputs and combine): 1.98-2.41x the Triton kernel at
-        # b=128 (benchmarks/notes/mla_decode_gluon.md). DEEPKERNELS_DISABLE_GLUON=1 keeps the Triton kernel.
+        # b=128 and rows >= 64, 1.1-2.0x its GB/s at h_q 16 / 32 (benchmarks/notes/mla_decode_gluon.md).
+        # DEEPKERNELS_DISABLE_GLUON=1 keeps the Triton kernel.
         from . import _gluon_dense_decode as _gdd
         _gdd.gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse,
                                 o_acc, l_acc)
@@ -315,9 +316,9 @@ _T = torch.Tensor
 
 
 def _gluon_ok(q, k_cache, rows: int) -> bool:
-    """Dense split-KV step on the Gluon kernel? (CUDA sm90, bf16/fp16, page 64, d 576, rows >= 64, TMA-able
-    k_cache, Gluon importable, DEEPKERNELS_DISABLE_GLUON unset; see ``_gluon_dense_decode.supported``)."""
-    if not q.is_cuda or rows < 64:
+    """Dense split-KV step on the Gluon kernel? (CUDA sm90, bf16/fp16, page 64, d 576, TMA-able k_cache, Gluon
+    importable, DEEPKERNELS_DISABLE_GLUON unset; see ``_gluon_dense_decode.supported``)."""
+    if not q.is_cuda:
         return False
     from . import _gluon_dense_decode as _gdd
     return _gdd.supported(q, k_cache, rows)
