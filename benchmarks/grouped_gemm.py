@@ -299,6 +299,93 @@ def run_masked(g, m, n, k, device, dry, m_max=MASKED_M_MAX):
     return row
 
 
+def run_ab(args) -> dict:
+    """Drift-robust A/B of the m-grouped contiguous public op: Triton vs Gluon dispatch (DEEPKERNELS_GROUPED_GLUON
+    0/1), each with and without the per-call MN-major sfa copy (grouped._CONTIG_SFA_COPY). Every variant is checked
+    first (NaN-poisoned d, padding rows exactly 0, calc_diff vs the dequantized product); then ROUNDS rounds in
+    which every variant is timed once (whole call, do_bench median), so slow clock/thermal drift hits all variants
+    alike; the per-variant median over rounds and one CUDA-graph time are reported."""
+    import deepkernels as dk
+    from deepkernels.gemm import grouped
+    from deepkernels.testing import calc_diff
+    import triton.testing
+    rounds = 3
+    dev = getattr(args, "ab_device", "cuda")  # "cpu" only for a smoke run of this function under the interpreter
+    variants = {"triton": ("0", True), "triton_nocopy": ("0", False), "gluon": ("1", True), "gluon_nocopy": ("1", False)}
+    result = {"provenance": provenance(), "mode": "ab", "rounds": rounds, "rows": []}
+    shapes = [(g, m, n, k, "contiguous", None) for g, m, n, k in CONTIGUOUS]
+    counts = moe_counts(MOE["experts"], MOE["rows"])
+    shapes += [(MOE["experts"], MOE["rows"] // MOE["experts"], n, k, f"moe_v3_{nm}", counts) for nm, n, k in MOE["shapes"]]
+    for g, m, n, k, label, cnt in shapes:
+        torch.manual_seed(0)
+        cnt = cnt or [m] * g
+        layout, starts = [], []
+        for i, c in enumerate(cnt):
+            starts.append(len(layout))
+            layout += [i] * c + [-1] * (-(-c // 128) * 128 - c)
+        gl = torch.tensor(layout, dtype=torch.int32, device=dev)
+        A = fp8_rows(gl.numel(), k, dev)
+        B = fp8_weights(g, n, k, dev)
+        d = torch.empty(gl.numel(), n, dtype=torch.bfloat16, device=dev)
+        deq = _dequant_ref([(A[0][s:s + c], A[1][s:s + c]) for s, c in zip(starts, cnt)], B, None)()
+        ref = torch.zeros(gl.numel(), n, device=dev)
+        for (s, c), o in zip(zip(starts, cnt), deq):
+            ref[s:s + c] = o
+        del deq
+        flops = 2 * sum(cnt) * n * k
+        row = {"kind": label, "g": g, "m_per_group": m, "n": n, "k": k, "flops": flops, "variants": {}}
+        fn = lambda: dk.m_grouped_fp8_gemm_nt_contiguous(A, B, d, gl)  # noqa: E731
+
+        def setv(v):
+            os.environ["DEEPKERNELS_GROUPED_GLUON"], grouped._CONTIG_SFA_COPY = variants[v]
+        ok = []
+        for v in variants:
+            setv(v)
+            r = row["variants"][v] = {"us_rounds": []}
+            try:
+                d.fill_(float("nan"))
+                fn()
+                if dev == "cuda":
+                    torch.cuda.synchronize()
+                r["diff"] = float(calc_diff(torch.nan_to_num(d.float(), nan=1e4), ref))
+                r["pad_zero"] = bool((d[gl < 0] == 0).all())
+                r["nan"] = bool(torch.isnan(d).any())
+                if r["nan"] or not r["pad_zero"] or r["diff"] > 1e-3:
+                    r["error"] = "failed its check: not timed"
+                else:
+                    ok.append(v)
+            except Exception as e:
+                r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        for _ in range(rounds):
+            for v in ok:
+                setv(v)
+                row["variants"][v]["us_rounds"].append(triton.testing.do_bench(fn, warmup=5, rep=40,
+                                                                               return_mode="median") * 1e3)
+        for v in ok:
+            setv(v)
+            r = row["variants"][v]
+            r["us"] = sorted(r["us_rounds"])[len(r["us_rounds"]) // 2]
+            r["tflops"] = flops / r["us"] / 1e6
+            r["graph_us"] = bench_graph(fn, False)
+        base = row["variants"].get("triton", {}).get("us")
+        for v in ok:
+            if base:
+                row["variants"][v]["vs_triton"] = base / row["variants"][v]["us"]
+        result["rows"].append(row)
+        print(f"{label} G={g} m={m} n={n} k={k}: " + "  ".join(
+            f"{v} {r.get('us', float('nan')):.1f}us/{r.get('graph_us') or float('nan'):.1f}g x{r.get('vs_triton', float('nan')):.3f}"
+            f"{' ERR' if r.get('error') else ''}" for v, r in row["variants"].items()), flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+        del A, B, d, ref
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+    os.environ.pop("DEEPKERNELS_GROUPED_GLUON", None)
+    grouped._CONTIG_SFA_COPY = True
+    return result
+
+
 def moe_counts(experts, rows, seed=0):
     """Zipf-skewed (exponent 1.0) expert loads, shuffled, summing to ``rows``; every expert gets >= 1 row."""
     gen = torch.Generator().manual_seed(seed)
@@ -392,7 +479,11 @@ def main():
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (checks the script itself)")
     ap.add_argument("--only", help="comma list of contiguous,masked,moe")
     ap.add_argument("--summary", help="print the summary table of an existing JSON and exit")
+    ap.add_argument("--ab", action="store_true", help="interleaved A/B of the contiguous dispatch variants (GPU)")
     args = ap.parse_args()
+    if args.ab:
+        run_ab(args)
+        return
     if args.summary:
         try:
             with open(args.summary) as f:

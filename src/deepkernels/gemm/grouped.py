@@ -157,7 +157,14 @@ def _same(x: torch.Tensor, y: torch.Tensor) -> bool:
     return x.data_ptr() == y.data_ptr() and x.stride() == y.stride()
 
 
+# contiguous FP8: normalise sfa to MN-major TMA-aligned before the launch (a copy per call when it is not; both
+# kernels read any layout through strides). A module switch so that benchmarks/grouped_gemm.py --ab can time both.
+_CONTIG_SFA_COPY = True
+
+
 def _mn_major_sfa(sfa):
+    if not _CONTIG_SFA_COPY:
+        return sfa
     from ..quant import get_mn_major_tma_aligned_tensor
     return get_mn_major_tma_aligned_tensor(sfa)
 
@@ -233,10 +240,10 @@ def _contiguous(a_data, b_data, sfa, sfb, d, grouped_layout, use_psum_layout, b_
     if not is_fp8 and k % 64:
         raise ValueError(f"BF16 m-grouped GEMMs need K % 64 == 0 (DeepGEMM SM90), got K = {k}")
     if is_fp8:
-        from ..quant import check_sf_layout, get_mn_major_tma_aligned_tensor
+        from ..quant import check_sf_layout
         check_sf_layout(sfa, m_sum, k, 1, 128, name="a[1]")
         check_sf_layout(sfb, n, k, 128, 128, num_groups=g_num, name="b[1]")
-        sfa = get_mn_major_tma_aligned_tensor(sfa)
+        sfa = _mn_major_sfa(sfa)
     _L.check_int32_extent("M_sum", m_sum)
     _L.check_int32_extent("G * N" if b_kmajor else "G * K", g_num * (n if b_kmajor else k))
     alignment = get_mk_alignment_for_contiguous_layout()
@@ -291,7 +298,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, grouped_layout: torc
     K % 16 != 0, N, K or G == 0, extents >= 2^31) before launch.
     """
     sig = _fp8_sig("contiguous", a, b, d, grouped_layout, (recipe, recipe_a, recipe_b, compiled_dims,
-                                                           use_psum_layout, _MK_ALIGNMENT, _config))
+                                                           use_psum_layout, _MK_ALIGNMENT, _config, _CONTIG_SFA_COPY))
     run = _lookup(sig)
     if run is not None:  # same signature as a validated call: same verdict, launch directly
         run(a[0], _mn_major_sfa(a[1]), b[0], b[1], d, grouped_layout)
