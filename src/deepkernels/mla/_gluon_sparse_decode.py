@@ -1,0 +1,386 @@
+"""Gluon (``triton.experimental.gluon``, Triton 3.6) sparse top-k MLA decode over FP8 KV caches for sm90.
+
+Same contract as the Triton split-KV kernel :func:`deepkernels.mla._sparse_kernels._sparse_decode_fwd_kernel`
+(which stays the fallback for everything this one does not take): one CTA per (scheduler part, query position,
+64-head block), persistent over the requests of its part (FlashMLA scheduler records, spec/mla.md §3), split
+boundaries clamped to the actual token line and the last split of a request running to its end, indices valid iff
+``position < topk_length`` and ``0 <= idx < num_blocks * page_block_size`` (anything else is never dereferenced:
+masked loads), single-split requests write ``out``/``lse`` (sink applied here), split requests write ``O/L`` and
+the base-2 ``log2 L + m`` to accumulator row ``num_splits[req] + split`` for the unchanged ``combine_splits_``.
+
+Formats (main cache only, no extra cache): V3.2 (656 B/token: 512 e4m3, 4 fp32 scales, 64 bf16 RoPE; d_qk 576)
+and V4.1 (528 B/token: 512 e4m3 incl. RoPE, 16 UE8M0 scales; d_qk 512). Dequantisation is the Triton kernel's,
+bit for bit: ``bf16(fp32(e4m3) * fp32 scale)`` rounded once (UE8M0: ``2^(e-127)``, 0 -> 2^-127, 255 -> NaN).
+
+Structure (one partition, 8 warps = 2 warpgroups, like the Gluon sparse prefill kernel):
+
+* MMA layouts ``warps_per_cta=[4, 2]``: ``S = Q K^T`` -- each warpgroup computes 32 of the 64 token columns (no
+  duplicated QK work, the Triton kernel's structural loss); ``O += P V`` -- each owns 256 of the 512 columns.
+* A 2-slot ring of dequantised bf16 K (= V) tiles ``[64, 512]`` (+ ``[64, 64]`` RoPE for V3.2) in shared memory.
+  Per 64-token block j: S_j (wgmma, slot j%2) -> online softmax (running max in raw-score units) -> P to a
+  ``[64, 64]`` bf16 shared tile -> ``acc *= alpha`` -> P V_j issued asynchronously; *while it runs* the raw FP8
+  records of block j+1 (already in registers) are dequantised into the other slot, and the gather of block j+2's
+  raw records is issued (plain masked ``ld.global`` into registers, consumed one iteration later, so the memory
+  latency hides under a whole block of MMAs and softmax). Block j+2's indices are loaded at the top of iteration j.
+* Q of the current request lives in shared memory (64 x 576 bf16).
+
+Shared memory: V3.2 Q 72 KB + ring 2 x 72 KB + P 8 KB = 224 KB; V4.1 200 KB.
+No interpreter support (Gluon); cross-compiles on a CPU (:func:`compile_sm90`).
+"""
+from __future__ import annotations
+
+import os
+import types
+
+import torch
+
+try:  # Gluon is experimental: keep this module importable when it is missing or its API moved
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
+                                                                   warpgroup_mma_wait)
+    _IMPORT_ERROR: Exception | None = None
+except Exception as _e:  # pragma: no cover - depends on the installed Triton
+    _IMPORT_ERROR = _e
+    gluon = None
+    gl = types.SimpleNamespace(constexpr=None)
+    fence_async_shared = warpgroup_mma = warpgroup_mma_wait = None
+
+__all__ = ["available", "supported", "launch_sparse_decode_gluon", "compile_sm90", "GLUON_FMTS"]
+
+BLOCK_H = 64
+BLOCK_N = 64
+NUM_WARPS = 8
+_LOG2E = 1.4426950408889634
+GLUON_FMTS = {"v32": 0, "v41": 2}     # format codes as in _sparse_kernels.FMT_CODES
+_BPT = {"v32": 656, "v41": 528}
+
+
+def available() -> bool:
+    """True when the Gluon imports succeeded (says nothing about the device)."""
+    return _IMPORT_ERROR is None
+
+
+def _jit(fn):
+    return gluon.jit(fn) if gluon is not None else fn
+
+
+# ----------------------------------------------------------------------------------------------- device code
+
+@_jit
+def _g_ue8m0(e):
+    """UE8M0 byte -> fp32 2^(e-127): 0 -> 2^-127 (subnormal bits), 255 -> NaN (as the Triton kernel)."""
+    e32 = e.to(gl.int32)
+    bits = gl.where(e32 == 0, 0x00400000, e32 << 23)
+    v = bits.to(gl.float32, bitcast=True)
+    return gl.where(e32 == 255, float("nan"), v)
+
+
+@_jit
+def _g_rows(idx, valid, page, stride_kb, RB: gl.constexpr, PAGE_SHIFT: gl.constexpr):
+    """int64 byte offset of each token's record (invalid tokens -> 0, never dereferenced: masked)."""
+    idx = gl.where(valid, idx, 0)
+    if PAGE_SHIFT >= 0:
+        blk = idx >> PAGE_SHIFT
+        row = idx & ((1 << PAGE_SHIFT) - 1)
+    else:
+        blk = idx // page
+        row = idx - blk * page
+    return blk.to(gl.int64) * stride_kb + row.to(gl.int64) * RB
+
+
+@_jit
+def _g_load_idx(idx_row, start, t_end, num_tok, LAY: gl.constexpr):
+    """Indices of positions [start, start + 64) in layout LAY and their validity (position < t_end, in range)."""
+    offs = start + gl.arange(0, 64, LAY)
+    inb = offs < t_end
+    idx = gl.load(idx_row + offs, mask=inb, other=-1)
+    return idx, inb & (idx >= 0) & (idx < num_tok)
+
+
+@_jit
+def _g_gather(kv_ptr, idx, valid, idx_p, valid_p, page, stride_kb,
+              FMT: gl.constexpr, PAGE_SHIFT: gl.constexpr, L3: gl.constexpr, LP: gl.constexpr):
+    """Issue the masked loads of 64 token records: the e4m3 bytes as packed int32 words [64, G, E/4] (4 bytes per
+    register: a loop-carried tensor of 8-bit elements would take one register per byte), scales [64, G] (fp32),
+    and for V3.2 the bf16 RoPE [64, 64] (zeros otherwise). Invalid tokens load zeros (V zero), never
+    dereferenced."""
+    LS2: gl.constexpr = gl.SliceLayout(2, L3)
+    G: gl.constexpr = 4 if FMT == 0 else 16
+    W: gl.constexpr = 128 // G
+    RB: gl.constexpr = 656 if FMT == 0 else 528
+    rec = _g_rows(idx, valid, page, stride_kb, RB, PAGE_SHIFT)
+    g = gl.arange(0, G, gl.SliceLayout(0, LS2))
+    w = gl.arange(0, W, gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    vm2 = valid[:, None] & (g >= 0)[None, :]
+    wp = (kv_ptr + rec).to(gl.pointer_type(gl.int32))
+    raw = gl.load((wp[:, None] + (g * W)[None, :])[:, :, None] + w[None, None, :], mask=vm2[:, :, None], other=0)
+    if FMT == 0:
+        sp = (kv_ptr + rec + 512).to(gl.pointer_type(gl.float32))
+        sc = gl.load(sp[:, None] + g[None, :], mask=vm2, other=0.0)
+        recp = _g_rows(idx_p, valid_p, page, stride_kb, RB, PAGE_SHIFT)
+        pp = (kv_ptr + recp + 528).to(gl.pointer_type(gl.bfloat16))
+        dr = gl.arange(0, 64, gl.SliceLayout(0, LP))
+        rope = gl.load(pp[:, None] + dr[None, :], mask=valid_p[:, None] & (dr >= 0)[None, :], other=0.0)
+    else:
+        eb = gl.load(kv_ptr + (rec + 512)[:, None] + g[None, :], mask=vm2, other=127)
+        sc = _g_ue8m0(eb)
+        rope = gl.zeros([64, 64], gl.bfloat16, LP)
+    return raw, sc, rope
+
+
+@_jit
+def _g_byte(raw, sc, K: gl.constexpr):
+    """bf16(fp32(e4m3 byte K of each word) * scale)."""
+    b = ((raw >> (8 * K)) & 0xFF).to(gl.uint8)
+    return (b.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, :, None]).to(gl.bfloat16)
+
+
+@_jit
+def _g_dequant_store(raw, sc, rope, kv_n_slot, kv_p_slot, FMT: gl.constexpr, LN: gl.constexpr):
+    """bf16(fp32(e4m3) * scale) -> the [64, 512] shared K/V tile (+ RoPE tile for V3.2). Byte k of word w is
+    element 4w + k: join(join(b0, b2), join(b1, b3)) puts it at [w, k // 2, k % 2]."""
+    b0 = _g_byte(raw, sc, 0)
+    b1 = _g_byte(raw, sc, 1)
+    b2 = _g_byte(raw, sc, 2)
+    b3 = _g_byte(raw, sc, 3)
+    x = gl.join(gl.join(b0, b2), gl.join(b1, b3))
+    x = gl.convert_layout(gl.reshape(x, [64, 512]), LN)
+    kv_n_slot.store(x)
+    if FMT == 0:
+        kv_p_slot.store(rope)
+
+
+@_jit
+def _sparse_decode_gluon_kernel(
+    q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+    stride_qb, stride_qs, stride_qh, stride_kb, page, num_tok, stride_ib, stride_is,
+    b, s_q, h_q, topk, acc_rows, sm_scale_log2,
+    FMT: gl.constexpr, PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
+    SBLOCK: gl.constexpr,
+):
+    D_V: gl.constexpr = 512
+    HAS_ROPE: gl.constexpr = FMT == 0
+    # MMA layouts: 2 warpgroups side by side along N (S: 32 token columns each; O: 256 value columns each)
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
+    # raw-record layout (int32 words): a warp covers one 512-byte record with 16-byte vectors (lanes: G scale groups
+    # x the 16-byte vectors of a group)
+    if FMT == 0:
+        L3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 4, 8], [8, 1, 1], [2, 1, 0])
+    else:
+        L3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 16, 2], [8, 1, 1], [2, 1, 0])
+    LN: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [8, 1], [1, 0])
+    LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+    LR: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, L3))     # token vector of the raw gather
+    LRP: gl.constexpr = gl.SliceLayout(1, LP)                        # token vector of the RoPE gather
+    LS: gl.constexpr = gl.SliceLayout(0, S_L)                        # token vector of the score tile
+    SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, D_V], gl.bfloat16)
+    SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
+
+    n_hb = h_q // 64
+    pid = gl.program_id(0)
+    hb = pid % n_hb
+    tmp = pid // n_hb
+    si = tmp % s_q
+    part = tmp // s_q
+    rec_ptr = meta_ptr + part * 8
+    begin_req = gl.maximum(gl.load(rec_ptr + 0), 0)
+    end_req = gl.minimum(gl.load(rec_ptr + 1), b - 1)
+    begin_blk = gl.load(rec_ptr + 2)
+    end_blk = gl.load(rec_ptr + 3)
+    begin_split = gl.load(rec_ptr + 4)
+
+    q_n = gl.allocate_shared_memory(gl.bfloat16, [64, D_V], SH_N)
+    kv_n = gl.allocate_shared_memory(gl.bfloat16, [2, 64, D_V], SH_N)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
+    if HAS_ROPE:
+        q_p = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
+        kv_p = gl.allocate_shared_memory(gl.bfloat16, [2, 64, 64], SH_P)
+    else:
+        q_p = p_smem
+        kv_p = gl.allocate_shared_memory(gl.bfloat16, [2, 64, 64], SH_P)   # unused stand-in (8 KB x 2)
+
+    si64 = si.to(gl.int64)
+    hq = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, LP))
+    dq = gl.arange(0, 64, gl.SliceLayout(0, LP))
+    s_zero = gl.zeros([64, 64], gl.float32, S_L)
+    for req in range(begin_req, end_req + 1):
+        req64 = req.to(gl.int64)
+        # Q of this request -> shared memory (every wgmma of the previous request has completed and was waited)
+        gl.thread_barrier()
+        q_rows = q_ptr + req64 * stride_qb + si64 * stride_qs + hq.to(gl.int64)[:, None] * stride_qh
+        for c in gl.static_range(8):
+            q_n.slice(c * 64, 64, dim=1).store(gl.load(q_rows + (c * 64 + dq)[None, :]))
+        if HAS_ROPE:
+            q_p.store(gl.load(q_rows + (D_V + dq)[None, :]))
+
+        n = topk + req * 0
+        if HAS_LEN:
+            n = gl.minimum(gl.maximum(gl.load(len_ptr + req), 0), topk)
+        base_row = gl.load(nsplits_ptr + req)
+        nsp = gl.load(nsplits_ptr + req + 1) - base_row
+        split = gl.where(req == begin_req, begin_split, 0)
+        t_lo = gl.minimum(gl.maximum(gl.where(req == begin_req, begin_blk, 0), 0), 1 << 24) * SBLOCK
+        t_hi = gl.minimum(gl.where((req == end_req) & (split < nsp - 1), end_blk, 1 << 24), 1 << 24) * SBLOCK
+        t_end = gl.minimum(t_hi, n)
+        nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+        idx_row = idx_ptr + req64 * stride_ib + si64 * stride_is
+
+        # prologue: block 0 dequantised into slot 0, block 1's raw records in flight
+        i0, v0 = _g_load_idx(idx_row, t_lo, t_end, num_tok, LR)
+        i0p, v0p = _g_load_idx(idx_row, t_lo, t_end, num_tok, LRP)
+        raw, sc, rope = _g_gather(kv_ptr, i0, v0, i0p, v0p, page, stride_kb, FMT, PAGE_SHIFT, L3, LP)
+        _g_dequant_store(raw, sc, rope, kv_n.index(0), kv_p.index(0), FMT, LN)
+        i1, v1 = _g_load_idx(idx_row, t_lo + 64, t_end, num_tok, LR)
+        i1p, v1p = _g_load_idx(idx_row, t_lo + 64, t_end, num_tok, LRP)
+        raw, sc, rope = _g_gather(kv_ptr, i1, v1, i1p, v1p, page, stride_kb, FMT, PAGE_SHIFT, L3, LP)
+        fence_async_shared()
+        gl.thread_barrier()
+
+        m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))   # running max of raw q.k
+        l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
+        acc = gl.zeros([64, D_V], gl.float32, O_L)
+        for j in range(nblocks):
+            slot = j % 2
+            t0 = t_lo + j * 64
+            # indices: this block's validity (score layout) and block j+2's (gather layouts), ahead of their use
+            _, valid = _g_load_idx(idx_row, t0, t_end, num_tok, LS)
+            i2, v2 = _g_load_idx(idx_row, t0 + 128, t_end, num_tok, LR)
+            i2p, v2p = _g_load_idx(idx_row, t0 + 128, t_end, num_tok, LRP)
+            tok = warpgroup_mma(q_n, kv_n.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            if HAS_ROPE:
+                tok = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(tok, ))
+            # online softmax step (as _sparse_kernels.online_softmax_step): invalid -> -inf by selection
+            s = gl.where(valid[None, :], s, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
+            p = gl.exp2((s - m_safe[:, None]) * sm_scale_log2)
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m_new
+            p_smem.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            gl.thread_barrier()          # both halves of P written before either warpgroup reads it
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+            tok_o = warpgroup_mma(p_smem, kv_n.index(slot), acc, is_async=True)
+            # under P V_j: dequantise block j+1 into the other slot (last read by P V_{j-1}, waited by every warp
+            # before the barrier above), then issue block j+2's gather
+            if j + 1 < nblocks:
+                _g_dequant_store(raw, sc, rope, kv_n.index(1 - slot), kv_p.index(1 - slot), FMT, LN)
+            raw, sc, rope = _g_gather(kv_ptr, i2, v2, i2p, v2p, page, stride_kb, FMT, PAGE_SHIFT, L3, LP)
+            acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+            fence_async_shared()
+            gl.thread_barrier()          # block j+1 visible to both warpgroups; P and slot j free
+
+        # epilogue (as the Triton kernel)
+        empty = (l_i == 0.0) | (l_i != l_i)
+        l_safe = gl.where(empty, 1.0, l_i)
+        m_log2 = m_i * sm_scale_log2
+        heads = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, S_L))
+        heads_o = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, O_L))
+        da = gl.arange(0, D_V, gl.SliceLayout(0, O_L))
+        if nsp <= 1:
+            denom = l_safe
+            if HAS_SINK:
+                sink = gl.load(sink_ptr + heads) * 1.4426950408889634
+                denom = l_safe + gl.exp2(sink - gl.where(empty, 0.0, m_log2))
+            inv = gl.where(empty, 0.0, 1.0 / denom)
+            lse = gl.where(empty, float("inf"), (gl.log2(l_safe) + m_log2) * 0.6931471805599453)
+            row_off = (req64 * s_q + si64) * h_q + heads.to(gl.int64)
+            gl.store(lse_ptr + row_off, lse)
+            row_off_o = (req64 * s_q + si64) * h_q + heads_o.to(gl.int64)
+            o = acc * gl.convert_layout(inv, gl.SliceLayout(1, O_L))[:, None]
+            gl.store(out_ptr + row_off_o[:, None] * 512 + da[None, :], o.to(gl.bfloat16))
+        else:
+            inv = gl.where(empty, 0.0, 1.0 / l_safe)
+            acc_row = (base_row + split).to(gl.int64)
+            ok = (acc_row >= 0) & (acc_row < acc_rows)
+            a_off = (acc_row * s_q + si64) * h_q + heads.to(gl.int64)
+            gl.store(lacc_ptr + a_off, gl.where(empty, float("-inf"), gl.log2(l_safe) + m_log2),
+                     mask=(heads >= 0) & ok)
+            a_off_o = (acc_row * s_q + si64) * h_q + heads_o.to(gl.int64)
+            o = acc * gl.convert_layout(inv, gl.SliceLayout(1, O_L))[:, None]
+            gl.store(oacc_ptr + a_off_o[:, None] * 512 + da[None, :], o, mask=((heads_o >= 0) & ok)[:, None])
+
+
+# ----------------------------------------------------------------------------------------------- host code
+
+def supported(q: torch.Tensor, k_cache: torch.Tensor, fmt: str, extra_k_cache=None, config=None) -> bool:
+    """Whether the Gluon path takes this call: Gluon importable, not disabled (``DEEPKERNELS_DISABLE_GLUON=1``),
+    not under the interpreter, CUDA sm90 tensors, main cache V3.2 or V4.1 with no extra cache, h_q a multiple of
+    64, no explicit kernel config, and a cache whose records are 16-byte aligned (base, stride(0))."""
+    if not available() or os.environ.get("DEEPKERNELS_DISABLE_GLUON", "0") not in ("", "0"):
+        return False
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or not q.is_cuda:
+        return False
+    if config is not None or extra_k_cache is not None or fmt not in GLUON_FMTS:
+        return False
+    if q.dim() != 4 or q.shape[2] % BLOCK_H or q.dtype != torch.bfloat16 or q.stride(-1) != 1:
+        return False
+    if k_cache.data_ptr() % 16 or (k_cache.shape[0] > 1 and k_cache.stride(0) % 16):
+        return False
+    return torch.cuda.get_device_capability(q.device)[0] == 9
+
+
+def _page_shift(page: int) -> int:
+    return page.bit_length() - 1 if page & (page - 1) == 0 and page <= 4096 else -1
+
+
+def launch_sparse_decode_gluon(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None,
+                               extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
+                               extra_topk_length=None, config=None, _spec=None):
+    """Drop-in for ``sparse_decode._launch_sparse_decode`` (same arguments and outputs; caller checked
+    :func:`supported`, so no extra cache and no config): ``out [b, s_q, h_q, 512]`` bf16 and ``lse_buf
+    [b, s_q, h_q]`` fp32 contiguous; ``sched [parts, 8]`` / ``num_splits [b + 1]`` int32. Launches the Gluon
+    split-KV kernel and the shared combine (``combine_splits_``, unchanged)."""
+    from . import sparse_decode as sd
+    from .combine import combine_splits_
+    from .metadata import SCHED_BLOCK
+
+    assert extra_k_cache is None and fmt in GLUON_FMTS
+    b, s_q, h_q, _ = q.shape
+    parts = sched.shape[0]
+    acc_rows = b + parts
+    dev = q.device
+    o_acc = torch.empty(acc_rows, s_q, h_q, 512, dtype=torch.float32, device=dev)
+    l_acc = torch.empty(acc_rows, s_q, h_q, dtype=torch.float32, device=dev)
+    if sd._POISON_OUTPUTS:
+        for t in (out, lse_buf, o_acc, l_acc):
+            t.fill_(float("nan"))
+    kv = k_cache.view(torch.uint8)
+    topk = indices.shape[2]
+    dummy = l_acc
+    grid = (parts * s_q * (h_q // BLOCK_H), )
+    _sparse_decode_gluon_kernel[grid](
+        q, kv, indices, topk_length if topk_length is not None else dummy,
+        attn_sink if attn_sink is not None else dummy, sched, num_splits, out, lse_buf, o_acc, l_acc,
+        q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1],
+        indices.stride(0), indices.stride(1), b, s_q, h_q, topk, acc_rows, scale * _LOG2E,
+        FMT=GLUON_FMTS[fmt], PAGE_SHIFT=_page_shift(kv.shape[1]), HAS_LEN=topk_length is not None,
+        HAS_SINK=attn_sink is not None, SBLOCK=SCHED_BLOCK, num_warps=NUM_WARPS)
+    combine_splits_(out, lse_buf.transpose(1, 2), o_acc, l_acc, num_splits, attn_sink=attn_sink,
+                    lengths=topk_length, topk=topk, extra_lengths=None, extra_topk=None, rne=False)
+
+
+def compile_sm90(fmt: str = "v41", page_shift: int = 6, has_len: bool = True, has_sink: bool = True):
+    """Cross-compile the kernel for sm90 (no GPU needed), with the divisibility facts a launch on aligned
+    tensors sees. Returns the CompiledKernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = _sparse_decode_gluon_kernel
+    sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", sink_ptr="*fp32", meta_ptr="*i32",
+               nsplits_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32", oacc_ptr="*fp32", lacc_ptr="*fp32",
+               stride_qb="i32", stride_qs="i32", stride_qh="i32", stride_kb="i32", page="i32", num_tok="i32",
+               stride_ib="i32", stride_is="i32", b="i32", s_q="i32", h_q="i32", topk="i32", acc_rows="i32",
+               sm_scale_log2="fp32")
+    consts = dict(FMT=GLUON_FMTS[fmt], PAGE_SHIFT=page_shift, HAS_LEN=has_len, HAS_SINK=has_sink, SBLOCK=64)
+    sig.update({k: "constexpr" for k in consts})
+    hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
+                                                                  "stride_ib", "stride_is"]
+    attrs = {(fn.arg_names.index(p), ): [["tt.divisibility", 16]] for p in hinted}
+    src = GluonASTSource(fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})
