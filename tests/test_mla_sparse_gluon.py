@@ -1,0 +1,212 @@
+"""Gluon sm90 sparse MLA decode kernel (deepkernels.mla._gluon_sparse_decode): compile tier on any machine, GPU tier
+through the public op with the proposed dispatch patched in (``sparse_decode._launch_sparse_decode`` -> the Gluon
+launcher when ``supported``), FlashMLA's sparse-decode tolerances and the data generation of
+tests/test_mla_sparse_kernels.py (NaN in every unreferenced KV token, junk indices, all-invalid rows, zero-length
+rows, +-inf sinks, NaN-poisoned out / lse / accumulators, several splits through the SM-count knob)."""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import re
+
+import pytest
+import torch
+
+import deepkernels as dk
+import deepkernels.mla.sparse_decode as sd
+from deepkernels.mla import _gluon_sparse_decode as G
+from deepkernels.testing.numerics import check_is_allclose
+
+from test_mla_sparse_kernels import poison, run_and_check, sass_spill_report, sms  # noqa: F401 (fixtures)
+from test_mla_sparse_reference import TOL_LSE, TOL_OUT, _public, make_case
+
+pytestmark = pytest.mark.skipif(not G.available(), reason=f"Gluon not importable: {G._IMPORT_ERROR!r}")
+
+
+# ------------------------------------------------------------------ compile tier (CPU cross-compile for sm90)
+@pytest.mark.compile
+@pytest.mark.parametrize("fmt,page_shift,has_len,has_sink", [("v41", 6, True, True), ("v32", 6, False, True),
+                                                              ("v41", -1, False, False), ("v32", -1, True, False)])
+def test_compile_sm90(fmt, page_shift, has_len, has_sink):
+    from deepkernels.testing.compile import SM90_SMEM_LIMIT
+    k = G.compile_sm90(fmt, page_shift, has_len, has_sink)
+    ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
+    # per warpgroup and block: S = d_qk / 16 k-steps (576 V3.2, 512 V4.1), P V = 64 / 16; the [4, 2] layouts split N,
+    # so nothing is computed twice across the warpgroups
+    assert ptx.count("wgmma.mma_async") == (576 if fmt == "v32" else 512) // 16 + 4
+    assert k.metadata.shared <= SM90_SMEM_LIMIT
+    # raw records gathered as 16-byte vectors (packed int32 words), dequantised tile stored without a layout
+    # conversion through shared memory (the reshape's result already is the store layout)
+    assert "ld.global.v4.b32" in ptx or "ld.global.v4.u32" in ptx
+    assert not re.search(r"ttg.convert_layout %\S+ : tensor<64x512xbf16, #(\w+)> -> tensor<64x512xbf16, #(?!\1>)",
+                         ttgir)
+    rep = sass_spill_report(ptx)
+    if rep is not None:
+        spill_bytes, in_loop = rep
+        assert in_loop == 0, "register spills inside the token loop"
+        assert spill_bytes <= 128, f"{spill_bytes} bytes of spills (request setup / epilogue)"
+
+
+def test_launcher_has_the_triton_launch_contract():
+    """Drop-in for sparse_decode._launch_sparse_decode: same parameters, same defaults, same order."""
+    a = inspect.signature(G.launch_sparse_decode_gluon).parameters
+    b = inspect.signature(sd._launch_sparse_decode).parameters
+    assert [(n, p.default) for n, p in a.items()] == [(n, p.default) for n, p in b.items()]
+
+
+def test_supported_gate_on_cpu():
+    q = torch.zeros(2, 1, 64, 512, dtype=torch.bfloat16)
+    c = torch.zeros(4, 64, 1, 528, dtype=torch.uint8)
+    assert not G.supported(q, c, "v41")            # CPU tensors: the Triton / reference path keeps the call
+
+
+# ------------------------------------------------------------------ GPU tier
+@contextlib.contextmanager
+def _gluon_disabled():
+    old = os.environ.get("DEEPKERNELS_DISABLE_GLUON")
+    os.environ["DEEPKERNELS_DISABLE_GLUON"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("DEEPKERNELS_DISABLE_GLUON")
+        else:
+            os.environ["DEEPKERNELS_DISABLE_GLUON"] = old
+
+
+@pytest.fixture
+def gluon_dispatch(monkeypatch):
+    """The dispatch edit proposed for sparse_decode.py, patched in: calls that the Gluon kernel supports go to it
+    (recorded), everything else to the Triton launch."""
+    calls = []
+    triton_launch = sd._launch_sparse_decode
+
+    def launch(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None, extra_k_cache=None,
+               extra_indices=None, xfmt=None, topk_length=None, extra_topk_length=None, config=None, _spec=None):
+        args = (out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink, extra_k_cache,
+                extra_indices, xfmt, topk_length, extra_topk_length, config, _spec)
+        if G.supported(q, k_cache, fmt, extra_k_cache):
+            calls.append(fmt)
+            return G.launch_sparse_decode_gluon(*args)
+        return triton_launch(*args)
+
+    monkeypatch.setattr(sd, "_launch_sparse_decode", launch)
+    return calls
+
+
+_SHAPES = [(2046, 2048, 64), (1024, 576, 61), (512, 64, 2), (650, 576, 53)]
+GPU_GRID = [(fmt, h_q, b, s_q, s_k, topk, page)
+            for (s_k, topk, page) in _SHAPES for h_q in (64, 128) for (b, s_q) in ((4, 1), (74, 3))
+            for fmt in ("v32", "v41")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,h_q,b,s_q,s_k,topk,page", GPU_GRID[::3])
+def test_gpu_grid(fmt, h_q, b, s_q, s_k, topk, page, poison, gluon_dispatch):
+    kw = make_case(b, s_q, h_q, fmt, topk, s_k, page, with_len=fmt != "v32", sink=True, device="cuda")
+    run_and_check(kw)
+    assert gluon_dispatch == [fmt]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["v32", "v41"])
+@pytest.mark.parametrize("flags", [dict(all_invalid=True), dict(zero_len=True, sink=True),
+                                   dict(all_invalid=True, sink=True)])
+def test_gpu_corner_cases(fmt, flags, poison, gluon_dispatch):
+    kw = make_case(74, 3, 128, fmt, 576, 650, 53, with_len=True, **flags, device="cuda")
+    o, l_, _ = run_and_check(kw)
+    if flags.get("all_invalid"):
+        assert (o == 0).all() and torch.isposinf(l_).all()
+    assert gluon_dispatch == [fmt]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["v32", "v41"])
+@pytest.mark.parametrize("n_sms", [3, 8, 264, 1000])
+def test_gpu_split_counts(fmt, n_sms, poison, sms, gluon_dispatch):
+    """Few / many scheduler parts: requests spread over many splits (combine) or many requests per part."""
+    sms(n_sms)
+    kw = make_case(16, 2, 128, fmt, 2048, 4096, 64, with_len=True, sink=True, device="cuda")
+    _, _, meta = run_and_check(kw)
+    if n_sms >= 264:
+        assert int(meta.num_splits[-1]) > 16                        # split-KV + combine really ran
+    assert gluon_dispatch == [fmt]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["v32", "v41"])
+def test_gpu_dequant_bit_identical(fmt, gluon_dispatch):
+    """One valid token per row: p = exp2(0) = 1 exactly, so out = V = the dequantised record, bit for bit equal to
+    bf16(fp32(e4m3) * fp32 scale) (V3.2 with non-power-of-two scales, B19) and to the Triton kernel's output."""
+    from deepkernels.quant.kvcache import dequantize_kv_cache
+    b, s_q, h_q = 8, 2, 64
+    kw = make_case(b, s_q, h_q, fmt, 64, 4096, 64, lengths=[1] * b, nonpow2=fmt == "v32", device="cuda")
+    o, _ = _public(kw)
+    assert gluon_dispatch == [fmt]
+    deq = dequantize_kv_cache(kw["k_cache"], fmt).view(-1, 576 if fmt == "v32" else 512)[:, :512]
+    i0 = kw["indices"][:, :, 0].long()                                 # the one in-length position
+    ok = (i0 >= 0) & (i0 < deq.shape[0])                               # (invalid when seqlen < topk drew junk)
+    want = torch.where(ok[..., None], deq[i0.clamp(0, deq.shape[0] - 1)], torch.zeros_like(deq[:1]))
+    assert torch.equal(o, want[:, :, None, :].expand_as(o))
+    with _gluon_disabled():
+        o_t, _ = _public(kw)                                           # the Triton kernel
+    assert torch.equal(o, o_t)
+    assert gluon_dispatch == [fmt]
+
+
+@pytest.mark.gpu
+def test_gpu_vs_triton_and_batch_invariant(gluon_dispatch):
+    kw = make_case(74, 2, 128, "v41", 2048, 4096, 64, with_len=True, sink=True, device="cuda")
+    o1, l1 = _public(kw)
+    o2, l2 = _public(kw)
+    assert torch.equal(o1, o2) and torch.equal(l1, l2)                 # deterministic
+    with _gluon_disabled():
+        o_t, l_t = _public(kw)
+    assert check_is_allclose("out vs triton", o1.float(), o_t.float(), **TOL_OUT)
+    assert check_is_allclose("lse vs triton", l1, l_t, **TOL_LSE)
+    sd.set_sparse_decode_batch_invariant(True)
+    try:
+        ob, lb = _public(kw)
+        part = {k: (v[5:9] if isinstance(v, torch.Tensor) and k in ("q", "indices", "topk_length") else v)
+                for k, v in kw.items()}
+        op, lp = _public(part)
+    finally:
+        sd.set_sparse_decode_batch_invariant(False)
+    assert torch.equal(ob[5:9], op) and torch.equal(lb[5:9], lp)
+    assert check_is_allclose("out", ob.float(), o1.float(), **TOL_OUT)
+    assert gluon_dispatch == ["v41"] * 4                              # the DISABLE_GLUON call took Triton
+
+
+@pytest.mark.gpu
+def test_gpu_stale_schedule_and_huge_logits(poison, sms, gluon_dispatch):
+    sms(8)
+    kw = make_case(3, 1, 64, "v32", 192, 250, 64, lengths=[192, 100, 0], sink=True, device="cuda")
+    meta = dk.get_mla_metadata()[0]
+    _public(dict(kw, topk_length=torch.tensor([1, 2, 3], dtype=torch.int32, device="cuda")), meta)
+    run_and_check(kw, meta=meta)                                       # schedule planned for other lengths
+    kw = make_case(2, 1, 64, "v41", 64, 64, 64, device="cuda")
+    kw["q"] = (kw["q"] * 0 + 1).bfloat16()
+    kw["softmax_scale"] = 1e3
+    o, l_, _ = run_and_check(kw)
+    assert torch.isfinite(o).all() and torch.isfinite(l_).all()
+    assert len(gluon_dispatch) == 3
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture(gluon_dispatch):
+    kw = make_case(16, 2, 128, "v41", 512, 1024, 64, with_len=True, sink=True, device="cuda")
+    meta = dk.get_mla_metadata()[0]
+    o_ref, l_ref = _public(kw, meta)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        _public(kw, meta)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o_g, l_g = _public(kw, meta)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(o_g, o_ref) and torch.equal(l_g, l_ref)
+    assert len(gluon_dispatch) == 3
