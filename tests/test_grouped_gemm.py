@@ -533,3 +533,57 @@ def test_contiguous_plan_cache_and_copies_interpret(device):
     finally:
         grouped.set_mk_alignment_for_contiguous_layout(128)
     assert len(grouped._PLANS) == 2
+
+
+def test_contiguous_gluon_dispatch_rule(monkeypatch):
+    """Where the public contiguous op uses the Gluon kernel (the v3 device-measured envelope) and the env knobs."""
+    from types import SimpleNamespace
+    from deepkernels.gemm import _gluon_fp8
+    if not _gluon_fp8.available():
+        pytest.skip("gluon not importable")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("DEEPKERNELS_GROUPED_GLUON", raising=False)
+    monkeypatch.delenv("DEEPKERNELS_DISABLE_GLUON", raising=False)
+    monkeypatch.setattr("deepkernels._backend.interpret_mode", lambda: False)
+    d = SimpleNamespace(dtype=torch.bfloat16, is_cuda=True)
+    rule = grouped._gluon_contiguous_config
+    assert rule(32768, 4096, 7168, True, True, d, 128, None) is _gluon_fp8.GLUON_WS_128_S6
+    assert rule(10112, 7168, 2048, True, True, d, 128, None) is _gluon_fp8.GLUON_WS_128_S6
+    for args in [(4096, 4096, 7168, True, True, d, 128, None),      # M_sum below the measured envelope
+                 (32768, 2048, 7168, True, True, d, 128, None),     # N below it
+                 (32768, 4096, 1024, True, True, d, 128, None),     # K below it
+                 (32768, 4096, 7168, True, True, d, 64, None),      # tiles would mix groups
+                 (32768, 4096, 7168, False, True, d, 128, None),    # BF16
+                 (32768, 4096, 7168, True, True, SimpleNamespace(dtype=torch.float32, is_cuda=True), 128, None),
+                 (32768, 4096, 7168, True, True, d, 128, GemmConfig(128, 128, 8, 4))]:  # explicit Triton config
+        assert rule(*args) is None, args
+    monkeypatch.setenv("DEEPKERNELS_DISABLE_GLUON", "1")
+    assert rule(32768, 4096, 7168, True, True, d, 128, None) is None
+    monkeypatch.delenv("DEEPKERNELS_DISABLE_GLUON")
+    monkeypatch.setenv("DEEPKERNELS_GROUPED_GLUON", "0")
+    assert rule(32768, 4096, 7168, True, True, d, 128, None) is None
+    monkeypatch.setenv("DEEPKERNELS_GROUPED_GLUON", "1")
+    assert rule(512, 256, 512, True, True, d, 64, None) is _gluon_fp8.GLUON_WS_128_S6
+
+
+@pytest.mark.interpret
+def test_contiguous_gluon_plan_host_path_interpret(device, monkeypatch):
+    """Host path of the Gluon contiguous dispatch (the kernel itself is GPU-only): validated once, cached, sfa passed
+    as given (K-major, no MN-major copy), psum layouts expanded per call; a stand-in computes the reference."""
+    calls = []
+
+    def fake_launch(self, a, b, d, sfa, sfb, gid):
+        calls.append((tuple(sfa.stride()), gid.shape[0]))
+        d.copy_(R.m_grouped_fp8_gemm_contiguous_ref((a, sfa), (b, sfb), gid, False, 128, d.dtype))
+
+    monkeypatch.setattr(grouped, "_gluon_contiguous_config", lambda *a: object())
+    monkeypatch.setattr(grouped._GluonContiguousPlan, "__call__", fake_launch)
+    grouped._PLANS.clear()
+    A, B, gl = contiguous_case([0] * 20 + [-1] * 12 + [1] * 32, 2, 40, 256, device)
+    for _ in range(2):
+        d = nan(64, 40, device=device)
+        dk.m_grouped_fp8_gemm_nt_contiguous(A, B, d, gl)
+        check_contiguous(d, A, B, gl)
+    assert calls == [(tuple(A[1].stride()), 64)] * 2
+    (run,) = grouped._PLANS.values()
+    assert isinstance(run.plan, grouped._GluonContiguousPlan) and not run.norm_sfa

@@ -172,9 +172,14 @@ def _mn_major_sfa(sfa):
 def _gluon_contiguous_config(m_sum, n, k, is_fp8, b_kmajor, d, alignment, cfg):
     """The Gluon warp-specialised config for an m-grouped contiguous call, or None (Triton kernel).
 
-    ``DEEPKERNELS_GROUPED_GLUON=1`` forces it where it applies (FP8, K-major B, BF16 ``d`` on CUDA, no config
-    override), ``=0`` or ``DEEPKERNELS_DISABLE_GLUON=1`` never uses it. Default: not dispatched (v3: the kernel
-    passed no device run yet)."""
+    Applies to FP8, K-major B, BF16 ``d`` on CUDA, no config override. Default rule (v3 device run, H200,
+    2026-11-29 15:07 UTC, git 011f1befdb5b, ``results/grouped_gemm-h200-v3-contig-2026-11-29.json``): the Gluon
+    kernel (128x128, 6 stages, K-major sfa read through its strides) passed all its GPU tests and beat the
+    Triton contiguous kernel on all 6 measured shapes -- G=4/8 x 8192/4096 rows, MoE G=32 x 8192 skewed rows;
+    N 4096 / 7168, K 7168 / 2048 -- by 1.01-1.14x whole call (geomean 1.06x) and 1.00-1.09x CUDA graph; so it is
+    used inside that envelope: alignment a multiple of 128, M_sum >= 8192, N >= 4096, K >= 2048.
+    ``DEEPKERNELS_GROUPED_GLUON=1`` forces it wherever it applies, ``=0`` or ``DEEPKERNELS_DISABLE_GLUON=1``
+    never uses it."""
     import os
     if not is_fp8 or not b_kmajor or cfg is not None or d.dtype != torch.bfloat16 or not d.is_cuda:
         return None
@@ -185,7 +190,7 @@ def _gluon_contiguous_config(m_sum, n, k, is_fp8, b_kmajor, d, alignment, cfg):
     from . import _gluon_fp8
     if not _gluon_fp8.available():
         return None
-    if env == "1":
+    if env == "1" or (alignment % 128 == 0 and m_sum >= 8192 and n >= 4096 and k >= 2048):
         return _gluon_fp8.GLUON_WS_128_S6
     return None
 
@@ -205,14 +210,19 @@ class _GluonContiguousPlan:
 
 
 class _ContiguousRun:
-    """A cached m-grouped contiguous launch: expands a psum layout to per-row ids on the device, then launches."""
+    """A cached m-grouped contiguous launch: normalises FP8 sfa to MN-major for the Triton kernel (whose plan was
+    built with those strides; the Gluon kernel reads sfa as given), expands a psum layout to per-row ids on the
+    device, then launches."""
 
-    __slots__ = ("plan", "psum", "m_sum", "g_num", "alignment")
+    __slots__ = ("plan", "norm_sfa", "psum", "m_sum", "g_num", "alignment")
 
-    def __init__(self, plan, psum, m_sum, g_num, alignment):
-        self.plan, self.psum, self.m_sum, self.g_num, self.alignment = plan, psum, m_sum, g_num, alignment
+    def __init__(self, plan, norm_sfa, psum, m_sum, g_num, alignment):
+        self.plan, self.norm_sfa, self.psum = plan, norm_sfa, psum
+        self.m_sum, self.g_num, self.alignment = m_sum, g_num, alignment
 
     def __call__(self, a_data, sfa, b_data, sfb, d, layout) -> None:
+        if self.norm_sfa:
+            sfa = _mn_major_sfa(sfa)
         gid = layout
         if self.psum:  # expand to per-row ids on the device (searchsorted; no host sync)
             gid = _ref.row_group_ids(layout, self.m_sum, self.g_num, True, self.alignment).to(torch.int32)
@@ -243,7 +253,6 @@ def _contiguous(a_data, b_data, sfa, sfb, d, grouped_layout, use_psum_layout, b_
         from ..quant import check_sf_layout
         check_sf_layout(sfa, m_sum, k, 1, 128, name="a[1]")
         check_sf_layout(sfb, n, k, 128, 128, num_groups=g_num, name="b[1]")
-        sfa = _mn_major_sfa(sfa)
     _L.check_int32_extent("M_sum", m_sum)
     _L.check_int32_extent("G * N" if b_kmajor else "G * K", g_num * (n if b_kmajor else k))
     alignment = get_mk_alignment_for_contiguous_layout()
@@ -266,9 +275,12 @@ def _contiguous(a_data, b_data, sfa, sfb, d, grouped_layout, use_psum_layout, b_
         b_store = _L.k_major("b", b_data.transpose(1, 2))
         b_data = b_store.transpose(1, 2)
     gcfg = _gluon_contiguous_config(m_sum, n, k, is_fp8, b_kmajor, d, alignment, _config)
-    plan = _GluonContiguousPlan(gcfg) if gcfg is not None else \
-        _L.m_contiguous_plan(a_data, b_data, b_kmajor, d, sfa, sfb, _config, alignment)
-    run = _ContiguousRun(plan, use_psum_layout, m_sum, g_num, alignment)
+    if gcfg is not None:
+        run = _ContiguousRun(_GluonContiguousPlan(gcfg), False, use_psum_layout, m_sum, g_num, alignment)
+    else:
+        plan = _L.m_contiguous_plan(a_data, b_data, b_kmajor, d, _mn_major_sfa(sfa) if is_fp8 else None, sfb,
+                                    _config, alignment)
+        run = _ContiguousRun(plan, is_fp8, use_psum_layout, m_sum, g_num, alignment)
     run(a_data, sfa, b_data, sfb, d, grouped_layout)
     return run if _same(a_data, a_in) and _same(b_data, b_in) else None
 
@@ -301,7 +313,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, grouped_layout: torc
                                                            use_psum_layout, _MK_ALIGNMENT, _config, _CONTIG_SFA_COPY))
     run = _lookup(sig)
     if run is not None:  # same signature as a validated call: same verdict, launch directly
-        run(a[0], _mn_major_sfa(a[1]), b[0], b[1], d, grouped_layout)
+        run(a[0], a[1], b[0], b[1], d, grouped_layout)
         return
     check_tensor("grouped_layout", grouped_layout, ndim=1, dtype=torch.int32)
     a_data, sfa = _L.check_fp8_pair("a", a, 2)
