@@ -19,8 +19,16 @@ Two kernels (both sm90-only, no interpreter support in Triton 3.6):
 * :func:`_fp8_gluon_pipe_kernel` — the simple version: one partition (``BLOCK_M // 16`` warps), one program per
   tile, the TMA ring prefetched ``NUM_STAGES`` blocks ahead inside the K loop, async wgmma with ``wait(1)``.
 
-The lead wires dispatch in ``dense.py``; nothing here is called by the public API yet. Use
-:func:`_launch_fp8_gluon` (CUDA tensors only; refuses under ``TRITON_INTERPRET=1``).
+* :func:`_fp8_gluon_m_contiguous_kernel` — the WS structure for the MoE m-grouped contiguous GEMM (per-tile group
+  passes computed on the device from the row ids; padding rows written as zeros).
+
+Dispatch (measured on the H200, benchmarks/notes/gemm_gluon.md): ``dense.py`` sends 1D2D BF16-out calls with
+M >= 1024, K >= 7168 to :func:`_launch_fp8_gluon` (128x128, 4 stages for N <= 2112 else 6); ``grouped.py`` sends
+m-grouped contiguous FP8 calls (alignment % 128 == 0, M_sum >= 8192, N >= 4096, K >= 2048) to
+:func:`_launch_fp8_gluon_m_contiguous`. The launchers take CUDA tensors only and refuse under ``TRITON_INTERPRET=1``.
+v3 candidates that did *not* pay (2026-11-29 15:07 UTC sweep): scale prefetch (``prefetch=True``: within the
+run-to-run drift of the plain configs) and 128x256 tiles (0.70x of 128x128: two serial half-wgmmas per K block
+plus ~416 B of spills).
 """
 from __future__ import annotations
 
@@ -88,8 +96,10 @@ class GluonConfig:
 
 GLUON_WS_128_S4 = GluonConfig(128, 128, 4, overlap=False)
 GLUON_WS_128_S6 = GluonConfig(128, 128, 6, overlap=False)
-# v3 candidates (2026-11-29, not yet timed when written): scales of block kb+1 loaded during block kb; 128x256
-# tiles (two 128-column halves per math warpgroup, one partial at a time; ptxas spills ~416 B in the math loop)
+# v3 candidates: scales of block kb+1 loaded during block kb; 128x256 tiles (two 128-column halves per math
+# warpgroup, one partial at a time; ptxas spills ~416 B in the math loop). Measured (H200, 2026-11-29 15:07 UTC,
+# results/gemm_gluon-h200-v3-2026-11-29.json): prefetch 0.97-1.03x the plain configs (noise), 128x256 0.53-0.83x;
+# neither is dispatched.
 GLUON_WS_128_S4_PF = GluonConfig(128, 128, 4, overlap=False, prefetch=True)
 GLUON_WS_128_S6_PF = GluonConfig(128, 128, 6, overlap=False, prefetch=True)
 GLUON_WS_256_S4_PF = GluonConfig(128, 256, 4, overlap=False, prefetch=True)

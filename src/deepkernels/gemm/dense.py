@@ -288,7 +288,10 @@ def _use_gluon(m: int, n: int, k: int, d, c, sfb_per_row: bool):
     benchmarks/results/gemm_gluon-h200-2026-11-29.json (H200, git f71ec1f8d059, 2026-11-29 14:07 UTC): at M = 4096
     the warp-specialised 128x128 Gluon kernel beat the Triton table at every K >= 7168 shape by 6-15 % (whole call:
     (2112, 7168) 149 vs 172 us, (7168, 16384) 1011 vs 1069, (4096, 7168) 265 vs 297) and lost or tied at K <= 2048
-    (0.89-1.00x). All 58 Gluon GPU tests passed in the same run. Only BF16 out, no C, 128x128 weight scales."""
+    (0.89-1.00x). All 58 Gluon GPU tests passed in the same run. Only BF16 out, no C, 128x128 weight scales.
+    Re-measured in the v3 run (results/gemm_gluon-h200-v3-2026-11-29.json, git 011f1befdb5b): this dispatch (the
+    public default) vs the Triton table config 1.09x at (7168, 16384), 1.09x at (4096, 7168), 1.13x at (2112, 7168)
+    whole call; the v3 prefetch / 128x256 Gluon candidates did not beat these configs."""
     if m < 1024 or k < 7168 or sfb_per_row or c is not None or d.dtype != torch.bfloat16 or not d.is_cuda:
         return None
     if interpret_mode() or os.environ.get("DEEPKERNELS_DISABLE_GLUON", "0") not in ("", "0"):
