@@ -12,6 +12,8 @@ import re
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import deepkernels as dk
 import deepkernels.mla.sparse_decode as sd
@@ -212,3 +214,57 @@ def test_gpu_cuda_graph_capture(gluon_dispatch):
     torch.cuda.synchronize()
     assert torch.equal(o_g, o_ref) and torch.equal(l_g, l_ref)
     assert len(gluon_dispatch) == 3
+
+
+# ------------------------------------------------------------------ interpreter tier: the dequant arithmetic
+# Gluon has no interpreter, so this mirrors the kernel's dequant (_g_gather / _g_byte / _g_dequant_store) with tl ops
+# of the same semantics (tt.join / tt.reshape are the same ops in both): packed int32 words, byte k of word w =
+# element 4w + k, join(join(b0, b2), join(b1, b3)) + reshape, UE8M0 / fp32 scales per group. The final fp32 -> bf16
+# rounding is done in torch (RNE, as cvt.rn.bf16x2.f32 on the GPU; the interpreter's cast truncates).
+@triton.jit
+def _ue8m0_mirror(e):
+    e32 = e.to(tl.int32)
+    bits = tl.where(e32 == 0, 0x00400000, e32 << 23)
+    return tl.where(e32 == 255, float("nan"), bits.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _byte_mirror(raw, sc, K: tl.constexpr):
+    b = ((raw >> (8 * K)) & 0xFF).to(tl.uint8)
+    return b.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sc[:, :, None]
+
+
+@triton.jit
+def _dequant_mirror_kernel(kv_ptr, idx_ptr, out_ptr, stride_kb, PAGE_SHIFT: tl.constexpr, FMT: tl.constexpr):
+    G: tl.constexpr = 4 if FMT == 0 else 16
+    W: tl.constexpr = 128 // G
+    RB: tl.constexpr = 656 if FMT == 0 else 528
+    idx = tl.load(idx_ptr + tl.arange(0, 64))
+    rec = (idx >> PAGE_SHIFT).to(tl.int64) * stride_kb + (idx & ((1 << PAGE_SHIFT) - 1)).to(tl.int64) * RB
+    g = tl.arange(0, G)
+    wp = (kv_ptr + rec).to(tl.pointer_type(tl.int32))
+    raw = tl.load((wp[:, None] + (g * W)[None, :])[:, :, None] + tl.arange(0, W)[None, None, :])
+    if FMT == 0:
+        sc = tl.load((kv_ptr + rec + 512).to(tl.pointer_type(tl.float32))[:, None] + g[None, :])
+    else:
+        sc = _ue8m0_mirror(tl.load(kv_ptr + (rec + 512)[:, None] + g[None, :]))
+    x = tl.join(tl.join(_byte_mirror(raw, sc, 0), _byte_mirror(raw, sc, 2)),
+                tl.join(_byte_mirror(raw, sc, 1), _byte_mirror(raw, sc, 3)))
+    tl.store(out_ptr + tl.arange(0, 64)[:, None] * 512 + tl.arange(0, 512)[None, :], tl.reshape(x, [64, 512]))
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("fmt", ["v32", "v41"])
+def test_interpret_dequant_mirror_bit_identical(fmt):
+    from deepkernels.quant.kvcache import dequantize_kv_cache
+    kw = make_case(2, 1, 64, fmt, 64, 4096, 64, nonpow2=fmt == "v32")      # V3.2: non-power-of-two scales (B19)
+    c = kw["k_cache"]
+    nt = c.shape[0] * c.shape[1]
+    ii = kw["indices"].flatten()
+    ii = ii[(ii >= 0) & (ii < nt)]                                           # referenced tokens (others hold NaN)
+    idx = ii[torch.randperm(ii.numel())[:64]].int().contiguous()
+    out = torch.empty(64, 512, dtype=torch.float32)
+    u = c.view(torch.uint8)
+    _dequant_mirror_kernel[(1, )](u, idx, out, u.stride(0), 6, G.GLUON_FMTS[fmt])
+    ref = dequantize_kv_cache(c, fmt).view(nt, -1)[idx.long(), :512]
+    assert torch.equal(out.bfloat16().view(torch.int16), ref.view(torch.int16))
