@@ -296,7 +296,42 @@ def run_masked(g, m, n, k, device, dry, m_max=MASKED_M_MAX):
             return self.t[:, :m].float()
     _time_pair(row, ours, cublas_loop(a_slices, B, out_slices), _View(d), _View(d_cublas), ref_full, dry)
     _ratio_fields(row, flops, byts, ("masked", g, m, n, k))
+    if not dry and os.environ.get("GROUPED_BENCH_GLUON", "1") == "1":
+        _gluon_masked(row, A, B, d, masked_m, m, ref_full, flops)
     return row
+
+
+def _gluon_masked(row, A, B, d, masked_m, m, ref_full, flops):
+    """v3: the Gluon warp-specialised masked kernel (direct launcher, not dispatched), checked (rows < m equal the
+    dequantized product, rows >= m left NaN) before it is timed."""
+    from deepkernels.gemm import _gluon_fp8 as G
+    from deepkernels.testing import calc_diff
+    if not G.available():
+        return
+    ref = ref_full()
+    out = row["gluon"] = {}
+    for cfg in (G.GLUON_WS_128_S4, G.GLUON_WS_128_S6):
+        r = out[cfg.name()] = {}
+        try:
+            fn = lambda cfg=cfg: G._launch_fp8_gluon_m_masked(A[0], A[1], B[0], B[1], d, masked_m, cfg)  # noqa: E731
+            d.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            r["untouched"] = bool(torch.isnan(d[:, m:]).all())
+            r["nan"] = bool(torch.isnan(d[:, :m]).any())
+            r["diff"] = float(calc_diff(torch.nan_to_num(d[:, :m].float(), nan=1e4), ref))
+            if r["nan"] or not r["untouched"] or r["diff"] > 1e-3:
+                r["error"] = "failed its check: not timed"
+                continue
+            r["us"] = bench(fn, False)
+            r["graph_us"] = bench_graph(fn, False)
+            r["tflops"] = flops / r["us"] / 1e6
+            if row.get("us"):
+                r["vs_triton"] = row["us"] / r["us"]
+            if row.get("cublas_us"):
+                r["vs_cublas"] = row["cublas_us"] / r["us"]
+        except Exception as e:
+            r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
 
 
 def run_ab(args) -> dict:

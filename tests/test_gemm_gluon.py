@@ -141,3 +141,18 @@ def test_gluon_m_contiguous_compiles_for_sm90(cfg):
     rep = _ptxas(ptx)
     assert rep.spill_bytes == 0, rep.log
     assert "C7514" not in rep.log
+
+
+@pytest.mark.compile
+@needs_gluon
+@pytest.mark.parametrize("cfg", [G.GLUON_WS_128_S4, G.GLUON_WS_128_S6, G.GluonConfig(64, 128, 8, overlap=False)],
+                         ids=lambda c: c.name())
+def test_gluon_m_masked_compiles_for_sm90(cfg):
+    """The m-grouped masked Gluon kernel (device-side schedule from masked_m): wgmma + TMA, WS, no spills."""
+    c = G._compile_sm90_m_masked(cfg)
+    ptx = c.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert "ttg.warp_specialize" in c.asm["ttgir"]
+    assert int(c.metadata.shared) <= SM90_SMEM_LIMIT
+    rep = _ptxas(ptx)
+    assert rep.spill_bytes == 0, rep.log

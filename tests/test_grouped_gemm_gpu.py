@@ -291,3 +291,52 @@ def test_gluon_contiguous_public_dispatch_gpu(monkeypatch):
     (run,) = grouped._PLANS.values()
     assert isinstance(run.plan, grouped._GluonContiguousPlan)
     check_contiguous(d, A, B, gl)
+
+
+# ------------------------------------------------------------------ Gluon m-grouped masked (v3, not yet device-run)
+@pytest.mark.parametrize("cfg_name", ["GLUON_WS_128_S4", "GLUON_WS_128_S6"])
+@pytest.mark.parametrize("case", ["production", "odd", "empty"])
+def test_gluon_masked_fp8_gpu(case, cfg_name):
+    """Gluon warp-specialised masked kernel: rows < masked_m[g] equal the dequantized product, every other row
+    (NaN-poisoned) untouched; odd N / K tails, M_max not a multiple of the tile, m_g = 0 and m_g = M_max groups,
+    a small persistent grid."""
+    G = _gluon_contig_or_skip()
+    cfg = getattr(G, cfg_name)
+    if case == "production":
+        g, m_max, n, k, counts, sms = 4, 4096, 7168, 2048, [0, 256, 300, 4096], None
+    elif case == "odd":
+        g, m_max, n, k, counts, sms = 3, 300, 576, 1040, [5, 300, 129], 5
+    else:
+        g, m_max, n, k, counts, sms = 2, 64, 256, 512, [0, 0], None
+    _, A = fp8_a3(g, m_max, k, "cuda")
+    _, B = fp8_b(g, n, k, "cuda")
+    mm = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    d = nan(g, m_max, n, device="cuda")
+    G._launch_fp8_gluon_m_masked(A[0], A[1], B[0], B[1], d, mm, cfg, num_sms=sms)
+    torch.cuda.synchronize()
+    aq, bq = _dequant_groups(A, 1), _dequant_groups(B, 128)
+    for i, mg in enumerate(counts):
+        assert torch.isnan(d[i, mg:]).all(), f"group {i}: rows >= masked_m written"
+        if mg:
+            assert not torch.isnan(d[i, :mg]).any(), f"group {i}: valid rows not written"
+            assert calc_diff(d[i, :mg].float(), aq[i, :mg] @ bq[i].T) < 1e-5
+
+
+def test_gluon_masked_cuda_graph_replay_gpu():
+    G = _gluon_contig_or_skip()
+    g, m_max, n, k = 4, 300, 1024, 2048
+    _, A = fp8_a3(g, m_max, k, "cuda")
+    _, B = fp8_b(g, n, k, "cuda")
+    mm = torch.tensor([5, 0, 300, 77], dtype=torch.int32, device="cuda")
+    d = nan(g, m_max, n, device="cuda")
+    G._launch_fp8_gluon_m_masked(A[0], A[1], B[0], B[1], d, mm)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        G._launch_fp8_gluon_m_masked(A[0], A[1], B[0], B[1], d, mm)
+    for counts in ([300, 299, 1, 0], [64, 65, 128, 129]):
+        mm.copy_(torch.tensor(counts, dtype=torch.int32))
+        d.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_masked(d, lambda out: R.m_grouped_fp8_gemm_masked_ref(A, B, out, mm), mm)

@@ -594,6 +594,139 @@ def _fp8_gluon_m_contiguous_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, gid_
     ], [4, 4], [MATH_REGS, MATH_REGS])
 
 
+# ------------------------------------------------------------------------ m-grouped masked on the WS loop (v3)
+# D[g, :m_g] = A[g, :m_g] @ B[g].T with m_g = clamp(masked_m[g], 0, M_MAX). Every partition builds the same tile
+# schedule on the device from masked_m (DeepGEMM-style: total = sum_g ceil(m_g / BLOCK_M) * n_tiles, a forward-only
+# group cursor), so the grid depends on shapes only (CUDA-graph replayable) and rows >= m_g are never written.
+# Compile-tier only in this session: not run on a GPU, not dispatched.
+
+
+@_jit
+def _gm_total_tiles(masked_m_ptr, G, M_MAX, num_pid_n, BLOCK_M: gl.constexpr):
+    total = 0
+    for gg in range(0, G):
+        mg = gl.minimum(gl.maximum(gl.load(masked_m_ptr + gg), 0), M_MAX)
+        total += gl.cdiv(mg, BLOCK_M) * num_pid_n
+    return total
+
+
+@_jit
+def _gm_advance(masked_m_ptr, tile_id, g, before, m_g, tiles_g, M_MAX, num_pid_n, BLOCK_M: gl.constexpr):
+    """Move the group cursor forward until tile ``tile_id`` lies in group ``g``."""
+    while tile_id >= before + tiles_g:
+        before += tiles_g
+        g += 1
+        m_g = gl.minimum(gl.maximum(gl.load(masked_m_ptr + g), 0), M_MAX)
+        tiles_g = gl.cdiv(m_g, BLOCK_M) * num_pid_n
+    return g, before, m_g, tiles_g
+
+
+@_jit
+def _gm_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, masked_m_ptr, M_MAX, N, K, G, num_progs,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr):
+    pid = gl.program_id(0)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    num_kb = gl.cdiv(K, 128)
+    total = _gm_total_tiles(masked_m_ptr, G, M_MAX, num_pid_n, BLOCK_M)
+    g = 0
+    before = 0
+    m_g = gl.minimum(gl.maximum(gl.load(masked_m_ptr), 0), M_MAX)
+    tiles_g = gl.cdiv(m_g, BLOCK_M) * num_pid_n
+    it = 0
+    for tile_id in range(pid, total, num_progs):
+        g, before, m_g, tiles_g = _gm_advance(masked_m_ptr, tile_id, g, before, m_g, tiles_g, M_MAX, num_pid_n,
+                                              BLOCK_M)
+        pid_m, pid_n = _g_tile_coords(tile_id - before, gl.cdiv(m_g, BLOCK_M), num_pid_n, GROUP_M)
+        a_row = g * M_MAX + pid_m * BLOCK_M
+        b_row = g * N + pid_n * BLOCK_N
+        for kb in range(num_kb):
+            slot = it % NUM_STAGES
+            mbarrier.wait(empty.index(slot), ((it // NUM_STAGES) & 1) ^ 1)
+            _g_load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, slot, a_row, b_row, kb, True)
+            it += 1
+
+
+@_jit
+def _gm_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, masked_m_ptr, M_MAX, N, K, G,
+             stride_dg, stride_dm, sfa_sg, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs,
+             ROW0: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+             NUM_STAGES: gl.constexpr):
+    ROWS: gl.constexpr = 64
+    L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                instr_shape=[16, BLOCK_N, 32])
+    pid = gl.program_id(0)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    num_kb = gl.cdiv(K, 128)
+    total = _gm_total_tiles(masked_m_ptr, G, M_MAX, num_pid_n, BLOCK_M)
+    g = 0
+    before = 0
+    m_g = gl.minimum(gl.maximum(gl.load(masked_m_ptr), 0), M_MAX)
+    tiles_g = gl.cdiv(m_g, BLOCK_M) * num_pid_n
+    zero = gl.zeros([ROWS, BLOCK_N], gl.float32, L)
+    it = 0
+    for tile_id in range(pid, total, num_progs):
+        g, before, m_g, tiles_g = _gm_advance(masked_m_ptr, tile_id, g, before, m_g, tiles_g, M_MAX, num_pid_n,
+                                              BLOCK_M)
+        pid_m, pid_n = _g_tile_coords(tile_id - before, gl.cdiv(m_g, BLOCK_M), num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M + ROW0  # row inside group g
+        off_n = pid_n * BLOCK_N
+        offs_m = off_m + gl.arange(0, ROWS, gl.SliceLayout(1, L))
+        m_mask = offs_m < m_g
+        g64 = g.to(gl.int64)
+        sfa_rows = sfa_ptr + g64 * sfa_sg + offs_m.to(gl.int64) * sfa_sm
+        sfb_base = sfb_ptr + g64 * sfb_sg + (off_n // 128).to(gl.int64) * sfb_sn
+        acc = gl.zeros([ROWS, BLOCK_N], gl.float32, L)
+        for kb in range(num_kb):
+            sa = gl.load(sfa_rows + kb * sfa_sk, mask=m_mask, other=0.0)
+            sb = gl.load(sfb_base + kb * sfb_sk)
+            slot = it % NUM_STAGES
+            mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
+            tok = warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)),
+                                zero, use_acc=False, is_async=True)
+            part = warpgroup_mma_wait(0, deps=(tok, ))
+            mbarrier.arrive(empty.index(slot))
+            acc += part * (sa * sb)[:, None]
+            it += 1
+        # rows >= m_g never written (group base offset g * stride_dg; m_g <= M_MAX)
+        _g_store_tile(d_ptr + g64 * stride_dg, acc, off_m, off_n, m_g, N, stride_dm, ROWS, BLOCK_N, L)
+
+
+@_jit
+def _fp8_gluon_m_masked_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, masked_m_ptr, M_MAX, N, K, G,
+                               stride_dg, stride_dm, sfa_sg, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs,
+                               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+                               NUM_STAGES: gl.constexpr, MATH_REGS: gl.constexpr):
+    """Persistent warp-specialised m-grouped masked FP8 1D2D GEMM (TMA producer + BLOCK_M // 64 math WGs)."""
+    gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128)
+    gl.static_assert(BLOCK_N <= 128)
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=BLOCK_M // 64)
+    if BLOCK_M == 128:
+        gl.warp_specialize([
+            (_gm_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, masked_m_ptr, M_MAX, N, K, G, num_progs,
+                            BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
+            (_gm_math, (a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, masked_m_ptr, M_MAX, N, K, G,
+                        stride_dg, stride_dm, sfa_sg, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs,
+                        0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
+            (_gm_math, (a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, masked_m_ptr, M_MAX, N, K, G,
+                        stride_dg, stride_dm, sfa_sg, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs,
+                        64, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
+        ], [4, 4], [MATH_REGS, MATH_REGS])
+    else:
+        gl.warp_specialize([
+            (_gm_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, masked_m_ptr, M_MAX, N, K, G, num_progs,
+                            BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
+            (_gm_math, (a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, masked_m_ptr, M_MAX, N, K, G,
+                        stride_dg, stride_dm, sfa_sg, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs,
+                        0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
+        ], [4], [MATH_REGS])
+
+
 # ----------------------------------------------------------------------------------------------- host code
 
 def _smem_layout():
@@ -745,5 +878,66 @@ def _compile_sm90_m_contiguous(cfg: GluonConfig):
     for kname in consts:
         sig[kname] = "constexpr"
     attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in ("d_ptr", "sfa_ptr", "sfb_ptr", "gid_ptr")}
+    src = GluonASTSource(fn, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": cfg.maxnreg()})
+
+
+def _launch_fp8_gluon_m_masked(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
+                               d: torch.Tensor, masked_m: torch.Tensor, config: GluonConfig | None = None,
+                               num_sms: int | None = None) -> torch.Tensor:
+    """m-grouped masked ``d[g, :m_g] = (a[g] * sfa[g]) @ (b[g] * sfb[g])^T`` (BF16) on the Gluon WS loop;
+    ``m_g = clamp(masked_m[g], 0, M_max)`` read on the device only (graph-capturable); rows >= m_g untouched.
+
+    a ``[G, M_max, K]`` / b ``[G, N, K]`` e4m3 K-major with packed groups; sfa ``[G, M_max, ceil(K/128)]`` /
+    sfb ``[G, ceil(N/128), ceil(K/128)]`` float32, any strides; d ``[G, M_max, N]`` bfloat16, last dim contiguous;
+    masked_m int32 ``[G]``. Experimental (v3): compile-tier checked only, not dispatched by ``grouped.py``."""
+    if not available():
+        raise RuntimeError(f"Gluon is not importable: {_IMPORT_ERROR!r}")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("Gluon kernels have no interpreter support (TRITON_INTERPRET is set)")
+    cfg = config or GLUON_WS_128_S4
+    if cfg.block_n > 128 or not cfg.warp_spec or cfg.overlap:
+        raise ValueError(f"m-grouped masked Gluon kernel needs a <=128-column non-overlap WS config, got {cfg}")
+    for name, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("d", d), ("masked_m", masked_m)):
+        if not t.is_cuda:
+            raise ValueError(f"{name} must be a CUDA tensor")
+    g_num, m_max, k = a.shape
+    n = b.shape[1]
+    if d.dtype != torch.bfloat16 or a.stride(2) != 1 or b.stride(2) != 1 or d.stride(2) != 1 or \
+            (g_num > 1 and (a.stride(0) != m_max * a.stride(1) or b.stride(0) != n * b.stride(1))):
+        raise ValueError("needs bf16 d with contiguous rows, K-major a and b with packed groups")
+    lay = _smem_layout()
+    a_desc = TensorDescriptor(a, [g_num * m_max, k], [a.stride(1), 1], [cfg.block_m, BLOCK_K], lay)
+    b_desc = TensorDescriptor(b, [g_num * n, k], [b.stride(1), 1], [cfg.block_n, BLOCK_K], lay)
+    tiles_upper = g_num * ((m_max + cfg.block_m - 1) // cfg.block_m) * ((n + cfg.block_n - 1) // cfg.block_n)
+    progs = max(1, min(tiles_upper, num_sms or _num_sms(a.device)))
+    _fp8_gluon_m_masked_kernel[(progs, )](
+        a_desc, b_desc, d, sfa, sfb, masked_m, m_max, n, k, g_num, d.stride(0), d.stride(1),
+        sfa.stride(0), sfa.stride(1), sfa.stride(2), sfb.stride(0), sfb.stride(1), sfb.stride(2), progs,
+        cfg.block_m, cfg.block_n, cfg.group_m, cfg.num_stages, cfg.math_regs,
+        num_warps=4, maxnreg=cfg.maxnreg())
+    return d
+
+
+def _compile_sm90_m_masked(cfg: GluonConfig):
+    """Cross-compile the m-grouped masked kernel for ``cfg`` for sm90 (no GPU needed)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    lay = repr(_smem_layout())
+    fn = _fp8_gluon_m_masked_kernel
+    sig = {"a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {BLOCK_K}],{lay}>",
+           "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {BLOCK_K}],{lay}>",
+           "d_ptr": "*bf16", "sfa_ptr": "*fp32", "sfb_ptr": "*fp32", "masked_m_ptr": "*i32",
+           "M_MAX": "i32", "N": "i32", "K": "i32", "G": "i32", "stride_dg": "i32", "stride_dm": "i32",
+           "sfa_sg": "i32", "sfa_sm": "i32", "sfa_sk": "i32", "sfb_sg": "i32", "sfb_sn": "i32", "sfb_sk": "i32",
+           "num_progs": "i32"}
+    consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
+                  MATH_REGS=cfg.math_regs)
+    for kname in consts:
+        sig[kname] = "constexpr"
+    attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]]
+             for p in ("d_ptr", "sfa_ptr", "sfb_ptr", "masked_m_ptr")}
     src = GluonASTSource(fn, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": cfg.maxnreg()})
