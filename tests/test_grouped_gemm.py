@@ -578,7 +578,7 @@ def test_contiguous_gluon_plan_host_path_interpret(device, monkeypatch):
 
     monkeypatch.setattr(grouped, "_gluon_contiguous_config", lambda *a: object())
     monkeypatch.setattr(grouped._GluonContiguousPlan, "__call__", fake_launch)
-    grouped._PLANS.clear()
+    monkeypatch.setattr(grouped, "_PLANS", {})  # the stand-in plan never outlives this test
     A, B, gl = contiguous_case([0] * 20 + [-1] * 12 + [1] * 32, 2, 40, 256, device)
     for _ in range(2):
         d = nan(64, 40, device=device)
