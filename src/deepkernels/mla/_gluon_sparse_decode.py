@@ -17,11 +17,16 @@ Structure (one partition, 8 warps = 2 warpgroups, like the Gluon sparse prefill 
 * MMA layouts ``warps_per_cta=[4, 2]``: ``S = Q K^T`` -- each warpgroup computes 32 of the 64 token columns (no
   duplicated QK work, the Triton kernel's structural loss); ``O += P V`` -- each owns 256 of the 512 columns.
 * A 2-slot ring of dequantised bf16 K (= V) tiles ``[64, 512]`` (+ ``[64, 64]`` RoPE for V3.2) in shared memory.
-  Per 64-token block j: S_j (wgmma, slot j%2) -> online softmax (running max in raw-score units) -> P to a
-  ``[64, 64]`` bf16 shared tile -> ``acc *= alpha`` -> P V_j issued asynchronously; *while it runs* the raw FP8
-  records of block j+1 (already in registers) are dequantised into the other slot, and the gather of block j+2's
-  raw records is issued (plain masked ``ld.global`` into registers, consumed one iteration later, so the memory
-  latency hides under a whole block of MMAs and softmax). Block j+2's indices are loaded at the top of iteration j.
+  Per 64-token block j: issue the gather of block j+1's raw FP8 records (plain masked ``ld.global`` of 16-byte
+  vectors into registers, as packed int32 words) and block j+2's indices -> S_j (wgmma, slot j%2) -> online softmax
+  (running max in raw-score units) -> P to a ``[64, 64]`` bf16 shared tile -> ``acc *= alpha`` -> P V_j issued
+  asynchronously; *while it runs* block j+1's records are dequantised into the other slot. The gather is issued at
+  the top of the iteration, not right after the previous dequant: every ``fence.proxy.async`` becomes
+  ``MEMBAR.ALL.CTA`` in SASS, and if that waits for outstanding global loads, a gather issued before the
+  end-of-iteration fence would be fully exposed (not measured; this order leaves S_j + softmax to hide it either way).
+* V4.1: the row sum is kept per column (``[64, 64]`` fp32, 16 registers) and reduced once per request, so the
+  only per-block cross-warpgroup reduction is the row max (2 barriers instead of 4); V3.2 has no registers left
+  for it (spills in the token loop) and reduces per block.
 * Q of the current request lives in shared memory (64 x 576 bf16).
 
 Shared memory: V3.2 Q 72 KB + ring 2 x 72 KB + P 8 KB = 224 KB; V4.1 200 KB.
@@ -151,7 +156,16 @@ def _g_dequant_store(raw, sc, rope, kv_n_slot, kv_p_slot, FMT: gl.constexpr, LN:
         kv_p_slot.store(rope)
 
 
-@_jit
+# Integer arguments that vary per decode step / cache size only bound loops, clamps and masks: not specialised (no
+# recompile when the batch becomes 1 or a multiple of 16); strides and the power-of-two page shift stay specialised.
+_NO_SPEC = ["page", "num_tok", "b", "s_q", "h_q", "topk", "acc_rows"]
+
+
+def _jit_kernel(fn):
+    return gluon.jit(fn, do_not_specialize=_NO_SPEC) if gluon is not None else fn
+
+
+@_jit_kernel
 def _sparse_decode_gluon_kernel(
     q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
     stride_qb, stride_qs, stride_qh, stride_kb, page, num_tok, stride_ib, stride_is,
@@ -161,6 +175,9 @@ def _sparse_decode_gluon_kernel(
 ):
     D_V: gl.constexpr = 512
     HAS_ROPE: gl.constexpr = FMT == 0
+    # V4.1 has the registers for a [64, 64] row-sum accumulator (16 per thread) without spilling in the token loop;
+    # V3.2 (RoPE tiles, fp32 scales) does not: it reduces the row sum per block
+    PSUM: gl.constexpr = FMT == 2
     # MMA layouts: 2 warpgroups side by side along N (S: 32 token columns each; O: 256 value columns each)
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
@@ -227,27 +244,31 @@ def _sparse_decode_gluon_kernel(
         nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
         idx_row = idx_ptr + req64 * stride_ib + si64 * stride_is
 
-        # prologue: block 0 dequantised into slot 0, block 1's raw records in flight
+        # prologue: block 0 dequantised into slot 0; block 1's indices loaded
         i0, v0 = _g_load_idx(idx_row, t_lo, t_end, num_tok, LR)
         i0p, v0p = _g_load_idx(idx_row, t_lo, t_end, num_tok, LRP)
         raw, sc, rope = _g_gather(kv_ptr, i0, v0, i0p, v0p, page, stride_kb, FMT, PAGE_SHIFT, L3, LP)
         _g_dequant_store(raw, sc, rope, kv_n.index(0), kv_p.index(0), FMT, LN)
         i1, v1 = _g_load_idx(idx_row, t_lo + 64, t_end, num_tok, LR)
         i1p, v1p = _g_load_idx(idx_row, t_lo + 64, t_end, num_tok, LRP)
-        raw, sc, rope = _g_gather(kv_ptr, i1, v1, i1p, v1p, page, stride_kb, FMT, PAGE_SHIFT, L3, LP)
         fence_async_shared()
         gl.thread_barrier()
 
         m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))   # running max of raw q.k
-        l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
+        if PSUM:     # per-column partial row sums, reduced once at the end (no cross-warpgroup reduction per block)
+            l_i = gl.zeros([64, 64], gl.float32, S_L)
+        else:
+            l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
         acc = gl.zeros([64, D_V], gl.float32, O_L)
         for j in range(nblocks):
             slot = j % 2
             t0 = t_lo + j * 64
-            # indices: this block's validity (score layout) and block j+2's (gather layouts), ahead of their use
+            # gather of block j+1's raw records (registers; dequantised under P V_j below), issued first so that
+            # its memory latency hides under S_j and the softmax; then block j+2's indices and block j's validity
+            raw, sc, rope = _g_gather(kv_ptr, i1, v1, i1p, v1p, page, stride_kb, FMT, PAGE_SHIFT, L3, LP)
+            i1, v1 = _g_load_idx(idx_row, t0 + 128, t_end, num_tok, LR)
+            i1p, v1p = _g_load_idx(idx_row, t0 + 128, t_end, num_tok, LRP)
             _, valid = _g_load_idx(idx_row, t0, t_end, num_tok, LS)
-            i2, v2 = _g_load_idx(idx_row, t0 + 128, t_end, num_tok, LR)
-            i2p, v2p = _g_load_idx(idx_row, t0 + 128, t_end, num_tok, LRP)
             tok = warpgroup_mma(q_n, kv_n.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             if HAS_ROPE:
                 tok = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok, is_async=True)
@@ -258,22 +279,26 @@ def _sparse_decode_gluon_kernel(
             m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
             p = gl.exp2((s - m_safe[:, None]) * sm_scale_log2)
-            l_i = l_i * alpha + gl.sum(p, 1)
+            if PSUM:
+                l_i = l_i * alpha[:, None] + p
+            else:
+                l_i = l_i * alpha + gl.sum(p, 1)
             m_i = m_new
             p_smem.store(p.to(gl.bfloat16))
             fence_async_shared()
             gl.thread_barrier()          # both halves of P written before either warpgroup reads it
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
             tok_o = warpgroup_mma(p_smem, kv_n.index(slot), acc, is_async=True)
-            # under P V_j: dequantise block j+1 into the other slot (last read by P V_{j-1}, waited by every warp
-            # before the barrier above), then issue block j+2's gather
+            # under P V_j: dequantise block j+1 into the other slot (last read by S_{j-1} / P V_{j-1}, waited by
+            # every warp before the barrier above)
             if j + 1 < nblocks:
                 _g_dequant_store(raw, sc, rope, kv_n.index(1 - slot), kv_p.index(1 - slot), FMT, LN)
-            raw, sc, rope = _g_gather(kv_ptr, i2, v2, i2p, v2p, page, stride_kb, FMT, PAGE_SHIFT, L3, LP)
             acc = warpgroup_mma_wait(0, deps=(tok_o, ))
             fence_async_shared()
             gl.thread_barrier()          # block j+1 visible to both warpgroups; P and slot j free
 
+        if PSUM:
+            l_i = gl.sum(l_i, 1)
         # epilogue (as the Triton kernel)
         empty = (l_i == 0.0) | (l_i != l_i)
         l_safe = gl.where(empty, 1.0, l_i)
