@@ -79,21 +79,28 @@ def _gluon_disabled():
 
 @pytest.fixture
 def gluon_dispatch(monkeypatch):
-    """The dispatch edit proposed for sparse_decode.py, patched in: calls that the Gluon kernel supports go to it
-    (recorded), everything else to the Triton launch."""
+    """Records every Gluon launch (format per call) and makes the public op dispatch to the Gluon kernel whether or
+    not sparse_decode.py carries the dispatch edit yet: without it, the edit is patched in here
+    (``_launch_sparse_decode`` -> the Gluon launcher when ``supported``); with it, the public op calls
+    ``_gluon_sparse_decode.launch_sparse_decode_gluon`` itself, which is the recorded wrapper."""
     calls = []
-    triton_launch = sd._launch_sparse_decode
+    gluon_launch, triton_launch = G.launch_sparse_decode_gluon, sd._launch_sparse_decode
+
+    def recorded(*args, **kwargs):
+        calls.append(args[8])
+        return gluon_launch(*args, **kwargs)
 
     def launch(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None, extra_k_cache=None,
                extra_indices=None, xfmt=None, topk_length=None, extra_topk_length=None, config=None, _spec=None):
         args = (out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink, extra_k_cache,
                 extra_indices, xfmt, topk_length, extra_topk_length, config, _spec)
         if G.supported(q, k_cache, fmt, extra_k_cache):
-            calls.append(fmt)
             return G.launch_sparse_decode_gluon(*args)
         return triton_launch(*args)
 
-    monkeypatch.setattr(sd, "_launch_sparse_decode", launch)
+    monkeypatch.setattr(G, "launch_sparse_decode_gluon", recorded)
+    if not hasattr(sd, "_gsd"):                    # sparse_decode.py without the dispatch edit
+        monkeypatch.setattr(sd, "_launch_sparse_decode", launch)
     return calls
 
 
