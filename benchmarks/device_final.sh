@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# A session's closing device call: the whole GPU tier (every test file, `-m gpu`, pytest-xdist workers sharing the
+# GPU, a per-test timeout), then `deepkernels bench` (all suites, JSON + roofline PNG), then optional extra steps.
+#   usage (repo root, on the device): GIT_SHA=<sha> [T_TESTS=300] [T_BENCH=150] [NPROC=4] \
+#          [EXTRA="benchmarks/device_x.sh:90 ..."] bash benchmarks/device_final.sh
+# Results: $OUT/results.tar.gz (every log, junit XML, JSON), $OUT/bench.json, $OUT/roofline.png.
+set -u
+export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
+export GIT_SHA="${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+FINAL="${OUT:?OUT must be set}"
+W=$(mktemp -d /tmp/dkfinal.XXXX)
+T0=$(date +%s)
+el() { echo "$(( $(date +%s) - T0 )) s"; }
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
+  python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
+  echo "GIT_SHA=$GIT_SHA"; } > "$W/env.txt" 2>&1
+cat "$W/env.txt"
+
+echo "== GPU tier (all test files, -n ${NPROC:-4}, cap ${T_TESTS:-300} s)"
+TO=""; python3 -c "import pytest_timeout" 2>/dev/null && TO="--timeout=150"
+timeout -k 10 "${T_TESTS:-300}" python3 -m pytest tests -m gpu -n "${NPROC:-4}" $TO -q -rfE \
+  -p no:cacheprovider --junitxml="$W/gpu_tests.xml" > "$W/gpu_tests.log" 2>&1
+echo "gpu tier rc=$? ($(el))"
+grep -E "^(FAILED|ERROR)|passed|failed|skipped|Timeout" "$W/gpu_tests.log" | tail -25
+
+echo "== deepkernels bench (cap ${T_BENCH:-150} s)"
+timeout -k 10 "${T_BENCH:-150}" python3 -m deepkernels.bench.cli bench --json "$W/bench.json" \
+  --plot "$W/roofline.png" > "$W/bench.log" 2>&1
+echo "bench rc=$? ($(el))"
+tail -n 3 "$W/bench.log"
+grep -c "FAIL" "$W/bench.log" | sed 's/^/lines with FAIL: /'
+
+for step in ${EXTRA:-}; do
+  script="${step%%:*}"; cap="${step##*:}"
+  name=$(basename "$script" .sh)
+  mkdir -p "$W/$name"
+  echo "== $script (cap $cap s)"
+  OUT="$W/$name" timeout -k 5 "$cap" bash "$script" > "$W/$name/log.txt" 2>&1
+  echo "$name rc=$? ($(el))"
+  tail -n "${TAIL:-25}" "$W/$name/log.txt"
+done
+
+tar czf "$FINAL/results.tar.gz" -C "$W" .
+cp "$W/bench.json" "$W/roofline.png" "$FINAL/" 2>/dev/null || true
+echo "== total $(el)"
