@@ -39,6 +39,7 @@ prov = B.provenance()
 prov["note"] = ("Gluon = _gluon_sparse_decode.launch_sparse_decode_gluon, Triton = sparse_decode._launch_sparse_decode "
                 "with the table config; both on the same schedule, combine and allocations included; public = "
                 "flash_mla_with_kvcache as dispatched in this tree")
+prov["dispatch_gluon_in_sparse_decode_py"] = hasattr(sd, "_gsd")      # public op = Gluon when True, else Triton
 rows = []
 S_K = int(os.environ.get("S_K", "8192"))
 TOPK = 2048
