@@ -281,8 +281,8 @@ def host_overhead(fmt_spec, h_q, b, topk, xtopk, do_bench, graph=True, n=200, wa
             print(f"  graph capture failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
     row = dict(op="mla_sparse_decode_host", fmt=fmt_spec, b=b, s_q=1, h_q=h_q, topk=topk,
                extra_topk=xtopk if xfmt else 0, num_splits=int(meta.num_splits[-1]),
-               parts=int(meta.tile_scheduler_metadata.shape[0]), host_submit_us=host_us, nocache_host_submit_us=nocache_host_us,
-               whole_call_us=whole_ms * 1e3, graph_replay_us=None if graph_ms is None else graph_ms * 1e3,
+               parts=int(meta.tile_scheduler_metadata.shape[0]), host_submit_us=host_us,
+               nocache_host_submit_us=nocache_host_us, whole_call_us=whole_ms * 1e3, graph_replay_us=None if graph_ms is None else graph_ms * 1e3,
                fast_launches_per_call=fast / n, plans=len(sd._PLANS))
     print(f"HOST {fmt_spec:8s} h_q={h_q:3d} b={b:3d} topk={topk}: submit {host_us:6.1f} us/call (plan cache emptied "
           f"every call: {nocache_host_us:6.1f}), whole call {whole_ms*1e3:6.1f} us, graph replay "

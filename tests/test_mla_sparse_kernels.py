@@ -198,7 +198,8 @@ def test_interpret_combine_garbage_num_splits_stays_in_bounds():
     b, s_q, h_q, rows = 4, 2, 16, 5
     o = torch.randn(rows, s_q, h_q, 512)
     l2 = torch.randn(rows, s_q, h_q)
-    ns = torch.tensor([-7, 2, 1, 9, 11], dtype=torch.int32)  # [-7,2) -> [0,2); [2,1) empty; [1,9) -> [1,5); [9,11) empty
+    # [-7,2) -> [0,2); [2,1) empty; [1,9) -> [1,5); [9,11) empty
+    ns = torch.tensor([-7, 2, 1, 9, 11], dtype=torch.int32)
     out = torch.full((b, s_q, h_q, 512), float("nan"), dtype=torch.bfloat16)
     lse = torch.full((b, s_q, h_q), float("nan"))
     lengths = torch.tensor([3, 0, 40, 9], dtype=torch.int32)

@@ -1,4 +1,5 @@
-"""Split-KV combine for MLA decode, dense and sparse (FlashMLA ``flash_fwd_mla_combine_kernel`` math, spec/mla.md §3.5).
+"""Split-KV combine for MLA decode, dense and sparse (FlashMLA ``flash_fwd_mla_combine_kernel`` math, spec/mla.md
+§3.5).
 
 Inputs are the per-split partials a decode kernel wrote: ``o_accum [rows, s_q, h_q, d_v]`` fp32 holding ``O/L``
 (0 for an empty split) and ``lse_accum [rows, s_q, h_q]`` fp32 holding the **base-2** ``log2 L + m`` (``-inf`` for
