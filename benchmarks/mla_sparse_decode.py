@@ -18,9 +18,9 @@ bf16), bmm QK^T, fp32 softmax, bmm PV (bf16).
 
 ``--host``: host cost of the public call instead (``host_overhead``): for b = 1..128 at a small topk (GPU time
 small), the host submit time per call (perf_counter over back-to-back calls, no sync), the whole call (do_bench
-median), the CUDA-graph replay of the same call (kernels only), the same call with the plan cache emptied before
-every call (full validation + Triton's own launcher: what every call cost before the cached host path), and the
-number of fast (direct CompiledKernel) launches; JSON rows ``op = "mla_sparse_decode_host"``.
+median), the CUDA-graph replay of the same call (kernels only; median, L2 flushed), the same call with the plan
+cache emptied before every call (full validation + Triton's own launcher: what every call cost before the cached
+host path), and the number of fast (direct CompiledKernel) launches; JSON rows ``op = "mla_sparse_decode_host"``.
 
 Usage:
     python benchmarks/mla_sparse_decode.py [--sweep] [--json out.json] [--fmt v32,v41+fp4] [--hq 64,128]
@@ -266,23 +266,14 @@ def host_overhead(fmt_spec, h_q, b, topk, xtopk, do_bench, graph=True, n=200, wa
     whole_ms = do_bench(call, warmup=10, rep=50)
     graph_ms = None
     if graph and torch.cuda.is_available():
-        try:
-            s = torch.cuda.Stream()
-            with torch.cuda.stream(s):
-                call()
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                call()
-            g.replay()
-            _sync()
-            graph_ms = do_bench(g.replay, warmup=10, rep=50)
-        except Exception as e:  # noqa: BLE001
-            print(f"  graph capture failed: {type(e).__name__}: {str(e)[:160]}", flush=True)
+        from deepkernels.bench.runner import _time_graph_us     # median replay, L2 flushed; None if not capturable
+        g_us = _time_graph_us(call)
+        graph_ms = None if g_us is None else g_us / 1e3
     row = dict(op="mla_sparse_decode_host", fmt=fmt_spec, b=b, s_q=1, h_q=h_q, topk=topk,
                extra_topk=xtopk if xfmt else 0, num_splits=int(meta.num_splits[-1]),
                parts=int(meta.tile_scheduler_metadata.shape[0]), host_submit_us=host_us,
-               nocache_host_submit_us=nocache_host_us, whole_call_us=whole_ms * 1e3, graph_replay_us=None if graph_ms is None else graph_ms * 1e3,
+               nocache_host_submit_us=nocache_host_us, whole_call_us=whole_ms * 1e3,
+               graph_replay_us=None if graph_ms is None else graph_ms * 1e3,
                fast_launches_per_call=fast / n, plans=len(sd._PLANS))
     print(f"HOST {fmt_spec:8s} h_q={h_q:3d} b={b:3d} topk={topk}: submit {host_us:6.1f} us/call (plan cache emptied "
           f"every call: {nocache_host_us:6.1f}), whole call {whole_ms*1e3:6.1f} us, graph replay "
@@ -355,6 +346,9 @@ def main(argv=None):
 
     if args.host:
         _warm_gpu()
+        if not args.smoke:             # medians, like the graph replay (deepkernels.bench.runner._time_graph_us)
+            tdb = do_bench
+            do_bench = lambda fn, warmup, rep: tdb(fn, warmup=warmup, rep=rep, return_mode="median")  # noqa: E731
         for fmt in args.fmt.split(","):
             for h_q in args.hq:
                 for b in args.host_b:
