@@ -57,7 +57,8 @@ BLOCK_H = 64
 BLOCK_N = 64
 NUM_WARPS = 8
 _LOG2E = 1.4426950408889634
-GLUON_FMTS = {"v32": 0, "v41": 2}     # format codes as in _sparse_kernels.FMT_CODES
+GLUON_FMTS = {"v32": 0, "v41": 2}     # main-cache format codes as in _sparse_kernels.FMT_CODES
+_XFMT_CODES = {"v32": 0, "v41": 2, "fp4": 3}
 _BPT = {"v32": 656, "v41": 528}
 
 
@@ -111,9 +112,9 @@ def _g_gather(kv_ptr, idx, valid, idx_p, valid_p, page, stride_kb,
     and for V3.2 the bf16 RoPE [64, 64] (zeros otherwise). Invalid tokens load zeros (V zero), never
     dereferenced."""
     LS2: gl.constexpr = gl.SliceLayout(2, L3)
-    G: gl.constexpr = 4 if FMT == 0 else 16
-    W: gl.constexpr = 128 // G
-    RB: gl.constexpr = 656 if FMT == 0 else 528
+    G: gl.constexpr = 4 if FMT == 0 else (16 if FMT == 2 else 32)
+    W: gl.constexpr = 128 // G if FMT != 3 else 2
+    RB: gl.constexpr = 656 if FMT == 0 else (528 if FMT == 2 else 288)
     rec = _g_rows(idx, valid, page, stride_kb, RB, PAGE_SHIFT)
     g = gl.arange(0, G, gl.SliceLayout(0, LS2))
     w = gl.arange(0, W, gl.SliceLayout(0, gl.SliceLayout(1, L3)))
@@ -127,9 +128,13 @@ def _g_gather(kv_ptr, idx, valid, idx_p, valid_p, page, stride_kb,
         pp = (kv_ptr + recp + 528).to(gl.pointer_type(gl.bfloat16))
         dr = gl.arange(0, 64, gl.SliceLayout(0, LP))
         rope = gl.load(pp[:, None] + dr[None, :], mask=valid_p[:, None] & (dr >= 0)[None, :], other=0.0)
-    else:
+    elif FMT == 2:
         eb = gl.load(kv_ptr + (rec + 512)[:, None] + g[None, :], mask=vm2, other=127)
         sc = _g_ue8m0(eb)
+        rope = gl.zeros([64, 64], gl.bfloat16, LP)
+    else:               # FP4: [256 B of e2m1 pairs][32 e4m3 scales, one per 8 bytes = 16 elements]
+        eb = gl.load(kv_ptr + (rec + 256)[:, None] + g[None, :], mask=vm2, other=0)
+        sc = eb.to(gl.float8e4nv, bitcast=True).to(gl.float32)
         rope = gl.zeros([64, 64], gl.bfloat16, LP)
     return raw, sc, rope
 
@@ -142,23 +147,109 @@ def _g_byte(raw, sc, K: gl.constexpr):
 
 
 @_jit
+def _g_nib(raw, sc, K: gl.constexpr, C: gl.constexpr):
+    """bf16(value(e2m1 nibble C of byte K of each word) * e4m3 scale): magnitude bits to fp32 bits 22..24, sign to
+    bit 31, times 2^126 exactly (the Triton kernel's _e2m1_pair_to_f32), times the scale (exact)."""
+    r = raw >> (8 * K + 4 * C)
+    v = (((r & 7) << 22) | ((r & 8) << 28)).to(gl.float32, bitcast=True) * 8.507059173023462e37
+    return (v * sc[:, :, None]).to(gl.bfloat16)
+
+
+@_jit
 def _g_dequant_store(raw, sc, rope, kv_n_slot, kv_p_slot, FMT: gl.constexpr, LN: gl.constexpr):
     """bf16(fp32(e4m3) * scale) -> the [64, 512] shared K/V tile (+ RoPE tile for V3.2). Byte k of word w is
     element 4w + k: join(join(b0, b2), join(b1, b3)) puts it at [w, k // 2, k % 2]."""
-    b0 = _g_byte(raw, sc, 0)
-    b1 = _g_byte(raw, sc, 1)
-    b2 = _g_byte(raw, sc, 2)
-    b3 = _g_byte(raw, sc, 3)
-    x = gl.join(gl.join(b0, b2), gl.join(b1, b3))
+    if FMT == 3:
+        # 8 e2m1 per word: element 2k + c = nibble c of byte k; Z[c][b][a] = nibble c of byte 2a + b, joined
+        # innermost-first so that [a, b, c] flattens to 4a + 2b + c
+        x = gl.join(gl.join(gl.join(_g_nib(raw, sc, 0, 0), _g_nib(raw, sc, 2, 0)),
+                            gl.join(_g_nib(raw, sc, 1, 0), _g_nib(raw, sc, 3, 0))),
+                    gl.join(gl.join(_g_nib(raw, sc, 0, 1), _g_nib(raw, sc, 2, 1)),
+                            gl.join(_g_nib(raw, sc, 1, 1), _g_nib(raw, sc, 3, 1))))
+    else:
+        b0 = _g_byte(raw, sc, 0)
+        b1 = _g_byte(raw, sc, 1)
+        b2 = _g_byte(raw, sc, 2)
+        b3 = _g_byte(raw, sc, 3)
+        x = gl.join(gl.join(b0, b2), gl.join(b1, b3))
     x = gl.convert_layout(gl.reshape(x, [64, 512]), LN)
     kv_n_slot.store(x)
     if FMT == 0:
         kv_p_slot.store(rope)
 
 
+@_jit
+def _g_attend(m_i, l_i, acc, q_n, q_p, kv_n, kv_p, p_smem, s_zero, kv_ptr, idx_row, t_lo, t_end, num_tok, page,
+              stride_kb, sm_scale_log2, FMT: gl.constexpr, PAGE_SHIFT: gl.constexpr, PSUM: gl.constexpr,
+              S_L: gl.constexpr, O_L: gl.constexpr, LN: gl.constexpr, LP: gl.constexpr):
+    """Online softmax + P V over the 64-token blocks of positions [t_lo, t_end) of one index row (t_lo a multiple
+    of 64; positions >= t_end invalid) of a cache in format FMT; returns the updated (m_i, l_i, acc). Ring slot 0
+    is free on entry (every earlier wgmma waited, CTA barrier passed); the same holds on exit."""
+    HAS_ROPE: gl.constexpr = FMT == 0
+    # raw-record layout (int32 words): a warp covers one record's quantised bytes with 16-byte (FP4: 8-byte)
+    # vectors (lanes: G scale groups x the vectors of a group)
+    if FMT == 0:
+        L3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 4, 8], [8, 1, 1], [2, 1, 0])
+    elif FMT == 2:
+        L3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 16, 2], [8, 1, 1], [2, 1, 0])
+    else:
+        L3: gl.constexpr = gl.BlockedLayout([1, 1, 2], [1, 32, 1], [8, 1, 1], [2, 1, 0])
+    LR: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, L3))     # token vector of the raw gather
+    LRP: gl.constexpr = gl.SliceLayout(1, LP)                        # token vector of the RoPE gather
+    LS: gl.constexpr = gl.SliceLayout(0, S_L)                        # token vector of the score tile
+    nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+    # prologue: block 0 dequantised into slot 0; block 1's indices loaded
+    i0, v0 = _g_load_idx(idx_row, t_lo, t_end, num_tok, LR)
+    i0p, v0p = _g_load_idx(idx_row, t_lo, t_end, num_tok, LRP)
+    raw, sc, rope = _g_gather(kv_ptr, i0, v0, i0p, v0p, page, stride_kb, FMT, PAGE_SHIFT, L3, LP)
+    _g_dequant_store(raw, sc, rope, kv_n.index(0), kv_p.index(0), FMT, LN)
+    i1, v1 = _g_load_idx(idx_row, t_lo + 64, t_end, num_tok, LR)
+    i1p, v1p = _g_load_idx(idx_row, t_lo + 64, t_end, num_tok, LRP)
+    fence_async_shared()
+    gl.thread_barrier()
+
+    for j in range(nblocks):
+        slot = j % 2
+        t0 = t_lo + j * 64
+        # gather of block j+1's raw records (registers; dequantised under P V_j below), issued first so that
+        # its memory latency hides under S_j and the softmax; then block j+2's indices and block j's validity
+        raw, sc, rope = _g_gather(kv_ptr, i1, v1, i1p, v1p, page, stride_kb, FMT, PAGE_SHIFT, L3, LP)
+        i1, v1 = _g_load_idx(idx_row, t0 + 128, t_end, num_tok, LR)
+        i1p, v1p = _g_load_idx(idx_row, t0 + 128, t_end, num_tok, LRP)
+        _, valid = _g_load_idx(idx_row, t0, t_end, num_tok, LS)
+        tok = warpgroup_mma(q_n, kv_n.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        if HAS_ROPE:
+            tok = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(tok, ))
+        # online softmax step (as _sparse_kernels.online_softmax_step): invalid -> -inf by selection
+        s = gl.where(valid[None, :], s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
+        p = gl.exp2((s - m_safe[:, None]) * sm_scale_log2)
+        if PSUM:
+            l_i = l_i * alpha[:, None] + p
+        else:
+            l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        p_smem.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()          # both halves of P written before either warpgroup reads it
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+        tok_o = warpgroup_mma(p_smem, kv_n.index(slot), acc, is_async=True)
+        # under P V_j: dequantise block j+1 into the other slot (last read by S_{j-1} / P V_{j-1}, waited by
+        # every warp before the barrier above)
+        if j + 1 < nblocks:
+            _g_dequant_store(raw, sc, rope, kv_n.index(1 - slot), kv_p.index(1 - slot), FMT, LN)
+        acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+        fence_async_shared()
+        gl.thread_barrier()          # block j+1 visible to both warpgroups; P and slot j free
+    return m_i, l_i, acc
+
+
 # Integer arguments that vary per decode step / cache size only bound loops, clamps and masks: not specialised (no
 # recompile when the batch becomes 1 or a multiple of 16); strides and the power-of-two page shift stay specialised.
-_NO_SPEC = ["page", "num_tok", "b", "s_q", "h_q", "topk", "acc_rows"]
+_NO_SPEC = ["page", "num_tok", "xpage", "xnum_tok", "b", "s_q", "h_q", "topk", "xtopk", "acc_rows"]
 
 
 def _jit_kernel(fn):
@@ -167,10 +258,13 @@ def _jit_kernel(fn):
 
 @_jit_kernel
 def _sparse_decode_gluon_kernel(
-    q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+    q_ptr, kv_ptr, idx_ptr, len_ptr, xkv_ptr, xidx_ptr, xlen_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr,
+    oacc_ptr, lacc_ptr,
     stride_qb, stride_qs, stride_qh, stride_kb, page, num_tok, stride_ib, stride_is,
-    b, s_q, h_q, topk, acc_rows, sm_scale_log2,
-    FMT: gl.constexpr, PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
+    stride_xkb, xpage, xnum_tok, stride_xib, stride_xis,
+    b, s_q, h_q, topk, xtopk, acc_rows, sm_scale_log2,
+    FMT: gl.constexpr, XFMT: gl.constexpr, PAGE_SHIFT: gl.constexpr, XPAGE_SHIFT: gl.constexpr,
+    HAS_EXTRA: gl.constexpr, HAS_LEN: gl.constexpr, HAS_XLEN: gl.constexpr, HAS_SINK: gl.constexpr,
     SBLOCK: gl.constexpr,
 ):
     D_V: gl.constexpr = 512
@@ -181,17 +275,8 @@ def _sparse_decode_gluon_kernel(
     # MMA layouts: 2 warpgroups side by side along N (S: 32 token columns each; O: 256 value columns each)
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
-    # raw-record layout (int32 words): a warp covers one 512-byte record with 16-byte vectors (lanes: G scale groups
-    # x the 16-byte vectors of a group)
-    if FMT == 0:
-        L3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 4, 8], [8, 1, 1], [2, 1, 0])
-    else:
-        L3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 16, 2], [8, 1, 1], [2, 1, 0])
     LN: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [8, 1], [1, 0])
     LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
-    LR: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, L3))     # token vector of the raw gather
-    LRP: gl.constexpr = gl.SliceLayout(1, LP)                        # token vector of the RoPE gather
-    LS: gl.constexpr = gl.SliceLayout(0, S_L)                        # token vector of the score tile
     SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, D_V], gl.bfloat16)
     SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
 
@@ -241,18 +326,7 @@ def _sparse_decode_gluon_kernel(
         t_lo = gl.minimum(gl.maximum(gl.where(req == begin_req, begin_blk, 0), 0), 1 << 24) * SBLOCK
         t_hi = gl.minimum(gl.where((req == end_req) & (split < nsp - 1), end_blk, 1 << 24), 1 << 24) * SBLOCK
         t_end = gl.minimum(t_hi, n)
-        nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
         idx_row = idx_ptr + req64 * stride_ib + si64 * stride_is
-
-        # prologue: block 0 dequantised into slot 0; block 1's indices loaded
-        i0, v0 = _g_load_idx(idx_row, t_lo, t_end, num_tok, LR)
-        i0p, v0p = _g_load_idx(idx_row, t_lo, t_end, num_tok, LRP)
-        raw, sc, rope = _g_gather(kv_ptr, i0, v0, i0p, v0p, page, stride_kb, FMT, PAGE_SHIFT, L3, LP)
-        _g_dequant_store(raw, sc, rope, kv_n.index(0), kv_p.index(0), FMT, LN)
-        i1, v1 = _g_load_idx(idx_row, t_lo + 64, t_end, num_tok, LR)
-        i1p, v1p = _g_load_idx(idx_row, t_lo + 64, t_end, num_tok, LRP)
-        fence_async_shared()
-        gl.thread_barrier()
 
         m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))   # running max of raw q.k
         if PSUM:     # per-column partial row sums, reduced once at the end (no cross-warpgroup reduction per block)
@@ -260,42 +334,18 @@ def _sparse_decode_gluon_kernel(
         else:
             l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
         acc = gl.zeros([64, D_V], gl.float32, O_L)
-        for j in range(nblocks):
-            slot = j % 2
-            t0 = t_lo + j * 64
-            # gather of block j+1's raw records (registers; dequantised under P V_j below), issued first so that
-            # its memory latency hides under S_j and the softmax; then block j+2's indices and block j's validity
-            raw, sc, rope = _g_gather(kv_ptr, i1, v1, i1p, v1p, page, stride_kb, FMT, PAGE_SHIFT, L3, LP)
-            i1, v1 = _g_load_idx(idx_row, t0 + 128, t_end, num_tok, LR)
-            i1p, v1p = _g_load_idx(idx_row, t0 + 128, t_end, num_tok, LRP)
-            _, valid = _g_load_idx(idx_row, t0, t_end, num_tok, LS)
-            tok = warpgroup_mma(q_n, kv_n.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            if HAS_ROPE:
-                tok = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok, is_async=True)
-            s = warpgroup_mma_wait(0, deps=(tok, ))
-            # online softmax step (as _sparse_kernels.online_softmax_step): invalid -> -inf by selection
-            s = gl.where(valid[None, :], s, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 1))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
-            p = gl.exp2((s - m_safe[:, None]) * sm_scale_log2)
-            if PSUM:
-                l_i = l_i * alpha[:, None] + p
-            else:
-                l_i = l_i * alpha + gl.sum(p, 1)
-            m_i = m_new
-            p_smem.store(p.to(gl.bfloat16))
-            fence_async_shared()
-            gl.thread_barrier()          # both halves of P written before either warpgroup reads it
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
-            tok_o = warpgroup_mma(p_smem, kv_n.index(slot), acc, is_async=True)
-            # under P V_j: dequantise block j+1 into the other slot (last read by S_{j-1} / P V_{j-1}, waited by
-            # every warp before the barrier above)
-            if j + 1 < nblocks:
-                _g_dequant_store(raw, sc, rope, kv_n.index(1 - slot), kv_p.index(1 - slot), FMT, LN)
-            acc = warpgroup_mma_wait(0, deps=(tok_o, ))
-            fence_async_shared()
-            gl.thread_barrier()          # block j+1 visible to both warpgroups; P and slot j free
+        m_i, l_i, acc = _g_attend(m_i, l_i, acc, q_n, q_p, kv_n, kv_p, p_smem, s_zero, kv_ptr, idx_row, t_lo, t_end,
+                                  num_tok, page, stride_kb, sm_scale_log2, FMT, PAGE_SHIFT, PSUM, S_L, O_L, LN, LP)
+        if HAS_EXTRA:
+            # the extra cache continues the virtual token line at 64 * ceil(n / 64) (FlashMLA's block order)
+            nx = xtopk + req * 0
+            if HAS_XLEN:
+                nx = gl.minimum(gl.maximum(gl.load(xlen_ptr + req), 0), xtopk)
+            off = (n + SBLOCK - 1) // SBLOCK * SBLOCK
+            xidx_row = xidx_ptr + req64 * stride_xib + si64 * stride_xis
+            m_i, l_i, acc = _g_attend(m_i, l_i, acc, q_n, q_p, kv_n, kv_p, p_smem, s_zero, xkv_ptr, xidx_row,
+                                      gl.maximum(t_lo - off, 0), gl.minimum(t_hi - off, nx), xnum_tok, xpage,
+                                      stride_xkb, sm_scale_log2, XFMT, XPAGE_SHIFT, PSUM, S_L, O_L, LN, LP)
 
         if PSUM:
             l_i = gl.sum(l_i, 1)
@@ -334,19 +384,31 @@ def _sparse_decode_gluon_kernel(
 
 def supported(q: torch.Tensor, k_cache: torch.Tensor, fmt: str, extra_k_cache=None, config=None) -> bool:
     """Whether the Gluon path takes this call: Gluon importable, not disabled (``DEEPKERNELS_DISABLE_GLUON=1``),
-    not under the interpreter, CUDA sm90 tensors, main cache V3.2 or V4.1 with no extra cache, h_q a multiple of
-    64, no explicit kernel config, and a cache whose records are 16-byte aligned (base, stride(0))."""
+    not under the interpreter, CUDA sm90 tensors, main cache V3.2 or V4.1, no extra cache or one of the pairs
+    V3.2 + V3.2, V4.1 + V4.1, V4.1 + FP4, h_q a multiple of 64, no explicit kernel config, and caches whose records
+    are 16-byte aligned (base, stride(0)); ``fmt`` is the main format name (the extra one follows from its size)."""
     if not available() or os.environ.get("DEEPKERNELS_DISABLE_GLUON", "0") not in ("", "0"):
         return False
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or not q.is_cuda:
         return False
-    if config is not None or extra_k_cache is not None or fmt not in GLUON_FMTS:
+    if config is not None or fmt not in GLUON_FMTS:
         return False
     if q.dim() != 4 or q.shape[2] % BLOCK_H or q.dtype != torch.bfloat16 or q.stride(-1) != 1:
         return False
-    if k_cache.data_ptr() % 16 or (k_cache.shape[0] > 1 and k_cache.stride(0) % 16):
+    caches = (k_cache, ) if extra_k_cache is None else (k_cache, extra_k_cache)
+    if extra_k_cache is not None and _xfmt(extra_k_cache) not in _EXTRA_PAIRS[fmt]:
+        return False
+    if any(c.data_ptr() % 16 or (c.shape[0] > 1 and c.stride(0) % 16) for c in caches):
         return False
     return torch.cuda.get_device_capability(q.device)[0] == 9
+
+
+_EXTRA_PAIRS = {"v32": ("v32", ), "v41": ("v41", "fp4")}
+_BYTES_FMT = {656: "v32", 528: "v41", 288: "fp4"}
+
+
+def _xfmt(c: torch.Tensor):
+    return _BYTES_FMT.get(int(c.shape[-1]))
 
 
 def _page_shift(page: int) -> int:
@@ -356,15 +418,14 @@ def _page_shift(page: int) -> int:
 def launch_sparse_decode_gluon(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None,
                                extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
                                extra_topk_length=None, config=None, _spec=None):
-    """Drop-in for ``sparse_decode._launch_sparse_decode`` (same arguments and outputs; caller checked
-    :func:`supported`, so no extra cache and no config): ``out [b, s_q, h_q, 512]`` bf16 and ``lse_buf
+    """Drop-in for ``sparse_decode._launch_sparse_decode`` (same arguments and outputs; the caller checked
+    :func:`supported`; ``config`` and ``_spec`` are ignored): ``out [b, s_q, h_q, 512]`` bf16 and ``lse_buf
     [b, s_q, h_q]`` fp32 contiguous; ``sched [parts, 8]`` / ``num_splits [b + 1]`` int32. Launches the Gluon
     split-KV kernel and the shared combine (``combine_splits_``, unchanged)."""
     from . import sparse_decode as sd
     from .combine import combine_splits_
     from .metadata import SCHED_BLOCK
 
-    assert extra_k_cache is None and fmt in GLUON_FMTS
     b, s_q, h_q, _ = q.shape
     parts = sched.shape[0]
     acc_rows = b + parts
@@ -375,37 +436,53 @@ def launch_sparse_decode_gluon(out, lse_buf, q, k_cache, indices, sched, num_spl
         for t in (out, lse_buf, o_acc, l_acc):
             t.fill_(float("nan"))
     kv = k_cache.view(torch.uint8)
-    topk = indices.shape[2]
+    has_x = extra_k_cache is not None
+    xkv = extra_k_cache.view(torch.uint8) if has_x else kv
+    xind = extra_indices if has_x else indices
+    xf = (xfmt or _xfmt(extra_k_cache)) if has_x else fmt
+    topk, xtopk = indices.shape[2], (xind.shape[2] if has_x else 0)
     dummy = l_acc
     grid = (parts * s_q * (h_q // BLOCK_H), )
     _sparse_decode_gluon_kernel[grid](
         q, kv, indices, topk_length if topk_length is not None else dummy,
+        xkv, xind, extra_topk_length if extra_topk_length is not None else dummy,
         attn_sink if attn_sink is not None else dummy, sched, num_splits, out, lse_buf, o_acc, l_acc,
         q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1],
-        indices.stride(0), indices.stride(1), b, s_q, h_q, topk, acc_rows, scale * _LOG2E,
-        FMT=GLUON_FMTS[fmt], PAGE_SHIFT=_page_shift(kv.shape[1]), HAS_LEN=topk_length is not None,
-        HAS_SINK=attn_sink is not None, SBLOCK=SCHED_BLOCK, num_warps=NUM_WARPS)
+        indices.stride(0), indices.stride(1),
+        xkv.stride(0), xkv.shape[1], xkv.shape[0] * xkv.shape[1], xind.stride(0), xind.stride(1),
+        b, s_q, h_q, topk, xtopk, acc_rows, scale * _LOG2E,
+        FMT=GLUON_FMTS[fmt], XFMT=_XFMT_CODES[xf], PAGE_SHIFT=_page_shift(kv.shape[1]),
+        XPAGE_SHIFT=_page_shift(xkv.shape[1]), HAS_EXTRA=has_x, HAS_LEN=topk_length is not None,
+        HAS_XLEN=has_x and extra_topk_length is not None, HAS_SINK=attn_sink is not None, SBLOCK=SCHED_BLOCK,
+        num_warps=NUM_WARPS)
     combine_splits_(out, lse_buf.transpose(1, 2), o_acc, l_acc, num_splits, attn_sink=attn_sink,
-                    lengths=topk_length, topk=topk, extra_lengths=None, extra_topk=None, rne=False)
+                    lengths=topk_length, topk=topk, extra_lengths=extra_topk_length if has_x else None,
+                    extra_topk=xtopk if has_x else None, rne=False)
 
 
-def compile_sm90(fmt: str = "v41", page_shift: int = 6, has_len: bool = True, has_sink: bool = True):
+def compile_sm90(fmt: str = "v41", page_shift: int = 6, has_len: bool = True, has_sink: bool = True,
+                 xfmt: str | None = None, xpage_shift: int = 6, has_xlen: bool = True):
     """Cross-compile the kernel for sm90 (no GPU needed), with the divisibility facts a launch on aligned
-    tensors sees. Returns the CompiledKernel."""
+    tensors sees (``xfmt``: extra-cache format or None). Returns the CompiledKernel."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = _sparse_decode_gluon_kernel
-    sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", sink_ptr="*fp32", meta_ptr="*i32",
-               nsplits_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32", oacc_ptr="*fp32", lacc_ptr="*fp32",
+    sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", xkv_ptr="*u8", xidx_ptr="*i32",
+               xlen_ptr="*i32", sink_ptr="*fp32", meta_ptr="*i32", nsplits_ptr="*i32", out_ptr="*bf16",
+               lse_ptr="*fp32", oacc_ptr="*fp32", lacc_ptr="*fp32",
                stride_qb="i32", stride_qs="i32", stride_qh="i32", stride_kb="i32", page="i32", num_tok="i32",
-               stride_ib="i32", stride_is="i32", b="i32", s_q="i32", h_q="i32", topk="i32", acc_rows="i32",
+               stride_ib="i32", stride_is="i32", stride_xkb="i32", xpage="i32", xnum_tok="i32", stride_xib="i32",
+               stride_xis="i32", b="i32", s_q="i32", h_q="i32", topk="i32", xtopk="i32", acc_rows="i32",
                sm_scale_log2="fp32")
-    consts = dict(FMT=GLUON_FMTS[fmt], PAGE_SHIFT=page_shift, HAS_LEN=has_len, HAS_SINK=has_sink, SBLOCK=64)
+    consts = dict(FMT=GLUON_FMTS[fmt], XFMT=_XFMT_CODES[xfmt or fmt], PAGE_SHIFT=page_shift,
+                  XPAGE_SHIFT=xpage_shift if xfmt else page_shift, HAS_EXTRA=xfmt is not None, HAS_LEN=has_len,
+                  HAS_XLEN=bool(xfmt) and has_xlen, HAS_SINK=has_sink, SBLOCK=64)
     sig.update({k: "constexpr" for k in consts})
     hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
-                                                                  "stride_ib", "stride_is"]
+                                                                  "stride_ib", "stride_is", "stride_xkb",
+                                                                  "stride_xib", "stride_xis"]
     attrs = {(fn.arg_names.index(p), ): [["tt.divisibility", 16]] for p in hinted}
     src = GluonASTSource(fn, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})
