@@ -8,9 +8,12 @@ boundaries clamped to the actual token line and the last split of a request runn
 masked loads), single-split requests write ``out``/``lse`` (sink applied here), split requests write ``O/L`` and
 the base-2 ``log2 L + m`` to accumulator row ``num_splits[req] + split`` for the unchanged ``combine_splits_``.
 
-Formats (main cache only, no extra cache): V3.2 (656 B/token: 512 e4m3, 4 fp32 scales, 64 bf16 RoPE; d_qk 576)
-and V4.1 (528 B/token: 512 e4m3 incl. RoPE, 16 UE8M0 scales; d_qk 512). Dequantisation is the Triton kernel's,
-bit for bit: ``bf16(fp32(e4m3) * fp32 scale)`` rounded once (UE8M0: ``2^(e-127)``, 0 -> 2^-127, 255 -> NaN).
+Formats: main cache V3.2 (656 B/token: 512 e4m3, 4 fp32 scales, 64 bf16 RoPE; d_qk 576) or V4.1 (528 B/token:
+512 e4m3 incl. RoPE, 16 UE8M0 scales; d_qk 512); optional extra cache of the same format, or FP4 (288 B/token:
+256 B of e2m1 pairs, 32 e4m3 scales) next to V4.1, attended in the same online softmax after the main blocks
+(virtual line: main positions, then extra positions from ``64 * ceil(n_main / 64)``; a second token loop).
+Dequantisation is the Triton kernel's, bit for bit: ``bf16(fp32(e4m3) * fp32 scale)`` rounded once (UE8M0:
+``2^(e-127)``, 0 -> 2^-127, 255 -> NaN; FP4: ``e2m1 * e4m3``, exact).
 
 Structure (one partition, 8 warps = 2 warpgroups, like the Gluon sparse prefill kernel):
 
