@@ -2,7 +2,7 @@
 # Device run for the Gluon sparse MLA decode kernel (one call, <= ~150 s), from the repo root on the H200:
 #   GIT_SHA=<sha> OUT=<dir> bash benchmarks/device_mla_sparse_gluon.sh
 # 0. background: compile the benchmark's kernels (Triton + Gluon, disk cache) while the tests run;
-# 1. smoke (hang guard): the bit-exact dequant tests (V3.2, V4.1, FP4 extra) of tests/test_mla_sparse_gluon.py (stop if they hang);
+# 1. smoke: the bit-exact dequant tests (V3.2, V4.1, FP4 extra; Gluon kernels only) of tests/test_mla_sparse_gluon.py;
 # 2. the rest of the Gluon GPU tier (public op with the proposed dispatch patched in);
 # 3. bench: Gluon vs the Triton launch (same schedule, combine included in both) vs the public op as it is now,
 #    b in {64, 128}, s_q in {1, 2}, h_q in {128, 64}, topk 2048, V3.2 and V4.1, FlashMLA-style TFLOPS
@@ -107,14 +107,15 @@ timeout -k 5 100 python3 -c "$BENCH" --warm > "$OUT/warm.log" 2>&1 &
 
 PT="python3 -m pytest -p no:cacheprovider --tb=short -rfE -q"
 echo "== smoke (hang guard): bit-exact dequant"
-timeout -k 5 ${T_SMOKE:-40} $PT tests/test_mla_sparse_gluon.py -m gpu -k "dequant_bit_identical" > "$OUT/smoke.log" 2>&1
+timeout -k 5 ${T_SMOKE:-45} $PT tests/test_mla_sparse_gluon.py -m gpu -k "dequant_bit_identical" > "$OUT/smoke.log" 2>&1
 SMOKE=$?
 echo "smoke rc=$SMOKE ($(el))"; tail -25 "$OUT/smoke.log"
-if [ "$SMOKE" -eq 124 ] || [ "$SMOKE" -eq 137 ]; then echo "HUNG: stop"; exit 0; fi
+# no mbarriers in this kernel, so a timeout is slow compiles rather than a hang: carry on (every step has its cap)
+if [ "$SMOKE" -eq 124 ] || [ "$SMOKE" -eq 137 ]; then echo "smoke timed out (compiles?): continuing"; fi
 
 echo "== Gluon GPU tier"
 XD=""; python3 -c "import xdist" 2>/dev/null && XD="-n 4"
-timeout -k 5 ${T_TESTS:-70} $PT tests/test_mla_sparse_gluon.py -m gpu -k "not dequant_bit_identical" $XD \
+timeout -k 5 ${T_TESTS:-65} $PT tests/test_mla_sparse_gluon.py -m gpu -k "not dequant_bit_identical" $XD \
   > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$? ($(el))"; grep -E "FAILED|ERROR|passed|failed|Timeout" "$OUT/gpu_tests.log" | tail -20
 

@@ -156,7 +156,7 @@ def test_gpu_split_counts(fmt, n_sms, poison, sms, gluon_dispatch):
 def test_gpu_dequant_bit_identical(fmt, xfmt, gluon_dispatch):
     """One valid token per row: p = exp2(0) = 1 exactly, so out = V = the dequantised record, bit for bit equal to
     bf16(fp32(e4m3) * fp32 scale) (V3.2 with non-power-of-two scales, B19), e2m1 * e4m3 (FP4 extra cache, main
-    length 0) and to the Triton kernel's output."""
+    length 0). (No Triton call here: this is the device run's smoke test, it should compile only Gluon kernels.)"""
     from deepkernels.quant.kvcache import dequantize_kv_cache
     b, s_q, h_q = 8, 2, 64
     x = dict(xfmt=xfmt, xtopk=64, xpage=64, lengths=[0] * b, xlengths=[1] * b) if xfmt else dict(lengths=[1] * b)
@@ -171,10 +171,6 @@ def test_gpu_dequant_bit_identical(fmt, xfmt, gluon_dispatch):
     ok = (i0 >= 0) & (i0 < deq.shape[0])                               # (invalid when seqlen < topk drew junk)
     want = torch.where(ok[..., None], deq[i0.clamp(0, deq.shape[0] - 1)], torch.zeros_like(deq[:1]))
     assert torch.equal(o, want[:, :, None, :].expand_as(o))
-    with _gluon_disabled():
-        o_t, _ = _public(kw)                                           # the Triton kernel
-    assert torch.equal(o, o_t)
-    assert gluon_dispatch == [fmt]
 
 
 @pytest.mark.gpu
