@@ -115,7 +115,7 @@ if [ "$SMOKE" -eq 124 ] || [ "$SMOKE" -eq 137 ]; then echo "smoke timed out (com
 
 echo "== Gluon GPU tier"
 XD=""; python3 -c "import xdist" 2>/dev/null && XD="-n 4"
-timeout -k 5 ${T_TESTS:-65} $PT tests/test_mla_sparse_gluon.py -m gpu -k "not dequant_bit_identical" $XD \
+timeout -k 5 ${T_TESTS:-63} $PT tests/test_mla_sparse_gluon.py -m gpu -k "not dequant_bit_identical" $XD \
   > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$? ($(el))"; grep -E "FAILED|ERROR|passed|failed|Timeout" "$OUT/gpu_tests.log" | tail -20
 
