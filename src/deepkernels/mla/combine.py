@@ -130,7 +130,7 @@ def combine_splits_(out: torch.Tensor, lse: torch.Tensor, o_accum: torch.Tensor,
                     num_splits: torch.Tensor, attn_sink: torch.Tensor | None = None,
                     all_requests: bool = False, lengths: torch.Tensor | None = None,
                     causal: bool = False, *, topk: int | None = None, extra_lengths: torch.Tensor | None = None,
-                    extra_topk: int | None = None, rne: bool = False) -> None:
+                    extra_topk: int | None = None, rne: bool = False, _spec=None) -> None:
     """Launch the combine in place (out-parameter launcher; callers own the shapes, only lse's layout is checked).
 
     Args:
@@ -154,8 +154,11 @@ def combine_splits_(out: torch.Tensor, lse: torch.Tensor, o_accum: torch.Tensor,
             extra_topk)`` or ``extra_topk``, added to it.
         rne: round the output to nearest-even explicitly (bf16 under the interpreter, whose fp32->bf16 cast
             truncates; the GPU cast already rounds to nearest even).
+        _spec: a hashable object standing for the launch facts a caller's cached call plan fixes: dtype and 16-B
+            alignment of every pointer argument except num_splits (which also stands in for absent lengths), the
+            s_q / h_q / topk facts and lse's layout (its check is skipped). None: all computed (and checked) here.
     Raises:
-        ValueError if ``lse`` has neither layout.
+        ValueError if ``lse`` has neither layout (``_spec`` None).
     """
     b, s_q, h_q, d_v = out.shape
     if b * s_q == 0 or h_q == 0:
@@ -163,7 +166,8 @@ def combine_splits_(out: torch.Tensor, lse: torch.Tensor, o_accum: torch.Tensor,
     ls = lse.stride()
     lse_shq = ls[2] != 1 and s_q > 1        # s_q == 1 (or h_q == 1): both layouts are the same memory
     want = (s_q * h_q, 1, h_q) if lse_shq else (h_q * s_q, s_q, 1)
-    if lse.shape != (b, h_q, s_q) or any(n > 1 and st != w for n, st, w in zip(lse.shape, ls, want)):
+    if _spec is None and (lse.shape != (b, h_q, s_q) or any(n > 1 and st != w for n, st, w in zip(lse.shape, ls,
+                                                                                                     want))):
         raise ValueError(f"lse must be [b, h_q, s_q] = {[b, h_q, s_q]}, contiguous or the transposed view of a "
                          f"contiguous [b, s_q, h_q]; got shape {list(lse.shape)} strides {list(ls)}")
     sink = attn_sink if attn_sink is not None else lse_accum
@@ -175,12 +179,17 @@ def combine_splits_(out: torch.Tensor, lse: torch.Tensor, o_accum: torch.Tensor,
     has_x = extra_topk is not None
     topk_i = 0 if topk is None else int(topk)
     xtopk_i = int(extra_topk) if has_x else 0
-    # Triton's specialisation facts of this launch (dtypes, 16-B alignment, s_q/h_q == 1 / % 16, i32 range)
-    ptrs = (o_accum, lse_accum, num_splits, out, lse, sink, lens, xlens)
     flags = (attn_sink is not None, bool(all_requests), d_v, lengths is not None, causal, lse_shq, topk is not None,
              has_x, has_x and extra_lengths is not None, bool(rne))
-    key = (_mla_decode_combine_kernel, flags, tuple((t.dtype, t.data_ptr() & 15 == 0) for t in ptrs),
-           s_q == 1, s_q % 16 == 0, h_q == 1, h_q % 16 == 0, max(s_q, h_q, acc_rows, topk_i, xtopk_i) < 2 ** 31)
+    if _spec is None:
+        # Triton's specialisation facts of this launch (dtypes, 16-B alignment, s_q/h_q == 1 / % 16, i32 range)
+        ptrs = (o_accum, lse_accum, num_splits, out, lse, sink, lens, xlens)
+        key = (_mla_decode_combine_kernel, flags, tuple((t.dtype, t.data_ptr() & 15 == 0) for t in ptrs),
+               s_q == 1, s_q % 16 == 0, h_q == 1, h_q % 16 == 0,
+               max(s_q, h_q, acc_rows, topk_i, xtopk_i) < 2 ** 31)
+    else:   # num_splits and acc_rows are the only facts the caller's plan does not fix
+        key = (_mla_decode_combine_kernel, flags, _spec, num_splits.dtype, num_splits.data_ptr() & 15 == 0,
+               acc_rows < 2 ** 31)
     launcher = _LAUNCHERS.get(key)
     if launcher is None:
         if len(_LAUNCHERS) >= 256:
@@ -190,7 +199,6 @@ def combine_splits_(out: torch.Tensor, lse: torch.Tensor, o_accum: torch.Tensor,
             CAUSAL=causal, LSE_SHQ=lse_shq, TOPK_LEN=flags[6], HAS_EXTRA=has_x, HAS_XLEN=flags[8], RNE=flags[9],
             num_warps=4))
     launcher(grid, o_accum, lse_accum, num_splits, out, lse, sink, lens, s_q, h_q, acc_rows, xlens, topk_i, xtopk_i)
-
 
 
 def _combine_grid(b: int, s_q: int, h_q: int) -> tuple:

@@ -212,15 +212,17 @@ def _launch_sparse_decode(out, lse_buf, q, k_cache, indices, sched, num_splits, 
             kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1], indices.stride(0), indices.stride(1),
             xkv.stride(0), xkv.shape[1], xkv.shape[0] * xkv.shape[1], xind.stride(0), xind.stride(1),
             b, s_q, h_q, topk, xtopk, acc_rows)
+    plan_spec = _spec
     if _spec is None:
         _spec = spec_key(*ptrs, out, lse_buf, o_acc, l_acc, *ints)
     else:   # sched/num_splits/acc_rows are the only launch facts the public op's signature does not fix
         _spec = (_spec, acc_rows < 2 ** 31)
     spec = (_spec, sched.dtype, sched.data_ptr() & 15 == 0, num_splits.dtype, num_splits.data_ptr() & 15 == 0)
+    interp = interpret_mode()
     constexprs = (_sk.FMT_CODES[fmt], _sk.FMT_CODES[xfmt] if has_x else _sk.FMT_CODES[fmt],
                   _page_shift(kv.shape[1]), _page_shift(xkv.shape[1]), has_x, topk_length is not None,
                   extra_topk_length is not None, attn_sink is not None, block_h, block_n,
-                  _block_n(block_n, xfmt) if has_x else block_n, SCHED_BLOCK, interpret_mode(), stages)
+                  _block_n(block_n, xfmt) if has_x else block_n, SCHED_BLOCK, interp, stages)
     launcher = _fwd_launcher(_sk._sparse_decode_fwd_kernel, constexprs, warps, stages, spec)
     launcher(_fwd_grid(parts, s_q, h_q, block_h), *ptrs, sched, num_splits, out, lse_buf, o_acc, l_acc, *ints,
              scale * _LOG2E)
@@ -228,7 +230,7 @@ def _launch_sparse_decode(out, lse_buf, q, k_cache, indices, sched, num_splits, 
     # num_splits) -> out 0 / lse +inf without a token position, else NaN (combine.py)
     combine_splits_(out, lse_buf.transpose(1, 2), o_acc, l_acc, num_splits, attn_sink=attn_sink,
                     lengths=topk_length, topk=topk, extra_lengths=extra_topk_length if has_x else None,
-                    extra_topk=xtopk if has_x else None, rne=interpret_mode())
+                    extra_topk=xtopk if has_x else None, rne=interp, _spec=plan_spec)
 
 
 def _page_shift(page: int) -> int:
