@@ -130,7 +130,9 @@ def test_interpret_reused_schedule_any_lengths(planned, actual, legacy, poison):
             splits = ns
         else:
             md, ns = dk.get_mla_metadata()
-            dk.flash_mla_with_kvcache(q, k, bt, p, 512, md, causal=True)       # fills the schedule for `planned`
+            # fills the schedule for `planned` (a block table wide enough for the planned lengths: page 0 everywhere)
+            bt_plan = torch.zeros(3, -(-max(planned) // k.shape[1]), dtype=torch.int32)
+            dk.flash_mla_with_kvcache(q, k, bt_plan, p, 512, md, causal=True)
             splits = md.num_splits
         assert max(planned) < 64 or int(splits.diff().max()) > 1      # long plans: multi-split requests
         o, l = dk.flash_mla_with_kvcache(q, k, bt, sl, 512, md, ns, causal=True)

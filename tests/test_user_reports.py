@@ -489,3 +489,114 @@ def test_compat_module_introspection(compat_installed):
 
     assert callable(fi.flash_mla_with_kvcache)
     assert "fp8_gemm_nt" in dir(deep_gemm)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Fresh-user report, session 13 (README followed on a CPU box, then the edge-case kinds tried)
+# ----------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("bad", [-1, 3, 2 ** 31 - 1])
+def test_dense_decode_bad_page_id_in_use_raises_on_host_inputs(bad, tier):
+    """An invalid page id in the part of block_table a request reads: ValueError naming block_table on CPU
+    inputs, on both CPU backends (was: the reference read page -1 = the last page, the kernel page 0)."""
+    q, kc, bt, sl = _paged_cache([64], nan_unused=False)
+    kc = kc[:3]
+    with pytest.raises(ValueError, match=r"block_table\[0, 0\]"):
+        dk.flash_mla_with_kvcache(q, kc, torch.tensor([[bad]], dtype=torch.int32), sl, 512, dk.get_mla_metadata()[0])
+    # entries past ceil(len / page) are never read: any value is fine there
+    out, lse = dk.flash_mla_with_kvcache(q, kc, torch.tensor([[1, bad]], dtype=torch.int32), sl, 512,
+                                         dk.get_mla_metadata()[0])
+    assert torch.isfinite(lse).all()
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_dense_decode_length_beyond_block_table_raises_on_host_inputs(tier):
+    q, kc, bt, sl = _paged_cache([64], nan_unused=False)
+    for n in (65, 1000, 2 ** 31 - 1):
+        with pytest.raises(ValueError, match="cache_seqlens"):
+            dk.flash_mla_with_kvcache(q, kc, bt[:, :1], torch.tensor([n], dtype=torch.int32), 512,
+                                      dk.get_mla_metadata()[0])
+
+
+@pytest.mark.reference
+def test_reference_dense_decode_clamps_page_ids_like_the_kernels():
+    from deepkernels.reference.mla import dense_decode
+    q, kc, bt, sl = _paged_cache([64], nan_unused=False)
+    o_bad, l_bad = dense_decode(q, kc, torch.tensor([[-5]], dtype=torch.int32), sl)
+    o_0, l_0 = dense_decode(q, kc, torch.tensor([[0]], dtype=torch.int32), sl)
+    assert torch.equal(o_bad, o_0) and torch.equal(l_bad, l_0)
+
+
+@pytest.mark.reference
+def test_set_mla_num_sms_is_bounded():
+    for n in (0, 1025, 2 ** 31):
+        with pytest.raises(ValueError, match="num_sms"):
+            dk.set_mla_num_sms(n)
+    dk.set_mla_num_sms(1024)
+    dk.set_mla_num_sms(None)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_fp8_gemm_partially_overlapping_c_and_d_raises(tier):
+    x, w = torch.randn(16, 256, dtype=torch.bfloat16), torch.randn(128, 256, dtype=torch.bfloat16)
+    a, b = dk.per_token_cast_to_fp8(x), dk.per_token_cast_to_fp8(w)
+    buf = torch.randn(17, 128)
+    with pytest.raises(ValueError, match="overlap"):
+        dk.fp8_gemm_nt(a, b, buf[:16], c=buf[1:], recipe=(1, 1, 128))
+    d = torch.randn(16, 128)
+    ref = d.double() + _deq_token(*a).double() @ _deq_token(*b).double().T
+    dk.fp8_gemm_nt(a, b, d, c=d, recipe=(1, 1, 128))                  # c is d: in-place accumulation
+    assert float(dk.testing.calc_diff(d, ref)) < 1e-6
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("op,a_shape,b_shape", [("bf16_gemm_nn", (64, 128), (64, 128)),
+                                                ("bf16_gemm_tn", (128, 64), (64, 128)),
+                                                ("bf16_gemm_tt", (128, 64), (128, 64))])
+def test_bf16_gemm_views_report_the_callers_shapes(op, a_shape, b_shape):
+    a, b = torch.randn(*a_shape, dtype=torch.bfloat16), torch.randn(*b_shape, dtype=torch.bfloat16)
+    with pytest.raises(ValueError) as e:
+        getattr(dk, op)(a, b, torch.empty(64, 128, dtype=torch.bfloat16))
+    msg = str(e.value)
+    assert msg.startswith(op) and f"a: shape {list(a_shape)}" in msg and f"b: shape {list(b_shape)}" in msg
+
+
+@pytest.mark.reference
+def test_k_grouped_layout_tensor_must_match_ks_cpu():
+    m, n = 8, 16
+    a = torch.randn(m * 384, dtype=torch.bfloat16)
+    b = torch.randn(n * 384, dtype=torch.bfloat16)
+    d = torch.empty(2, m, n)
+    with pytest.raises(ValueError, match="ks_cpu"):
+        dk.k_grouped_bf16_gemm_tn_contiguous(a.view(384, m), b.view(384, n), d, [128, 256],
+                                             torch.tensor([256, 128], dtype=torch.int32))
+
+
+@pytest.mark.reference
+def test_masked_grouped_output_with_overlapping_groups_raises():
+    g, m_max, n, k = 2, 8, 128, 128
+    a = dk.per_token_cast_to_fp8(torch.randn(g * m_max, k, dtype=torch.bfloat16))
+    a = (a[0].view(g, m_max, k), a[1].view(g, m_max, 1))
+    b = dk.per_block_cast_to_fp8(torch.randn(g * n, k, dtype=torch.bfloat16))
+    b = (b[0].view(g, n, k), b[1].view(g, 1, 1))
+    d = torch.empty(g * m_max * n, dtype=torch.bfloat16).as_strided((g, m_max, n), (n, n, 1))
+    with pytest.raises(ValueError, match="overlapping groups"):
+        dk.m_grouped_fp8_gemm_nt_masked(a, b, d, torch.tensor([8, 8], dtype=torch.int32), 8)
+
+
+@pytest.mark.reference
+def test_compat_reachable_after_plain_import_and_knobs():
+    import subprocess
+    code = ("import deepkernels\ndeepkernels.compat.install()\nimport deep_gemm, flash_mla\n"
+            "deep_gemm.set_tc_util(0); assert deep_gemm.get_tc_util() == 100\n"
+            "deep_gemm.set_pdl(True); assert deep_gemm.get_pdl()\n"
+            "deep_gemm.set_block_size_multiple_of((16, 32)); deep_gemm.set_ignore_compile_dims(True)\n"
+            "try:\n    deep_gemm.fp8_mqa_logits\nexcept AttributeError as e:\n    assert 'not implemented' in str(e)\n"
+            "else:\n    raise SystemExit('fp8_mqa_logits resolved')\n")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for bad in (101, -1):
+        with pytest.raises(ValueError, match="tc_util"):
+            dk.set_tc_util(bad)

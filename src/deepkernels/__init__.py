@@ -10,4 +10,5 @@ from .quant import *  # noqa: F401,F403
 from .gemm import *  # noqa: F401,F403
 from .mla import *  # noqa: F401,F403
 from . import quant, gemm, mla, reference, testing  # noqa: F401
+from . import compat  # noqa: F401,E402  (deepkernels.compat.install(): `import deep_gemm` / `import flash_mla`)
 from . import ops  # noqa: F401,E402  (torch.ops.deepkernels.* custom ops for torch.compile / CUDA graphs)

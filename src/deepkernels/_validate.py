@@ -5,7 +5,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-__all__ = ["check_tensor", "check_dtype", "check_shape", "check_compiled_dims"]
+__all__ = ["check_tensor", "check_dtype", "check_shape", "check_compiled_dims", "overlaps"]
 
 
 def check_tensor(name: str, t, *, ndim: int | Sequence[int] | None = None,
@@ -41,3 +41,18 @@ def check_compiled_dims(compiled_dims) -> None:
     """DeepGEMM's ``compiled_dims`` knob (a compile-cache hint, no effect on results): a string of 'm', 'n', 'k'."""
     if not isinstance(compiled_dims, str) or any(ch not in "mnk" for ch in compiled_dims):
         raise ValueError(f"compiled_dims must be a string of 'm', 'n', 'k', got {compiled_dims!r}")
+
+
+def overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether the byte ranges two non-empty tensors span in one storage intersect (a conservative test: strided
+    views that interleave without sharing an element also count)."""
+    if x.numel() == 0 or y.numel() == 0 or x.device != y.device:
+        return False
+    if x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr():
+        return False
+
+    def span(t):
+        lo = t.data_ptr()
+        return lo, lo + (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+    (a0, a1), (b0, b1) = span(x), span(y)
+    return a0 < b1 and b0 < a1

@@ -4,11 +4,16 @@ from __future__ import annotations
 import importlib
 
 
-def make_getattr(module_name: str, upstream: str, mapping: dict[str, str]):
-    """``mapping``: upstream name -> 'module:attr' inside deepkernels. Missing ones raise AttributeError
-    saying the op is not implemented by deepkernels (rather than a confusing ImportError at import time)."""
+def make_getattr(module_name: str, upstream: str, mapping: dict[str, str], not_implemented: dict[str, str] = None):
+    """``mapping``: upstream name -> 'module:attr' inside deepkernels. ``not_implemented``: upstream names deepkernels
+    does not serve -> what they are; they raise AttributeError saying so (rather than a confusing ImportError at
+    import time)."""
+    not_implemented = not_implemented or {}
 
     def __getattr__(name: str):
+        if name in not_implemented:
+            raise AttributeError(f"{upstream}.{name} ({not_implemented[name]}) is not implemented by deepkernels; "
+                                 f"see README 'Not implemented'")
         if name not in mapping:
             raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
         mod, _, attr = mapping[name].partition(":")

@@ -19,7 +19,8 @@ _MAP = {n: f"{_DK}:{n}" for n in [
     "transform_sf_into_required_layout", "get_tma_aligned_size", "get_mn_major_tma_aligned_tensor",
     "get_mn_major_tma_aligned_packed_ue8m0_tensor", "get_mk_alignment_for_contiguous_layout",
     "set_mk_alignment_for_contiguous_layout", "get_theoretical_mk_alignment_for_contiguous_layout",
-    "set_num_sms", "get_num_sms",
+    "set_num_sms", "get_num_sms", "set_tc_util", "get_tc_util", "set_pdl", "get_pdl", "set_ignore_compile_dims",
+    "set_block_size_multiple_of",
 ]}
 # upstream aliases
 _MAP.update({
@@ -42,7 +43,20 @@ for _n in ["per_token_cast_to_fp8", "per_channel_cast_to_fp8", "per_block_cast_t
            "ceil_to_ue8m0"]:
     _MAP[_n] = f"{_DK}:{_n}"
 
+# upstream API (spec/gemm.md §0, DeepGEMM 54e2261) that deepkernels does not serve
+NOT_IMPLEMENTED = {
+    **{n: "V3.2 indexer MQA logits" for n in ["fp8_mqa_logits", "fp8_paged_mqa_logits", "get_paged_mqa_logits_metadata",
+                                             "fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits"]},
+    "fp8_gemm_nt_skip_head_mid": "FP8 GEMM with a head-skip epilogue",
+    "einsum": "BF16 einsum / batched GEMM", "fp8_einsum": "FP8 einsum / batched GEMM",
+    "tf32_hc_prenorm_gemm": "HyperConnection pre-norm GEMM",
+    **{f"cublaslt_gemm_{x}": "cuBLASLt wrapper" for x in ("nt", "nn", "tn", "tt")},
+    **{n: "Mega MoE (SM100 only upstream)" for n in ["fp8_fp4_mega_moe", "bf16_mega_moe", "get_symm_buffer_for_mega_moe",
+                                                   "transform_weights_for_mega_moe", "SymmBuffer"]},
+    "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor": "packed UE8M0 layout for k-grouped SM100 GEMMs",
+}
+
 __all__ = sorted(_MAP)
-__getattr__ = make_getattr(__name__, "deep_gemm", _MAP)
+__getattr__ = make_getattr(__name__, "deep_gemm", _MAP, NOT_IMPLEMENTED)
 __dir__ = make_dir(_MAP, ("utils", "testing"))
 __path__: list[str] = []  # a package for the import system, so `deep_gemm.utils` / `deep_gemm.testing` resolve

@@ -96,6 +96,15 @@ def check_out(name: str, d, shape, dtypes) -> None:
         raise ValueError(f"{name} must have shape {list(shape)}, got {list(d.shape)}")
     if shape[-1] > 1 and d.stride(-1) != 1:
         raise ValueError(f"{name} must be row-major (stride(-1) == 1), got strides {list(d.stride())}")
+    # no two output elements may share memory (a padded row / group stride is fine): the kernels write every
+    # group's rows independently, so overlapping groups or rows would race
+    extent = 1
+    for dim in range(len(shape) - 1, -1, -1):
+        if shape[dim] > 1 and d.stride(dim) < extent:
+            raise ValueError(f"{name} (shape {list(d.shape)}, strides {list(d.stride())}) has overlapping "
+                             f"{'groups' if dim == 0 and len(shape) == 3 else 'rows'}: stride({dim}) must be >= "
+                             f"{extent}")
+        extent = max(extent, (shape[dim] - 1) * d.stride(dim) + extent) if shape[dim] > 0 else extent
 
 
 def check_index(name: str, t, shape, device) -> None:

@@ -18,7 +18,7 @@ import torch
 
 from .._backend import ensure_tma_allocator, interpret_mode, use_kernels
 from .._launch import KernelLauncher
-from .._validate import check_compiled_dims, check_tensor
+from .._validate import check_compiled_dims, check_tensor, overlaps
 from ..quant.fp8 import ceil_div
 from ..reference import gemm as _ref
 from ._bf16_kernels import _bf16_gemm_nt_kernel
@@ -29,7 +29,8 @@ __all__ = [
     "fp8_gemm_nt", "fp8_gemm_nn", "fp8_gemm_tn", "fp8_gemm_tt",
     "fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
     "bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt",
-    "set_num_sms", "get_num_sms",
+    "set_num_sms", "get_num_sms", "set_tc_util", "get_tc_util", "set_pdl", "get_pdl", "set_ignore_compile_dims",
+    "set_block_size_multiple_of",
 ]
 
 _NUM_SMS = 0  # 0: use the device's SM count
@@ -67,6 +68,56 @@ def get_num_sms() -> int:
     return _NUM_SMS or _device_sm_count() or 132
 
 
+# DeepGEMM's other runtime knobs (spec/gemm.md §7), validated as upstream. None changes a result; none changes
+# what these kernels do today: tc_util has no SM90 effect upstream either, the kernels launch without PDL, no
+# dimension is baked into a kernel (Triton specialises on its own), and block sizes come from the measured tables.
+_KNOBS = {"tc_util": 100, "pdl": False, "ignore_compile_dims": False, "block_size_multiple_of": (1, 1)}
+
+
+def set_tc_util(tc_util: int) -> None:
+    """DeepGEMM ``set_tc_util``: tensor-core utilisation target in percent, ``0 <= tc_util <= 100`` (0 means 100).
+    Recorded only (no SM90 effect, as upstream). Raises TypeError / ValueError."""
+    if isinstance(tc_util, bool) or not isinstance(tc_util, int):
+        raise TypeError(f"tc_util must be an int, got {type(tc_util).__name__}")
+    if not 0 <= tc_util <= 100:
+        raise ValueError(f"tc_util must be in [0, 100], got {tc_util}")
+    _KNOBS["tc_util"] = tc_util or 100
+
+
+def get_tc_util() -> int:
+    """The ``set_tc_util`` value (default 100)."""
+    return _KNOBS["tc_util"]
+
+
+def set_pdl(enable_pdl: bool) -> None:
+    """DeepGEMM ``set_pdl`` (programmatic dependent launch). Recorded only: these kernels launch without PDL."""
+    if not isinstance(enable_pdl, bool):
+        raise TypeError(f"enable_pdl must be a bool, got {type(enable_pdl).__name__}")
+    _KNOBS["pdl"] = enable_pdl
+
+
+def get_pdl() -> bool:
+    """The ``set_pdl`` value (default False)."""
+    return _KNOBS["pdl"]
+
+
+def set_ignore_compile_dims(ignore: bool) -> None:
+    """DeepGEMM ``set_ignore_compile_dims``: treat every M/N/K as a runtime value. Recorded only: these kernels
+    never bake ``compiled_dims`` into a kernel."""
+    if not isinstance(ignore, bool):
+        raise TypeError(f"ignore must be a bool, got {type(ignore).__name__}")
+    _KNOBS["ignore_compile_dims"] = ignore
+
+
+def set_block_size_multiple_of(x) -> None:
+    """DeepGEMM ``set_block_size_multiple_of(x or (x_m, x_n))``: positive ints. Recorded only: block sizes come
+    from the measured config tables (``gemm/_configs.py``)."""
+    pair = tuple(x) if isinstance(x, (tuple, list)) else (x, x)
+    if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in pair):
+        raise ValueError(f"block_size_multiple_of must be a positive int or a pair of them, got {x!r}")
+    _KNOBS["block_size_multiple_of"] = pair
+
+
 # --------------------------------------------------------------------------------------------- validation
 def _check_out(d, c, m: int, n: int, dtypes) -> None:
     check_tensor("d", d, ndim=2, dtype=dtypes)
@@ -83,6 +134,11 @@ def _check_out(d, c, m: int, n: int, dtypes) -> None:
         raise ValueError(f"c must be row-major (stride(-1) == 1), got strides {list(c.stride())}")
     if c.data_ptr() == d.data_ptr() and c is not d and (c.shape != d.shape or c.stride() != d.stride()):
         raise ValueError("c shares d's storage but has different sizes/strides; pass c=d for in-place accumulation")
+    if c.data_ptr() != d.data_ptr() and overlaps(c, d):
+        raise ValueError(f"c (shape {list(c.shape)}, strides {list(c.stride())}) and d (shape {list(d.shape)}, "
+                         f"strides {list(d.stride())}) overlap in memory without being the same view; pass c=d for "
+                         f"in-place accumulation or separate buffers")
+
 
 
 def _k_major(name: str, t: torch.Tensor, allow_mn_major: bool) -> tuple[torch.Tensor, bool]:
@@ -449,12 +505,17 @@ def _t(x):
     return (x[0].T, x[1].T) if isinstance(x, (tuple, list)) and len(x) == 2 else x
 
 
+def _t2(x):
+    """Transpose a 2-D tensor view; anything else passes through for the NT core's own validation to report."""
+    return x.T if isinstance(x, torch.Tensor) and x.dim() == 2 else x
+
+
 class _in_caller_layout:
     """Re-raise a validation error of the NT core (which sees transposed views) with the shapes the caller passed,
     so a message never quotes a shape the caller did not pass."""
 
-    def __init__(self, op: str, a, b, layout: str):
-        self.op, self.a, self.b, self.layout = op, a, b, layout
+    def __init__(self, op: str, a, b, layout: str, core: str = "fp8_gemm_nt"):
+        self.op, self.a, self.b, self.layout, self.core = op, a, b, layout, core
 
     def __enter__(self):
         return self
@@ -464,13 +525,15 @@ class _in_caller_layout:
             return False
 
         def shapes(x):
+            if isinstance(x, torch.Tensor):
+                return f"shape {list(x.shape)}, strides {list(x.stride())}"
             if isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(t, torch.Tensor) for t in x):
                 return f"data {list(x[0].shape)}, sf {list(x[1].shape)}"
             return "not a (data, sf) pair"
 
+        scales = " (scales transposed with their data)" if self.core.startswith("fp8") else ""
         raise ValueError(f"{self.op}({self.layout}): got a: {shapes(self.a)}; b: {shapes(self.b)}. The op runs as "
-                         f"fp8_gemm_nt on the transposed views (scales transposed with their data), which reported: "
-                         f"{exc}") from exc
+                         f"{self.core} on the transposed views{scales}, which reported: {exc}") from exc
 
 
 def fp8_gemm_nn(a, b, d, c=None, recipe=None, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> None:
@@ -546,14 +609,17 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
 
 def bf16_gemm_nn(a, b, d, c=None, compiled_dims: str = "nk") -> None:
     """``d = c + a @ b``: a ``[M, K]``, b ``[K, N]`` bf16 (DeepGEMM ``bf16_gemm_nn``; view onto the NT core)."""
-    bf16_gemm_nt(a, b.T, d, c, compiled_dims)
+    with _in_caller_layout("bf16_gemm_nn", a, b, "a [M, K], b [K, N]", "bf16_gemm_nt"):
+        bf16_gemm_nt(a, _t2(b), d, c, compiled_dims)
 
 
 def bf16_gemm_tn(a, b, d, c=None, compiled_dims: str = "mn") -> None:
     """``d = c + a.T @ b``: a ``[K, M]``, b ``[K, N]`` bf16 (DeepGEMM ``bf16_gemm_tn``)."""
-    bf16_gemm_nt(a.T, b.T, d, c, compiled_dims)
+    with _in_caller_layout("bf16_gemm_tn", a, b, "a [K, M], b [K, N]", "bf16_gemm_nt"):
+        bf16_gemm_nt(_t2(a), _t2(b), d, c, compiled_dims)
 
 
 def bf16_gemm_tt(a, b, d, c=None, compiled_dims: str = "mn") -> None:
     """``d = c + a.T @ b.T``: a ``[K, M]``, b ``[N, K]`` bf16 (DeepGEMM ``bf16_gemm_tt``)."""
-    bf16_gemm_nt(a.T, b, d, c, compiled_dims)
+    with _in_caller_layout("bf16_gemm_tt", a, b, "a [K, M], b [N, K]", "bf16_gemm_nt"):
+        bf16_gemm_nt(_t2(a), b, d, c, compiled_dims)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .._backend import use_kernels
-from .._validate import check_compiled_dims, check_tensor
+from .._validate import check_compiled_dims, check_tensor, overlaps
 from ..quant.fp8 import ceil_div
 from ..reference import grouped_gemm as _ref
 from . import _grouped_launch as _L
@@ -482,6 +482,11 @@ def _ks_args(ks_cpu, grouped_layout, ks, ks_tensor, use_psum_layout, device):
     if grouped_layout is None:
         grouped_layout = torch.tensor(ks_cpu, dtype=torch.int32, device=device)
     _L.check_index("grouped_layout", grouped_layout, [len(ks_cpu)], device)
+    if grouped_layout.device.type == "cpu" and grouped_layout.tolist() != list(ks_cpu):
+        # upstream reads ks_cpu on the host and the tensor on the device; both must describe the same groups
+        # (a device tensor is not compared: that would be a host sync on the hot path)
+        raise ValueError(f"grouped_layout {grouped_layout.tolist()} disagrees with ks_cpu {list(ks_cpu)}: both give "
+                         f"each group's K")
     return list(ks_cpu), grouped_layout
 
 
@@ -495,6 +500,10 @@ def _k_grouped(a_data, b_data, sfa, sfb, d, c, ks_cpu, grouped_layout, mn_major,
     _L.check_out("d", d, [g_num, m, n], torch.float32)
     if c is not None:
         _L.check_out("c", c, [g_num, m, n], torch.float32)
+        if c.data_ptr() != d.data_ptr() and overlaps(c, d):
+            raise ValueError(f"c (shape {list(c.shape)}, strides {list(c.stride())}) and d (strides "
+                             f"{list(d.stride())}) overlap in memory without being the same view; pass c=d or "
+                             f"separate buffers")
     sum_k = sum(ks_cpu)
     sf_cols = sum(ceil_div(k, 128) for k in ks_cpu)
     name = "a[0]" if is_fp8 else "a"

@@ -54,10 +54,10 @@ _POISON_OUTPUTS = False   # test knob: fill out/lse/accumulators with NaN before
 def set_mla_num_sms(n: Optional[int]) -> None:
     """Override the SM count the MLA split-KV scheduler balances over (None: the device's count, or the GEMM
     knob :func:`deepkernels.set_num_sms` when that is set). FlashMLA has no such knob; the top-level
-    ``set_num_sms`` is DeepGEMM's. Raises ValueError if < 1."""
+    ``set_num_sms`` is DeepGEMM's. Raises ValueError outside ``[1, 1024]`` (the range ``set_num_sms`` allows)."""
     global _NUM_SMS
-    if n is not None and int(n) < 1:
-        raise ValueError(f"num_sms must be >= 1 or None, got {n}")
+    if n is not None and not 1 <= int(n) <= 1024:
+        raise ValueError(f"num_sms must be in [1, 1024] or None, got {n}")
     _NUM_SMS = None if n is None else int(n)
 
 
@@ -377,8 +377,10 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         k_cache: ``[num_blocks, page_block_size, h_kv, 576]`` same dtype, last dim contiguous; V = ``k[..., :512]``.
             Any page_block_size is supported (FlashMLA requires 64); h_q % h_kv == 0.
         block_table: ``[b, max_blocks_per_seq]`` int32; only entries ``< ceil(seqlen / page_block_size)`` are read
-            (out-of-range entries are clamped, never faulting).
-        cache_seqlens: ``[b]`` int32 (0 allowed: out 0, lse +inf).
+            and they must be page ids in ``[0, num_blocks)``. CPU tensors are checked (ValueError); on CUDA an
+            out-of-range id is clamped (never faulting; the result is then unspecified).
+        cache_seqlens: ``[b]`` int32 (0 allowed: out 0, lse +inf); each must fit its block-table row (checked for
+            CPU tensors; on CUDA the kernels stop at the row's end).
         head_dim_v: must be 512.
         softmax_scale: default ``576 ** -0.5``; any finite value: ``s = (q . k) * softmax_scale`` as in the
             reference, so 0 gives uniform weights over the visible keys and a negative scale is exact too (the
@@ -456,6 +458,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         b, s_q, h_q, _ = q.shape
         return (torch.zeros(b, s_q, h_q, head_dim_v, dtype=q.dtype, device=q.device),
                 torch.full((b, h_q, s_q), float("inf"), dtype=torch.float32, device=q.device))
+    _check_host_pages(block_table, cache_seqlens, k_cache.shape[0], k_cache.shape[1])
     cfg = plan.cfg
     # metadata state (FlashMLASchedMeta: num_splits None, config of a reused schedule) is checked on every call,
     # on both backends; the legacy tensors' checks are part of the cached verdict.
@@ -467,6 +470,28 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     q, scale, exact = _nonpositive_scale(q, scale)
     return _dense_launch(q, k_cache, block_table, cache_seqlens, sched, ns, scale, cfg.causal, None,
                          plan if sig is not None and exact else None)
+
+
+def _check_host_pages(block_table, cache_seqlens, num_blocks: int, page: int) -> None:
+    """Value checks that need the block table and lengths on the host, done only when both are CPU tensors (no
+    device sync on the CUDA hot path): each length must fit its block-table row, and every entry a request reads
+    (``j < ceil(len / page)``) must be a page id in ``[0, num_blocks)``. On CUDA the kernels clamp page ids and
+    stop at the row's end instead (never out of bounds; the values are then unspecified)."""
+    if block_table.device.type != "cpu" or cache_seqlens.device.type != "cpu":
+        return
+    cap = block_table.shape[1]
+    need = (cache_seqlens.long().clamp(min=0) + page - 1) // page
+    over = (need > cap).nonzero()
+    if over.numel():
+        i = int(over[0, 0])
+        raise ValueError(f"cache_seqlens[{i}] = {int(cache_seqlens[i])} needs {int(need[i])} pages of {page} tokens but "
+                         f"block_table {list(block_table.shape)} has {cap} columns per request")
+    used = torch.arange(cap)[None, :] < need[:, None]
+    bad = (used & ((block_table < 0) | (block_table >= num_blocks))).nonzero()
+    if bad.numel():
+        i, j = int(bad[0, 0]), int(bad[0, 1])
+        raise ValueError(f"block_table[{i}, {j}] = {int(block_table[i, j])} is read (request {i} holds "
+                         f"{int(cache_seqlens[i])} tokens) but is not a page id in [0, num_blocks={num_blocks})")
 
 
 def _nonpositive_scale(q, scale):

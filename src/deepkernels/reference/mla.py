@@ -50,7 +50,8 @@ def _gather_kv(k_cache: torch.Tensor, block_table: torch.Tensor, i: int, n: int)
     if n <= 0:
         return k_cache.new_zeros((0,) + tuple(k_cache.shape[2:]))
     npages = (n + page - 1) // page
-    pages = block_table[i, :npages].long().to(k_cache.device)
+    # page ids clamped to [0, num_blocks) exactly as the kernels do (the public op rejects them on CPU inputs)
+    pages = block_table[i, :npages].long().to(k_cache.device).clamp(0, k_cache.shape[0] - 1)
     return k_cache[pages].reshape(-1, *k_cache.shape[2:])[:n]
 
 
