@@ -14,7 +14,8 @@ Host path (as dense decode): every argument check is a function of the call's *s
 device and 16-byte alignment of each tensor, the flags, the interpreter / forced-reference switches), so a
 signature that passed once is cached (``_PLANS``) and a repeated call skips the checks; the split-KV kernel is
 launched through a :class:`deepkernels._launch.KernelLauncher` keyed by that plan (direct compiled-kernel launch on
-the GPU), the combine through its own cached launcher.
+the GPU), and so is the combine (``combine_splits_(..., _spec=plan)``). softmax_scale, num_splits and the metadata
+object (type, state, configuration) are checked on every call.
 
 Batch-invariant mode (no split-KV, so a request's result never depends on the other requests of the batch): call
 ``deepkernels.set_sparse_decode_batch_invariant(True)`` or set ``DEEPKERNELS_BATCH_INVARIANT=1`` in the
@@ -377,7 +378,9 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
         ``out [b, s_q, h_q, 512]`` bf16 and ``lse [b, h_q, s_q]`` fp32 natural log, the transposed view of a
         contiguous ``[b, s_q, h_q]``. No valid token: out 0, lse +inf.
     Raises:
-        TypeError / ValueError naming the argument for bad types, shapes, strides, formats or flags.
+        TypeError / ValueError naming the argument for bad types, shapes, strides, formats or flags (the checks a
+        call's signature decides run once per signature, in the same order; softmax_scale and the metadata
+        argument are checked on every call).
     """
     sig = _call_sig(q, k_cache, indices, head_dim_v, is_fp8_kvcache, attn_sink, extra_k_cache,
                     extra_indices_in_kvcache, topk_length, extra_topk_length, causal, config)
