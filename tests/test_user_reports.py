@@ -600,3 +600,28 @@ def test_compat_reachable_after_plain_import_and_knobs():
     for bad in (101, -1):
         with pytest.raises(ValueError, match="tc_util"):
             dk.set_tc_util(bad)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_dense_prefill_is_forward_only_on_every_backend(tier):
+    q = torch.randn(5, 2, 192, dtype=torch.bfloat16, requires_grad=True)
+    k, v = torch.randn(5, 2, 192, dtype=torch.bfloat16), torch.randn(5, 2, 128, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    with pytest.warns(UserWarning, match="forward-only"):
+        o, lse = dk.flash_attn_varlen_func(q, k, v, cu, cu, 5, 5, causal=True)
+    assert not o.requires_grad and not lse.requires_grad
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_dense_prefill_fp16_matches_float64(tier):
+    """fp16 inputs: P is rounded to fp16 (not bf16) for the PV product on every path."""
+    g = torch.Generator().manual_seed(3)
+    t, h, d = 64, 2, 192
+    q, k = (torch.randn(t, h, d, generator=g) / 4).half(), (torch.randn(t, h, d, generator=g) / 4).half()
+    v = torch.randn(t, h, 128, generator=g).half()
+    cu = torch.tensor([0, t], dtype=torch.int32)
+    o, _ = dk.flash_attn_varlen_func(q, k, v, cu, cu, t, t, causal=True)
+    s = torch.einsum("qhd,khd->hqk", q.double(), k.double()) * d ** -0.5
+    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    ref = torch.einsum("hqk,khd->qhd", s.softmax(-1), v.double())
+    assert float((o.double() - ref).abs().max()) < 2e-3

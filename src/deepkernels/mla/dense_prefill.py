@@ -10,6 +10,7 @@ block shapes are powers of two). GQA maps query head j to kv head ``j // (h / h_
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import triton
@@ -75,7 +76,11 @@ def _dense_prefill_block(acc, m_i, l_i, q1, q2, k_base, v_base, stride_kt, strid
         else:
             v = tl.load(v_rows + offs_dv[None, :])
         if UPCAST:
-            pv = tl.dot(_rne_bf16(p), v.to(tl.float32))
+            # the interpreter's fp32 -> bf16 cast truncates; fp32 -> fp16 rounds to nearest (numpy)
+            if v.dtype == tl.float16:
+                pv = tl.dot(p.to(tl.float16).to(tl.float32), v.to(tl.float32))
+            else:
+                pv = tl.dot(_rne_bf16(p), v.to(tl.float32))
         else:
             pv = tl.dot(p.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv
@@ -145,7 +150,7 @@ def _dense_prefill_fwd_kernel(
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc * tl.where(empty, 0.0, 1.0 / l_safe)[:, None]
-    if UPCAST:
+    if UPCAST and out_ptr.dtype.element_ty == tl.bfloat16:
         out = _rne_bf16(out)
     offs_dv = tl.arange(0, DV)
     o_rows = out_ptr + tok[:, None] * stride_ot + h.to(tl.int64) * stride_oh
@@ -217,7 +222,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
         when ``cu_seqlens_qo`` is on the host, to avoid a device sync).
 
     CUDA tensors (or any under ``TRITON_INTERPRET=1``) run the Triton kernel; CPU tensors run
-    :func:`deepkernels.reference.mla_prefill.dense_prefill_ref`. Forward only (no autograd).
+    :func:`deepkernels.reference.mla_prefill.dense_prefill_ref`. Forward only on every backend: the outputs never
+    require grad (a UserWarning says so when an input requires grad under grad mode).
     """
     check_tensor("q", q, ndim=3, dtype=(torch.bfloat16, torch.float16))
     check_tensor("k", k, ndim=3, dtype=q.dtype)
@@ -260,8 +266,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
         if max(lq, default=0) > max_seqlen_qo:
             raise ValueError(f"max_seqlen_qo={max_seqlen_qo} is smaller than a query length ({max(lq)})")
 
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        warnings.warn("flash_attn_varlen_func is forward-only in deepkernels: the result carries no gradient "
+                      "(upstream's backward is not implemented)", stacklevel=2)
     if not use_kernels(q, k, v, cu_seqlens_qo, cu_seqlens_kv):
-        o, lse = dense_prefill_ref(q, k, v, cu_seqlens_qo, cu_seqlens_kv, softmax_scale, causal)
+        with torch.no_grad():       # forward-only on every backend, like the kernel path
+            o, lse = dense_prefill_ref(q, k, v, cu_seqlens_qo, cu_seqlens_kv, softmax_scale, causal)
         return o.to(q.dtype), lse.t().contiguous().t()
 
     out = torch.empty(total_q, h, v.shape[-1], dtype=q.dtype, device=dev)
