@@ -13,9 +13,14 @@ __all__ = ["markdown_table"]
 def markdown_table(result: dict) -> str:
     """One line per op/shape: our time (graph replay and whole call), TFLOPS, GB/s, the anchor and the ratio."""
     p = result["provenance"]
-    lines = [f"Measured {p['date']} on {p.get('gpu')} (driver {p.get('driver')}, torch {p['torch']}, "
-             f"triton {p['triton']}, deepkernels {p['git_sha']}); `deepkernels bench` (median of "
-             "`triton.testing.do_bench`, L2 flushed; TFLOPS/GB/s/ratio from CUDA-graph replay, whole call beside it).",
+    if p.get("gpu"):
+        head = (f"Measured {p['date']} on {p['gpu']} (driver {p.get('driver')}, torch {p['torch']}, "
+                f"triton {p['triton']}, deepkernels {p['git_sha']}); `deepkernels bench` (median of "
+                "`triton.testing.do_bench`, L2 flushed; TFLOPS/GB/s/ratio from CUDA-graph replay, whole call beside it).")
+    else:
+        head = (f"Checked {p['date']} without a GPU (torch {p['torch']}, triton {p['triton']}, deepkernels "
+                f"{p['git_sha']}): correctness only, through the reference and Triton's interpreter; no timings.")
+    lines = [head,
              "",
              "| suite | op / shape | check | µs (graph / call) | TFLOPS | GB/s | anchor | anchor µs (graph) | ours vs anchor | target |",
              "|---|---|---|---|---|---|---|---|---|---|"]

@@ -135,7 +135,7 @@ def run_roofline(args) -> int:
     gpu = GPUS[args.gpu]
     cfg = MLAConfig.deepseek_v3(num_heads=args.heads)
     ops = mla_decode_ops(cfg, args.batch, args.s_q, args.s_k, args.kv_format)
-    con = Console()
+    con = Console(width=max(Console().width, 160))   # piped output: keep the columns whole
     con.print(f"[bold]{gpu.name}[/bold] ({gpu.source}): BF16 {gpu.bf16_tflops:.0f} TFLOPS, FP8 "
               f"{gpu.fp8_tflops:.0f} TFLOPS, HBM {gpu.hbm_tbps:.2f} TB/s -> machine balance "
               f"{gpu.balance('bf16'):.0f} FLOP/B (BF16), {gpu.balance('fp8'):.0f} FLOP/B (FP8)")
