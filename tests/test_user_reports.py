@@ -625,3 +625,12 @@ def test_dense_prefill_fp16_matches_float64(tier):
     s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
     ref = torch.einsum("hqk,khd->qhd", s.softmax(-1), v.double())
     assert float((o.double() - ref).abs().max()) < 2e-3
+
+
+@pytest.mark.reference
+def test_gluon_disabled_env_parsing(monkeypatch):
+    from deepkernels._backend import GLUON_KERNELS, gluon_disabled
+    for v, off in [("", set()), ("0", set()), ("1", set(GLUON_KERNELS)), ("all", set(GLUON_KERNELS)),
+                   ("sparse_decode", {"sparse_decode"}), ("gemm, dense_decode", {"gemm", "dense_decode"})]:
+        monkeypatch.setenv("DEEPKERNELS_DISABLE_GLUON", v)
+        assert {k for k in GLUON_KERNELS if gluon_disabled(k)} == off, v

@@ -11,7 +11,7 @@ import os
 
 import torch
 
-__all__ = ["interpret_mode", "use_kernels", "ensure_tma_allocator", "device_of"]
+__all__ = ["interpret_mode", "use_kernels", "ensure_tma_allocator", "device_of", "gluon_disabled", "GLUON_KERNELS"]
 
 
 def interpret_mode() -> bool:
@@ -58,3 +58,18 @@ def ensure_tma_allocator() -> None:
 
     triton.set_allocator(_alloc)
     _ALLOCATOR_SET = True
+
+
+GLUON_KERNELS = ("gemm", "grouped_gemm", "dense_decode", "sparse_decode", "sparse_prefill")
+
+
+def gluon_disabled(kernel: str) -> bool:
+    """``DEEPKERNELS_DISABLE_GLUON``: unset / ``0`` = every sm90 Gluon kernel may run; ``1`` (or ``all``) = none;
+    otherwise a comma-separated list of the kernels to keep on Triton, from :data:`GLUON_KERNELS`
+    (e.g. ``DEEPKERNELS_DISABLE_GLUON=sparse_decode``)."""
+    v = os.environ.get("DEEPKERNELS_DISABLE_GLUON", "").strip().lower()
+    if v in ("", "0"):
+        return False
+    if v in ("1", "all", "true"):
+        return True
+    return kernel in {x.strip() for x in v.split(",")}

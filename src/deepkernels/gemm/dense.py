@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from .._backend import ensure_tma_allocator, interpret_mode, use_kernels
+from .._backend import ensure_tma_allocator, gluon_disabled, interpret_mode, use_kernels
 from .._launch import KernelLauncher
 from .._validate import check_compiled_dims, check_tensor, overlaps
 from ..quant.fp8 import ceil_div
@@ -350,7 +350,7 @@ def _use_gluon(m: int, n: int, k: int, d, c, sfb_per_row: bool):
     whole call; the v3 prefetch / 128x256 Gluon candidates did not beat these configs."""
     if m < 1024 or k < 7168 or sfb_per_row or c is not None or d.dtype != torch.bfloat16 or not d.is_cuda:
         return None
-    if interpret_mode() or os.environ.get("DEEPKERNELS_DISABLE_GLUON", "0") not in ("", "0"):
+    if interpret_mode() or gluon_disabled("gemm"):
         return None
     from . import _gluon_fp8
 

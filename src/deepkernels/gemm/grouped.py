@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .._backend import use_kernels
+from .._backend import gluon_disabled, use_kernels
 from .._validate import check_compiled_dims, check_tensor, overlaps
 from ..quant.fp8 import ceil_div
 from ..reference import grouped_gemm as _ref
@@ -185,7 +185,7 @@ def _gluon_contiguous_config(m_sum, n, k, is_fp8, b_kmajor, d, alignment, cfg):
         return None
     from .._backend import interpret_mode
     env = os.environ.get("DEEPKERNELS_GROUPED_GLUON", "")
-    if interpret_mode() or env == "0" or os.environ.get("DEEPKERNELS_DISABLE_GLUON", "0") not in ("", "0"):
+    if interpret_mode() or env == "0" or gluon_disabled("grouped_gemm"):
         return None
     from . import _gluon_fp8
     if not _gluon_fp8.available():

@@ -36,10 +36,11 @@ aligned rows. No interpreter support (Gluon); cross-compiles on a CPU (:func:`_c
 from __future__ import annotations
 
 import math
-import os
 import types
 
 import torch
+
+from .._backend import gluon_disabled, interpret_mode
 
 try:  # Gluon is experimental: keep this module importable when it is missing or its API moved
     from triton.experimental import gluon
@@ -470,9 +471,9 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor, rows: int) -> bool:
     """Gate of the Gluon path: Gluon importable, not disabled (``DEEPKERNELS_DISABLE_GLUON=1``), not under the
     interpreter, CUDA sm90 tensors, bf16/fp16, d_qk 576, page_block_size 64, at least one query row, and a
     k_cache whose pages can be addressed as rows of a 2-D TMA descriptor (16-B aligned)."""
-    if not available() or os.environ.get("DEEPKERNELS_DISABLE_GLUON", "0") not in ("", "0"):
+    if not available() or gluon_disabled("dense_decode"):
         return False
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if interpret_mode():
         return False
     if not (q.is_cuda and k_cache.is_cuda) or q.dtype not in (torch.bfloat16, torch.float16):
         return False

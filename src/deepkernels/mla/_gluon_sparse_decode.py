@@ -37,10 +37,11 @@ No interpreter support (Gluon); cross-compiles on a CPU (:func:`compile_sm90`).
 """
 from __future__ import annotations
 
-import os
 import types
 
 import torch
+
+from .._backend import gluon_disabled, interpret_mode
 
 try:  # Gluon is experimental: keep this module importable when it is missing or its API moved
     from triton.experimental import gluon
@@ -390,9 +391,9 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor, fmt: str, extra_k_cache=No
     not under the interpreter, CUDA sm90 tensors, main cache V3.2 or V4.1, no extra cache or one of the pairs
     V3.2 + V3.2, V4.1 + V4.1, V4.1 + FP4, h_q a multiple of 64, no explicit kernel config, and caches whose records
     are 16-byte aligned (base, stride(0)); ``fmt`` is the main format name (the extra one follows from its size)."""
-    if not available() or os.environ.get("DEEPKERNELS_DISABLE_GLUON", "0") not in ("", "0"):
+    if not available() or gluon_disabled("sparse_decode"):
         return False
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or not q.is_cuda:
+    if interpret_mode() or not q.is_cuda:
         return False
     if config is not None or fmt not in GLUON_FMTS:
         return False

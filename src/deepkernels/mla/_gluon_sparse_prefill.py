@@ -28,10 +28,11 @@ warpgroup (FlashMLA's structure) so the gather and the two consumer warpgroups r
 """
 from __future__ import annotations
 
-import os
 import types
 
 import torch
+
+from .._backend import gluon_disabled, interpret_mode
 
 try:  # Gluon is experimental: keep this module importable when it is missing or its API moved
     from triton.experimental import gluon
@@ -216,9 +217,9 @@ def supported(q: torch.Tensor, kv: torch.Tensor) -> bool:
     """Whether the Gluon path takes this call: CUDA tensors on sm90, Gluon importable, h_q a multiple of 64,
     d_qk 576 or 512, rows of q and kv 16-byte aligned (the gather copies 16-byte vectors), no interpreter,
     and ``DEEPKERNELS_DISABLE_GLUON`` unset."""
-    if not available() or os.environ.get("DEEPKERNELS_DISABLE_GLUON", "0") not in ("", "0"):
+    if not available() or gluon_disabled("sparse_prefill"):
         return False
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or not q.is_cuda:
+    if interpret_mode() or not q.is_cuda:
         return False
     if torch.cuda.get_device_capability(q.device)[0] != 9:
         return False
