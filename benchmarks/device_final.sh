@@ -2,7 +2,7 @@
 # A session's closing device call: the whole GPU tier (every test file, `-m gpu`, pytest-xdist workers sharing the
 # GPU, a per-test timeout), then `deepkernels bench` (all suites, JSON + roofline PNG), then optional extra steps.
 #   usage (repo root, on the device): GIT_SHA=<sha> [T_TESTS=300] [T_BENCH=150] [NPROC=4] \
-#          [EXTRA="benchmarks/device_x.sh:90 ..."] bash benchmarks/device_final.sh
+#          [PRE="benchmarks/device_x.sh:150 ..."] [EXTRA="benchmarks/device_y.sh:90 ..."] bash benchmarks/device_final.sh
 # Results: $OUT/results.tar.gz (every log, junit XML, JSON), $OUT/bench.json, $OUT/roofline.png.
 set -u
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
@@ -16,9 +16,27 @@ el() { echo "$(( $(date +%s) - T0 )) s"; }
   echo "GIT_SHA=$GIT_SHA"; } > "$W/env.txt" 2>&1
 cat "$W/env.txt"
 
+# PRE steps ("script:cap" ...) run first; one that writes kernel names to $OUT/disable_gluon (it found its Gluon
+# kernel wrong) turns that kernel off for everything after it (DEEPKERNELS_DISABLE_GLUON comma list)
+for step in ${PRE:-}; do
+  script="${step%%:*}"; cap="${step##*:}"
+  name=$(basename "$script" .sh)
+  mkdir -p "$W/$name"
+  echo "== $script (cap $cap s)"
+  OUT="$W/$name" timeout -k 5 "$cap" bash "$script" > "$W/$name/log.txt" 2>&1
+  echo "$name rc=$? ($(el))"
+  tail -n "${TAIL:-25}" "$W/$name/log.txt"
+  if [ -s "$W/$name/disable_gluon" ]; then
+    off=$(sort -u "$W/$name/disable_gluon" | paste -sd, -)
+    export DEEPKERNELS_DISABLE_GLUON="${DEEPKERNELS_DISABLE_GLUON:+$DEEPKERNELS_DISABLE_GLUON,}$off"
+    echo "DEEPKERNELS_DISABLE_GLUON=$DEEPKERNELS_DISABLE_GLUON from here on" | tee -a "$W/env.txt"
+  fi
+done
+
 echo "== GPU tier (all test files, -n ${NPROC:-4}, cap ${T_TESTS:-300} s)"
 TO=""; python3 -c "import pytest_timeout" 2>/dev/null && TO="--timeout=150"
-timeout -k 10 "${T_TESTS:-300}" python3 -m pytest tests -m gpu -n "${NPROC:-4}" $TO -q -rfE \
+IGN=""; for f in ${GPU_IGNORE:-}; do IGN="$IGN --ignore=$f"; done     # files a PRE step already ran
+timeout -k 10 "${T_TESTS:-300}" python3 -m pytest tests $IGN -m gpu -n "${NPROC:-4}" $TO -q -rfE \
   -p no:cacheprovider --junitxml="$W/gpu_tests.xml" > "$W/gpu_tests.log" 2>&1
 echo "gpu tier rc=$? ($(el))"
 grep -E "^(FAILED|ERROR)|passed|failed|skipped|Timeout" "$W/gpu_tests.log" | tail -25

@@ -19,7 +19,7 @@ from .._backend import interpret_mode, use_kernels
 from .._launch import KernelLauncher, spec_key
 from .._validate import check_dtype, check_tensor
 from ..gemm import dense as _gemm_dense
-from .metadata import FIXED_OVERHEAD_BLOCKS, SCHED_BLOCK, compute_schedule
+from .metadata import FIXED_OVERHEAD_BLOCKS, SCHED_BLOCK, compute_schedule, resolve_schedule
 
 __all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache", "set_mla_num_sms"]
 
@@ -212,23 +212,18 @@ def _check_legacy_metadata(meta, num_splits, b):
 
 def _get_schedule(meta, num_splits, cfg, cache_seqlens, device, rows, h_kv, legacy_checked=False):
     """The (tile_scheduler_metadata, num_splits) pair of a call; validates the metadata argument (ValueError /
-    TypeError naming it) and, for a fresh FlashMLASchedMeta, computes the schedule on the device."""
-    if isinstance(meta, FlashMLASchedMeta):
-        if num_splits is not None:
-            raise ValueError("num_splits must be None when tile_scheduler_metadata is a FlashMLASchedMeta")
-        if meta.have_initialized:
-            if meta.config is not cfg and meta.config != cfg:
-                raise ValueError(f"tile_scheduler_metadata was built for {meta.config}, reused with {cfg}; "
-                                 "call get_mla_metadata() again for a new configuration")
-            return meta.tile_scheduler_metadata, meta.num_splits
-        sched, ns = compute_schedule(cache_seqlens, _num_sm_parts(device, rows, h_kv))
-        meta.config, meta.tile_scheduler_metadata, meta.num_splits, meta.have_initialized = cfg, sched, ns, True
-        return sched, ns
-    if isinstance(meta, torch.Tensor):
+    TypeError naming it) and, for a fresh FlashMLASchedMeta, computes the schedule on the device
+    (:func:`deepkernels.mla.metadata.resolve_schedule`, shared with the sparse path)."""
+    def legacy(m):
+        if not isinstance(m, torch.Tensor):
+            return None
         if not legacy_checked:
-            _check_legacy_metadata(meta, num_splits, cfg.b)
-        return meta.contiguous(), num_splits.contiguous()
-    raise TypeError(f"tile_scheduler_metadata must come from get_mla_metadata(), got {type(meta).__name__}")
+            _check_legacy_metadata(m, num_splits, cfg.b)
+        return m.contiguous(), num_splits.contiguous()
+
+    return resolve_schedule(meta, num_splits, cfg,
+                            lambda: compute_schedule(cache_seqlens, _num_sm_parts(device, rows, h_kv)), legacy,
+                            FlashMLASchedMeta)
 
 
 _MAIN_CONSTEXPRS = ("CAUSAL", "PAGE", "SBLOCK", "BLOCK_M", "BLOCK_N", "D_NOPE", "D_PE", "UPCAST", "NUM_STAGES",
@@ -288,6 +283,7 @@ def _dense_launch(q, k_cache, block_table, cache_seqlens, sched, num_splits, sca
     qs, ks = q.stride(), k_cache.stride()
     ints = (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], block_table.stride(0), block_table.shape[1], nb,
             b, s_q, h_q, group, rows, m_blocks, h_kv, acc_rows)
+    plan_spec = _spec          # the public op's cached plan (None for direct callers): also keys the combine
     if _spec is None:
         _spec = spec_key(q, k_cache, block_table, seqlens, out, lse, o_acc, l_acc, *ints)
     else:  # sched/num_splits/acc_rows are the only launch facts the public op's signature does not fix
@@ -307,7 +303,8 @@ def _dense_launch(q, k_cache, block_table, cache_seqlens, sched, num_splits, sca
         launcher(grid, q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc, *ints[:6],
                  *ints[6:], scale, scale * _LOG2E)
     # every request row is written: > 1 split combined; 0 splits (padded num_splits) -> empty or NaN (combine.py)
-    combine_splits_(out, lse, o_acc, l_acc, num_splits, lengths=seqlens, causal=bool(causal and s_q > 1))
+    combine_splits_(out, lse, o_acc, l_acc, num_splits, lengths=seqlens, causal=bool(causal and s_q > 1),
+                    _spec=plan_spec)
     return out, lse
 
 

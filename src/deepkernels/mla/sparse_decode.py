@@ -34,6 +34,7 @@ from .._launch import KernelLauncher, spec_key
 from .._validate import check_tensor
 from ..quant.kvcache import KV_FORMATS
 from ..reference.mla_sparse import detect_sparse_formats, sparse_decode_ref
+from . import _gluon_sparse_decode as _gsd
 from . import _sparse_kernels as _sk
 from .combine import combine_splits_
 from .decode import FlashMLASchedMeta, _nonpositive_scale, _num_sms   # _num_sms honours set_mla_num_sms, set_num_sms
@@ -409,6 +410,10 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
     if plan.empty:
         return (torch.zeros(b, s_q, h_q, 512, dtype=q.dtype, device=dev),
                 torch.full((b, s_q, h_q), float("inf"), device=dev).transpose(1, 2))
+    # Gluon sm90 kernel (V3.2 / V4.1 main cache, extra cache of the same format or FP4 next to V4.1, h_q % 64 == 0)
+    # unless a Triton config is forced (DEEPKERNELS_DISABLE_GLUON=sparse_decode keeps Triton)
+    launch = (_gsd.launch_sparse_decode_gluon if config is None and _gsd.supported(q, k_cache, plan.fmt, extra_k_cache)
+              else _launch_sparse_decode)
     config, batch_invariant = plan.config, _BATCH_INVARIANT
     topk, xtopk = cfg.topk, cfg.extra_topk
 
@@ -432,7 +437,7 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
     q, scale, exact = _nonpositive_scale(q, scale)   # scale <= 0: exact rewrite (kernel max in raw-score units)
     out = torch.empty(b, s_q, h_q, 512, dtype=q.dtype, device=dev)
     lse_buf = torch.empty(b, s_q, h_q, dtype=torch.float32, device=dev)
-    _launch_sparse_decode(out, lse_buf, q, k_cache, indices, sched, ns, scale, plan.fmt, attn_sink, extra_k_cache,
-                          extra_indices_in_kvcache, plan.xfmt, topk_length, extra_topk_length, config,
-                          plan if sig is not None and exact else None)
+    launch(out, lse_buf, q, k_cache, indices, sched, ns, scale, plan.fmt, attn_sink, extra_k_cache,
+           extra_indices_in_kvcache, plan.xfmt, topk_length, extra_topk_length, config,
+           plan if sig is not None and exact else None)
     return out, lse_buf.transpose(1, 2)
