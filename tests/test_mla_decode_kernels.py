@@ -336,7 +336,9 @@ def test_gpu_huge_logits_max_gives_one():
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_graph_capture():
+def test_gpu_cuda_graph_capture(monkeypatch):
+    # the Triton kernel's fast launch path (the Gluon path's capture: tests/test_mla_decode_gluon.py)
+    monkeypatch.setenv("DEEPKERNELS_DISABLE_GLUON", "dense_decode")
     q, k, bt, sl = [t.cuda() for t in make_case(8, 1, 16, 1, [100, 2000, 0, 64, 65, 1, 4096, 300])]
     meta, _ = dk.get_mla_metadata()
     dk.flash_mla_with_kvcache(q, k, bt, sl, 512, meta)       # warm up / compile

@@ -106,6 +106,7 @@ def gluon_dispatch(monkeypatch):
         return triton_launch(*args)
 
     monkeypatch.setattr(G, "launch_sparse_decode_gluon", recorded)
+    monkeypatch.setattr(G, "DISPATCH_FMTS", frozenset(G.GLUON_FMTS))   # every format the kernel supports
     if not hasattr(sd, "_gsd"):                    # sparse_decode.py without the dispatch edit
         monkeypatch.setattr(sd, "_launch_sparse_decode", launch)
     return calls

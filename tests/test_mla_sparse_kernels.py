@@ -455,11 +455,12 @@ def test_gpu_huge_logits_max_element_exact(poison):
 
 
 @pytest.mark.gpu
-def test_gpu_repeated_call_fast_path_bit_identical():
+def test_gpu_repeated_call_fast_path_bit_identical(monkeypatch):
     """Repeated calls with one signature take the cached host path (plan + direct CompiledKernel launches of the
     split-KV kernel and the shared combine) and give bit-identical results; a batch of another size (b = 1, a
     multiple of 16, other: unspecialised) reuses the compiled kernel."""
     from deepkernels.mla import combine as comb
+    monkeypatch.setenv("DEEPKERNELS_DISABLE_GLUON", "sparse_decode")   # the Triton kernel's launch path
     kw = make_case(16, 1, 128, "v41", 256, 512, 64, xfmt="fp4", xtopk=64, with_len=True, with_xlen=True, sink=True,
                    device="cuda")
     sd._PLANS.clear()

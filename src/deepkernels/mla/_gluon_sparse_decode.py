@@ -62,6 +62,10 @@ BLOCK_N = 64
 NUM_WARPS = 8
 _LOG2E = 1.4426950408889634
 GLUON_FMTS = {"v32": 0, "v41": 2}     # main-cache format codes as in _sparse_kernels.FMT_CODES
+# main-cache formats the public op sends here (a policy on top of `supported`): those measured faster than the
+# Triton kernel on the H200 in the same run (results/mla_sparse_gluon-h200-2026-11-29.json: V3.2 1.09-1.12x; V4.1
+# 0.96-0.98x and V4.1 + FP4 slower too, so V4.1 stays on Triton)
+DISPATCH_FMTS = frozenset({"v32"})
 _XFMT_CODES = {"v32": 0, "v41": 2, "fp4": 3}
 _BPT = {"v32": 656, "v41": 528}
 

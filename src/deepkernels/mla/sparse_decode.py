@@ -410,10 +410,11 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
     if plan.empty:
         return (torch.zeros(b, s_q, h_q, 512, dtype=q.dtype, device=dev),
                 torch.full((b, s_q, h_q), float("inf"), device=dev).transpose(1, 2))
-    # Gluon sm90 kernel (V3.2 / V4.1 main cache, extra cache of the same format or FP4 next to V4.1, h_q % 64 == 0)
+    # Gluon sm90 kernel for the main-cache formats where it measured faster (_gsd.DISPATCH_FMTS: V3.2), h_q % 64 == 0,
     # unless a Triton config is forced (DEEPKERNELS_DISABLE_GLUON=sparse_decode keeps Triton)
-    launch = (_gsd.launch_sparse_decode_gluon if config is None and _gsd.supported(q, k_cache, plan.fmt, extra_k_cache)
-              else _launch_sparse_decode)
+    use_gluon = config is None and plan.fmt in _gsd.DISPATCH_FMTS and _gsd.supported(q, k_cache, plan.fmt,
+                                                                                       extra_k_cache)
+    launch = _gsd.launch_sparse_decode_gluon if use_gluon else _launch_sparse_decode
     config, batch_invariant = plan.config, _BATCH_INVARIANT
     topk, xtopk = cfg.topk, cfg.extra_topk
 
