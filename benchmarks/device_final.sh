@@ -17,18 +17,23 @@ el() { echo "$(( $(date +%s) - T0 )) s"; }
   echo "GIT_SHA=$GIT_SHA"; } > "$W/env.txt" 2>&1
 cat "$W/env.txt"
 
-# PRE steps ("script:cap" ...) run first; one that writes kernel names to $OUT/disable_gluon (it found its Gluon
-# kernel wrong) turns that kernel off for everything after it (DEEPKERNELS_DISABLE_GLUON comma list)
-for step in ${PRE:-}; do
-  script="${step%%:*}"; cap="${step##*:}"
+run_step() {   # "script:cap": run one area script with its own $OUT under a cap, print its log tail
+  local script="${1%%:*}" cap="${1##*:}" name
   name=$(basename "$script" .sh)
   mkdir -p "$W/$name"
   echo "== $script (cap $cap s)"
   OUT="$W/$name" timeout -k 5 "$cap" bash "$script" > "$W/$name/log.txt" 2>&1
   echo "$name rc=$? ($(el))"
   tail -n "${TAIL:-25}" "$W/$name/log.txt"
-  if [ -s "$W/$name/disable_gluon" ]; then
-    off=$(sort -u "$W/$name/disable_gluon" | paste -sd, -)
+}
+
+# PRE steps run first; one that writes kernel names to its $OUT/disable_gluon (it found its Gluon kernel wrong) turns
+# that kernel off for everything after it (DEEPKERNELS_DISABLE_GLUON comma list)
+for step in ${PRE:-}; do
+  run_step "$step"
+  flag="$W/$(basename "${step%%:*}" .sh)/disable_gluon"
+  if [ -s "$flag" ]; then
+    off=$(sort -u "$flag" | paste -sd, -)
     export DEEPKERNELS_DISABLE_GLUON="${DEEPKERNELS_DISABLE_GLUON:+$DEEPKERNELS_DISABLE_GLUON,}$off"
     echo "DEEPKERNELS_DISABLE_GLUON=$DEEPKERNELS_DISABLE_GLUON from here on" | tee -a "$W/env.txt"
   fi
@@ -50,13 +55,7 @@ tail -n 3 "$W/bench.log"
 grep -c "FAIL" "$W/bench.log" | sed 's/^/lines with FAIL: /'
 
 for step in ${EXTRA:-}; do
-  script="${step%%:*}"; cap="${step##*:}"
-  name=$(basename "$script" .sh)
-  mkdir -p "$W/$name"
-  echo "== $script (cap $cap s)"
-  OUT="$W/$name" timeout -k 5 "$cap" bash "$script" > "$W/$name/log.txt" 2>&1
-  echo "$name rc=$? ($(el))"
-  tail -n "${TAIL:-25}" "$W/$name/log.txt"
+  run_step "$step"
 done
 
 tar czf "$FINAL/results.tar.gz" -C "$W" .

@@ -33,33 +33,17 @@ plus ~416 B of spills).
 from __future__ import annotations
 
 import os
-import types
 from dataclasses import dataclass
 
 import torch
 
-try:  # Gluon is experimental: keep this module importable when it is missing or its API moved
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    _IMPORT_ERROR: Exception | None = None
-except Exception as _e:  # pragma: no cover - depends on the installed Triton
-    _IMPORT_ERROR = _e
-    gluon = None
-    gl = types.SimpleNamespace(constexpr=None)
-    mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = None
+from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, mbarrier, tma, warpgroup_mma,
+                      warpgroup_mma_wait, TensorDescriptor)
+from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 
 BLOCK_K = 128  # one scale block of K per stage
 
 
-def available() -> bool:
-    """True when the Gluon imports succeeded (says nothing about the device)."""
-    return _IMPORT_ERROR is None
-
-
-def _jit(fn):
-    return gluon.jit(fn) if gluon is not None else fn
 
 
 @dataclass(frozen=True)
@@ -795,10 +779,6 @@ def _launch_fp8_gluon(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: 
 
 def _compile_sm90(cfg: GluonConfig):
     """Cross-compile the kernel for ``cfg`` for sm90 (no GPU needed). Returns the CompiledKernel."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     lay = repr(_smem_layout())
     sig = {"a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {BLOCK_K}],{lay}>",
            "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {BLOCK_K}],{lay}>",
@@ -816,11 +796,7 @@ def _compile_sm90(cfg: GluonConfig):
         consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
                       num_warps=cfg.num_warps())
         opts = {"num_warps": cfg.num_warps()}
-    for kname, v in consts.items():
-        sig[kname] = "constexpr"
-    attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in ("d_ptr", "sfa_ptr", "sfb_ptr")}
-    src = GluonASTSource(fn, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    return _compile_sm90_gluon(fn, sig, consts, ("d_ptr", "sfa_ptr", "sfb_ptr"), **opts)
 
 
 def _launch_fp8_gluon_m_contiguous(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
@@ -862,10 +838,6 @@ def _launch_fp8_gluon_m_contiguous(a: torch.Tensor, sfa: torch.Tensor, b: torch.
 
 def _compile_sm90_m_contiguous(cfg: GluonConfig):
     """Cross-compile the m-grouped contiguous kernel for ``cfg`` for sm90 (no GPU needed)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     lay = repr(_smem_layout())
     fn = _fp8_gluon_m_contiguous_kernel
     sig = {"a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {BLOCK_K}],{lay}>",
@@ -875,11 +847,8 @@ def _compile_sm90_m_contiguous(cfg: GluonConfig):
            "sfa_sm": "i32", "sfa_sk": "i32", "sfb_sg": "i32", "sfb_sn": "i32", "sfb_sk": "i32", "num_progs": "i32"}
     consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
                   MATH_REGS=cfg.math_regs, PREFETCH=cfg.prefetch)
-    for kname in consts:
-        sig[kname] = "constexpr"
-    attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in ("d_ptr", "sfa_ptr", "sfb_ptr", "gid_ptr")}
-    src = GluonASTSource(fn, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": cfg.maxnreg()})
+    return _compile_sm90_gluon(fn, sig, consts, ("d_ptr", "sfa_ptr", "sfb_ptr", "gid_ptr"), num_warps=4,
+                               maxnreg=cfg.maxnreg())
 
 
 def _launch_fp8_gluon_m_masked(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
@@ -921,10 +890,6 @@ def _launch_fp8_gluon_m_masked(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tens
 
 def _compile_sm90_m_masked(cfg: GluonConfig):
     """Cross-compile the m-grouped masked kernel for ``cfg`` for sm90 (no GPU needed)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     lay = repr(_smem_layout())
     fn = _fp8_gluon_m_masked_kernel
     sig = {"a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {BLOCK_K}],{lay}>",
@@ -935,9 +900,5 @@ def _compile_sm90_m_masked(cfg: GluonConfig):
            "num_progs": "i32"}
     consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
                   MATH_REGS=cfg.math_regs)
-    for kname in consts:
-        sig[kname] = "constexpr"
-    attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]]
-             for p in ("d_ptr", "sfa_ptr", "sfb_ptr", "masked_m_ptr")}
-    src = GluonASTSource(fn, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": cfg.maxnreg()})
+    return _compile_sm90_gluon(fn, sig, consts, ("d_ptr", "sfa_ptr", "sfb_ptr", "masked_m_ptr"), num_warps=4,
+                               maxnreg=cfg.maxnreg())

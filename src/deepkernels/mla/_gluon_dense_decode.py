@@ -36,24 +36,13 @@ aligned rows. No interpreter support (Gluon); cross-compiles on a CPU (:func:`_c
 from __future__ import annotations
 
 import math
-import types
 
 import torch
 
 from .._backend import gluon_disabled, interpret_mode
-
-try:  # Gluon is experimental: keep this module importable when it is missing or its API moved
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
-                                                                   warpgroup_mma, warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    _IMPORT_ERROR: Exception | None = None
-except Exception as _e:  # pragma: no cover - depends on the installed Triton
-    _IMPORT_ERROR = _e
-    gluon = None
-    gl = types.SimpleNamespace(constexpr=None)
-    fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = TensorDescriptor = None
+from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, fence_async_shared, mbarrier, tma,
+                      warpgroup_mma, warpgroup_mma_wait, TensorDescriptor)
+from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 
 __all__ = ["available", "supported", "gluon_dense_launch", "gluon_dense_forward", "GLUON_DEFAULT"]
 
@@ -62,13 +51,6 @@ DV_HALF = D_NOPE // 2
 _LOG2E = math.log2(math.e)
 
 
-def available() -> bool:
-    """True when the Gluon imports succeeded (says nothing about the device)."""
-    return _IMPORT_ERROR is None
-
-
-def _jit(fn):
-    return gluon.jit(fn) if gluon is not None else fn
 
 
 # (num_stages, overlap, pv_regs, producer_regs); overlap: 0 serial (S, softmax, P V per tile), 1 FA3-style (softmax
@@ -421,7 +403,7 @@ _NO_SPEC = ["stride_btb", "max_pages", "num_kv_blocks", "b", "s_q", "h_q",
 
 
 def _jit_kernel(fn):
-    return gluon.jit(fn, do_not_specialize=_NO_SPEC) if gluon is not None else fn
+    return _jit(fn, do_not_specialize=_NO_SPEC)
 
 
 @_jit_kernel
@@ -547,10 +529,6 @@ def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_split
 
 def _compile_sm90(config=None, causal=False, dtype="bf16"):
     """Cross-compile the kernel for sm90 (no GPU needed). Returns the CompiledKernel."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     stages, overlap, pv_regs, prod_regs = config or GLUON_DEFAULT
     lay = repr(_smem_layout())
     fn = _mla_decode_gluon_kernel
@@ -562,10 +540,6 @@ def _compile_sm90(config=None, causal=False, dtype="bf16"):
            "num_kv_blocks": "i32", "b": "i32", "s_q": "i32", "h_q": "i32", "group": "i32", "rows": "i32",
            "num_m_blocks": "i32", "h_kv": "i32", "acc_rows": "i32", "sm_scale": "fp32", "sm_scale_log2": "fp32"}
     consts = dict(CAUSAL=causal, NUM_STAGES=stages, OVERLAP=overlap, PV_REGS=pv_regs, PRODUCER_REGS=prod_regs)
-    for k in consts:
-        sig[k] = "constexpr"
     div16 = ("q_ptr", "bt_ptr", "seqlens_ptr", "meta_ptr", "nsplits_ptr", "out_ptr", "lse_ptr", "oacc_ptr",
              "lacc_ptr", "stride_qb", "stride_qs", "stride_qh")
-    attrs = {(fn.arg_names.index(p), ): [["tt.divisibility", 16]] for p in div16}
-    src = GluonASTSource(fn, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return _compile_sm90_gluon(fn, sig, consts, div16, num_warps=4)

@@ -37,23 +37,12 @@ No interpreter support (Gluon); cross-compiles on a CPU (:func:`compile_sm90`).
 """
 from __future__ import annotations
 
-import types
-
 import torch
 
 from .._backend import gluon_disabled, interpret_mode
-
-try:  # Gluon is experimental: keep this module importable when it is missing or its API moved
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
-                                                                   warpgroup_mma_wait)
-    _IMPORT_ERROR: Exception | None = None
-except Exception as _e:  # pragma: no cover - depends on the installed Triton
-    _IMPORT_ERROR = _e
-    gluon = None
-    gl = types.SimpleNamespace(constexpr=None)
-    fence_async_shared = warpgroup_mma = warpgroup_mma_wait = None
+from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, fence_async_shared, warpgroup_mma,
+                      warpgroup_mma_wait)
+from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 
 __all__ = ["available", "supported", "launch_sparse_decode_gluon", "compile_sm90", "GLUON_FMTS"]
 
@@ -70,13 +59,6 @@ _XFMT_CODES = {"v32": 0, "v41": 2, "fp4": 3}
 _BPT = {"v32": 656, "v41": 528}
 
 
-def available() -> bool:
-    """True when the Gluon imports succeeded (says nothing about the device)."""
-    return _IMPORT_ERROR is None
-
-
-def _jit(fn):
-    return gluon.jit(fn) if gluon is not None else fn
 
 
 # ----------------------------------------------------------------------------------------------- device code
@@ -261,7 +243,7 @@ _NO_SPEC = ["page", "num_tok", "xpage", "xnum_tok", "b", "s_q", "h_q", "topk", "
 
 
 def _jit_kernel(fn):
-    return gluon.jit(fn, do_not_specialize=_NO_SPEC) if gluon is not None else fn
+    return _jit(fn, do_not_specialize=_NO_SPEC)
 
 
 @_jit_kernel
@@ -472,10 +454,6 @@ def compile_sm90(fmt: str = "v41", page_shift: int = 6, has_len: bool = True, ha
                  xfmt: str | None = None, xpage_shift: int = 6, has_xlen: bool = True):
     """Cross-compile the kernel for sm90 (no GPU needed), with the divisibility facts a launch on aligned
     tensors sees (``xfmt``: extra-cache format or None). Returns the CompiledKernel."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     fn = _sparse_decode_gluon_kernel
     sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", xkv_ptr="*u8", xidx_ptr="*i32",
                xlen_ptr="*i32", sink_ptr="*fp32", meta_ptr="*i32", nsplits_ptr="*i32", out_ptr="*bf16",
@@ -487,10 +465,7 @@ def compile_sm90(fmt: str = "v41", page_shift: int = 6, has_len: bool = True, ha
     consts = dict(FMT=GLUON_FMTS[fmt], XFMT=_XFMT_CODES[xfmt or fmt], PAGE_SHIFT=page_shift,
                   XPAGE_SHIFT=xpage_shift if xfmt else page_shift, HAS_EXTRA=xfmt is not None, HAS_LEN=has_len,
                   HAS_XLEN=bool(xfmt) and has_xlen, HAS_SINK=has_sink, SBLOCK=64)
-    sig.update({k: "constexpr" for k in consts})
     hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
                                                                   "stride_ib", "stride_is", "stride_xkb",
                                                                   "stride_xib", "stride_xis"]
-    attrs = {(fn.arg_names.index(p), ): [["tt.divisibility", 16]] for p in hinted}
-    src = GluonASTSource(fn, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})
+    return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=NUM_WARPS)

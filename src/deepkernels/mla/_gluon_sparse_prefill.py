@@ -28,23 +28,12 @@ warpgroup (FlashMLA's structure) so the gather and the two consumer warpgroups r
 """
 from __future__ import annotations
 
-import types
-
 import torch
 
 from .._backend import gluon_disabled, interpret_mode
-
-try:  # Gluon is experimental: keep this module importable when it is missing or its API moved
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
-                                                                  warpgroup_mma_wait)
-    _IMPORT_ERROR: Exception | None = None
-except Exception as _e:  # pragma: no cover - depends on the installed Triton
-    _IMPORT_ERROR = _e
-    gluon = None
-    gl = types.SimpleNamespace(constexpr=None)
-    async_copy = fence_async_shared = warpgroup_mma = warpgroup_mma_wait = None
+from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy, fence_async_shared,
+                      warpgroup_mma, warpgroup_mma_wait)
+from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 
 __all__ = ["available", "supported", "launch_sparse_prefill_gluon"]
 
@@ -55,13 +44,6 @@ NUM_WARPS = 8
 _LOG2E = 1.4426950408889634
 
 
-def available() -> bool:
-    """True when the Gluon imports succeeded (says nothing about the device)."""
-    return _IMPORT_ERROR is None
-
-
-def _jit(fn):
-    return gluon.jit(fn) if gluon is not None else fn
 
 
 # ----------------------------------------------------------------------------------------------- device code
@@ -246,10 +228,6 @@ def launch_sparse_prefill_gluon(out, max_logits, lse, q, kv, indices, sm_scale, 
 
 def compile_sm90(d_pe: int = 64, has_len: bool = False, has_sink: bool = False):
     """Cross-compile the kernel for sm90 (no GPU needed). Returns the CompiledKernel."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
     fn = _sparse_prefill_gluon_kernel
     sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "len_ptr": "*i32", "sink_ptr": "*fp32",
            "out_ptr": "*bf16", "ml_ptr": "*fp32", "lse_ptr": "*fp32",
@@ -257,9 +235,6 @@ def compile_sm90(d_pe: int = 64, has_len: bool = False, has_sink: bool = False):
            "stride_qs": "i32", "stride_qh": "i32", "stride_kvs": "i32", "stride_is": "i32", "stride_os": "i32",
            "stride_oh": "i32", "H_Q": "i32"}
     consts = {"D_PE": d_pe, "HAS_LEN": has_len, "HAS_SINK": has_sink}
-    sig.update({k: "constexpr" for k in consts})
     hinted = ("q_ptr", "kv_ptr", "idx_ptr", "out_ptr", "stride_qs", "stride_qh", "stride_kvs", "stride_os",
               "stride_oh")
-    attrs = {(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in hinted}
-    src = GluonASTSource(fn, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})
+    return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=NUM_WARPS)
