@@ -101,10 +101,11 @@ def sparse_inputs(s_q, s_kv, topk, h_q, d_qk, sink):
 
 
 def _launch_cfg(cfg):
-    """The launcher for one candidate: a Triton config tuple, or "gluon" (mla/_gluon_sparse_prefill.py)."""
-    if cfg == "gluon":
+    """The launcher for one candidate: a Triton config tuple, "gluon" or "gluon-ws" (mla/_gluon_sparse_prefill.py)."""
+    if cfg in ("gluon", "gluon-ws"):
+        variant = "ws" if cfg == "gluon-ws" else None
         return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp.launch_sparse_prefill_gluon(
-            out, ml, lse, q, kv, ind, scale, sk, tl)
+            out, ml, lse, q, kv, ind, scale, sk, tl, variant=variant)
     return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _launch_sparse_prefill(
         out, ml, lse, q, kv, ind, scale, sk, tl, config=cfg)
 
@@ -113,7 +114,7 @@ def run_sparse(rows, sweep, s_kvs, s_q=4096, topk=2048, gluon=False):
     h_q, d_qk = 128, 576
     configs = SPARSE_CANDIDATES if sweep else [SPARSE_CONFIGS[h_q]]
     if gluon:
-        configs = configs + ["gluon"]
+        configs = configs + ["gluon", "gluon-ws"]
     for s_kv in s_kvs:
         for sink in (False, True):
             try:

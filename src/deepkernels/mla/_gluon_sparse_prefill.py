@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from .._backend import gluon_disabled, interpret_mode
-from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy, fence_async_shared,
+from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy, fence_async_shared, mbarrier,
                       warpgroup_mma, warpgroup_mma_wait)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 
@@ -51,7 +51,7 @@ _LOG2E = 1.4426950408889634
 @_jit
 def _g_gather(kvn_buf, kvp_buf, kv_ptr, idx_row, start, n, s_kv, stride_kvs,
               BLOCK_N: gl.constexpr, D_V: gl.constexpr, D_PE: gl.constexpr,
-              LN: gl.constexpr, LP: gl.constexpr):
+              LN: gl.constexpr, LP: gl.constexpr, COMMIT: gl.constexpr = True):
     """cp.async the KV rows of top-k positions [start, start + BLOCK_N) into one ring slot; invalid rows
     (index < 0, >= s_kv, or position >= n) are zero-filled and never dereferenced."""
     offs_n = start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, LN))
@@ -67,7 +67,8 @@ def _g_gather(kvn_buf, kvp_buf, kv_ptr, idx_row, start, n, s_kv, stride_kvs,
         rowsp = kv_ptr + gl.where(okp, idxp, 0).to(gl.int64)[:, None] * stride_kvs
         offs_p = gl.arange(0, D_PE, gl.SliceLayout(0, LP))
         async_copy.async_copy_global_to_shared(kvp_buf, rowsp + D_V + offs_p[None, :], mask=okp[:, None])
-    async_copy.commit_group()
+    if COMMIT:      # single-partition kernel: tracked by commit groups; the WS producer uses an mbarrier instead
+        async_copy.commit_group()
 
 
 @_jit
@@ -92,6 +93,33 @@ def _g_softmax(s, idx_row, start, n, s_kv, m_i, l_i, scale_log2, BLOCK_N: gl.con
     alpha = gl.exp2((m_i - m_safe) * scale_log2)
     p = gl.exp2((s - m_safe[:, None]) * scale_log2)
     return p, m_new, l_i * alpha + gl.sum(p, 1), alpha
+
+
+@_jit
+def _g_finish(acc, m_i, l_i, tok, hb, sink_ptr, out_ptr, ml_ptr, lse_ptr, sm_scale, stride_os, stride_oh, H_Q,
+              HAS_SINK: gl.constexpr, S_L: gl.constexpr, O_L: gl.constexpr):
+    """Epilogue: out = acc / (L [+ exp(sink - m)]) in bf16, lse and max_logits in natural-log units; rows with no
+    valid token: out 0, lse +inf, max_logits -inf."""
+    BLOCK_H: gl.constexpr = 64
+    D_V: gl.constexpr = 512
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, S_L))
+    denom = l_safe
+    if HAS_SINK:
+        sink = gl.load(sink_ptr + offs_h)
+        m_nat = gl.where(empty, 0.0, m_i * sm_scale)
+        denom = l_safe + gl.exp(sink - m_nat)
+    inv = gl.where(empty, 0.0, 1.0 / denom)
+    out = acc * gl.convert_layout(inv, gl.SliceLayout(1, O_L))[:, None]
+    offs_ho = hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, O_L))
+    offs_d = gl.arange(0, D_V, gl.SliceLayout(0, O_L))
+    o_rows = out_ptr + tok * stride_os + offs_ho.to(gl.int64)[:, None] * stride_oh
+    gl.store(o_rows + offs_d[None, :], out.to(gl.bfloat16))
+    lse = gl.where(empty, float("inf"), m_i * sm_scale + gl.log(l_safe))
+    mx = gl.where(empty, float("-inf"), m_i * sm_scale)
+    gl.store(lse_ptr + tok * H_Q + offs_h, lse)
+    gl.store(ml_ptr + tok * H_Q + offs_h, mx)
 
 
 @_jit
@@ -173,24 +201,130 @@ def _sparse_prefill_gluon_kernel(
         tok_o = warpgroup_mma(p_smem, kv_n.index(slot), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(tok_o, ))
 
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, S_L))
-    denom = l_safe
-    if HAS_SINK:
-        sink = gl.load(sink_ptr + offs_h)
-        m_nat = gl.where(empty, 0.0, m_i * sm_scale)
-        denom = l_safe + gl.exp(sink - m_nat)
-    inv = gl.where(empty, 0.0, 1.0 / denom)
-    out = acc * gl.convert_layout(inv, gl.SliceLayout(1, O_L))[:, None]
-    offs_ho = hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, O_L))
-    offs_d = gl.arange(0, D_V, gl.SliceLayout(0, O_L))
-    o_rows = out_ptr + tok * stride_os + offs_ho.to(gl.int64)[:, None] * stride_oh
-    gl.store(o_rows + offs_d[None, :], out.to(gl.bfloat16))
-    lse = gl.where(empty, float("inf"), m_i * sm_scale + gl.log(l_safe))
-    mx = gl.where(empty, float("-inf"), m_i * sm_scale)
-    gl.store(lse_ptr + tok * H_Q + offs_h, lse)
-    gl.store(ml_ptr + tok * H_Q + offs_h, mx)
+    _g_finish(acc, m_i, l_i, tok, hb, sink_ptr, out_ptr, ml_ptr, lse_ptr, sm_scale, stride_os, stride_oh, H_Q,
+              HAS_SINK, S_L, O_L)
+
+
+@_jit
+def _g_ws_rows(len_ptr, tok, topk, HAS_LEN: gl.constexpr):
+    """Top-k positions this query token attends (topk_length clamped to [0, topk]) and its number of 64-blocks."""
+    n = topk
+    if HAS_LEN:
+        n = gl.minimum(gl.maximum(gl.load(len_ptr + tok), 0), topk)
+    return n, gl.cdiv(n, 64)
+
+
+@_jit
+def _g_ws_producer(kv_n, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is, H_Q,
+                   D_PE: gl.constexpr, HAS_LEN: gl.constexpr, NUM_SLOTS: gl.constexpr):
+    """Worker partition (4 warps): gather each 64-token block with cp.async into ring slot j % NUM_SLOTS once the
+    consumers freed it; ``ready[slot]`` completes when every producer thread's copies have landed (an async
+    cp.async.mbarrier.arrive per thread, net zero on the count, plus one ordinary arrive: count 1)."""
+    LN4: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+    LP4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    tok = (gl.program_id(0) // (H_Q // 64)).to(gl.int64)
+    n, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
+    idx_row = idx_ptr + tok * stride_is
+    for j in range(num_blocks):
+        slot = j % NUM_SLOTS
+        mbarrier.wait(empty.index(slot), ((j // NUM_SLOTS) & 1) ^ 1)   # a fresh barrier passes phase 1
+        _g_gather(kv_n.index(slot), kv_p.index(slot), kv_ptr, idx_row, j * 64, n, s_kv, stride_kvs,
+                  64, 512, D_PE, LN4, LP4, False)
+        async_copy.mbarrier_arrive(ready.index(slot))
+        mbarrier.arrive(ready.index(slot))
+
+
+@_jit
+def _g_ws_consumer(q_n, q_p, kv_n, kv_p, p_smem, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr, out_ptr, ml_ptr,
+                   lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_qs, stride_qh, stride_is, stride_os, stride_oh,
+                   H_Q, D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
+                   NUM_SLOTS: gl.constexpr):
+    """Default partition (8 warps = the two consumer warpgroups): Q to shared memory, then per block wait
+    ``ready``, S (split by token columns), softmax, P to shared memory, O += P V (split by value columns), release
+    the slot (``empty``: the arrive lowers to a barrier of these 8 warps, so both warpgroups' P V are done and P's
+    tile is free); epilogue as the single-partition kernel."""
+    BLOCK_H: gl.constexpr = 64
+    BLOCK_N: gl.constexpr = 64
+    D_V: gl.constexpr = 512
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
+    LN: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
+    LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+    NUM_HB = H_Q // BLOCK_H
+    pid = gl.program_id(0)
+    tok = (pid // NUM_HB).to(gl.int64)
+    hb = pid % NUM_HB
+    offs_hq = hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, LN))
+    q_rows = q_ptr + tok * stride_qs + offs_hq.to(gl.int64)[:, None] * stride_qh
+    q_n.store(gl.load(q_rows + gl.arange(0, D_V, gl.SliceLayout(0, LN))[None, :]))
+    if D_PE > 0:
+        offs_hp = hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, LP))
+        q_rows_p = q_ptr + tok * stride_qs + offs_hp.to(gl.int64)[:, None] * stride_qh
+        q_p.store(gl.load(q_rows_p + D_V + gl.arange(0, D_PE, gl.SliceLayout(0, LP))[None, :]))
+    fence_async_shared()
+    gl.thread_barrier()
+    n, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
+    idx_row = idx_ptr + tok * stride_is
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))
+    l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, S_L))
+    acc = gl.zeros([BLOCK_H, D_V], gl.float32, O_L)
+    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_L)
+    for j in range(num_blocks):
+        slot = j % NUM_SLOTS
+        mbarrier.wait(ready.index(slot), (j // NUM_SLOTS) & 1)
+        fence_async_shared()         # the cp.async writes (generic proxy) before the wgmma reads (async proxy)
+        tok_s = _g_scores(q_n, q_p, kv_n, kv_p, slot, s_zero, D_PE)
+        s = warpgroup_mma_wait(0, deps=(tok_s, ))
+        p, m_i, l_i, alpha = _g_softmax(s, idx_row, j * BLOCK_N, n, s_kv, m_i, l_i, scale_log2, BLOCK_N, S_L)
+        p_smem.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()          # both halves of P written before either warpgroup reads it
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+        tok_o = warpgroup_mma(p_smem, kv_n.index(slot), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+        mbarrier.arrive(empty.index(slot))
+    _g_finish(acc, m_i, l_i, tok, hb, sink_ptr, out_ptr, ml_ptr, lse_ptr, sm_scale, stride_os, stride_oh, H_Q,
+              HAS_SINK, S_L, O_L)
+
+
+@_jit
+def _sparse_prefill_gluon_ws_kernel(
+    q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr,
+    s_kv, topk, sm_scale, scale_log2,
+    stride_qs, stride_qh, stride_kvs, stride_is, stride_os, stride_oh, H_Q,
+    D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
+    NUM_SLOTS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+):
+    """Warp-specialised variant (experimental, never run on a GPU yet): a 4-warp producer partition does the
+    cp.async gather into a NUM_SLOTS ring (mbarriers ``ready`` / ``empty``), the 8-warp default partition computes
+    exactly what the single-partition kernel does, without issuing a single gather instruction."""
+    BLOCK_H: gl.constexpr = 64
+    BLOCK_N: gl.constexpr = 64
+    D_V: gl.constexpr = 512
+    SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], gl.bfloat16)
+    SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16)
+    SH_PB: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
+    q_n = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_V], SH_N)
+    kv_n = gl.allocate_shared_memory(gl.bfloat16, [NUM_SLOTS, BLOCK_N, D_V], SH_N)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], SH_PB)
+    if D_PE > 0:
+        q_p = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_PE], SH_P)
+        kv_p = gl.allocate_shared_memory(gl.bfloat16, [NUM_SLOTS, BLOCK_N, D_PE], SH_P)
+    else:
+        q_p = q_n
+        kv_p = kv_n
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_SLOTS, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_SLOTS, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_SLOTS):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([
+        (_g_ws_consumer, (q_n, q_p, kv_n, kv_p, p_smem, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr, out_ptr,
+                          ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_qs, stride_qh, stride_is,
+                          stride_os, stride_oh, H_Q, D_PE, HAS_LEN, HAS_SINK, NUM_SLOTS)),
+        (_g_ws_producer, (kv_n, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is, H_Q,
+                          D_PE, HAS_LEN, NUM_SLOTS)),
+    ], [4], [PRODUCER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------- host code
@@ -210,31 +344,47 @@ def supported(q: torch.Tensor, kv: torch.Tensor) -> bool:
     return aligned and q.shape[1] % BLOCK_H == 0 and q.shape[2] in (576, 512)
 
 
-def launch_sparse_prefill_gluon(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None, topk_length=None):
+# "ws": the warp-specialised kernel (producer partition + 8 consumer warps), not dispatched until measured
+WS_SLOTS, WS_PRODUCER_REGS, WS_MAXNREG = 2, 40, 168
+
+
+def _variant(variant):
+    if variant in (None, "single"):
+        return _sparse_prefill_gluon_kernel, {}, {"num_warps": NUM_WARPS}
+    if variant == "ws":
+        return (_sparse_prefill_gluon_ws_kernel, {"NUM_SLOTS": WS_SLOTS, "PRODUCER_REGS": WS_PRODUCER_REGS},
+                {"num_warps": NUM_WARPS, "maxnreg": WS_MAXNREG})
+    raise ValueError(f"variant must be None/'single' or 'ws', got {variant!r}")
+
+
+def launch_sparse_prefill_gluon(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None, topk_length=None,
+                                variant=None):
     """Out-parameter launcher with the contract of ``prefill._launch_sparse_prefill`` (inputs validated by
-    :func:`deepkernels.mla.prefill.flash_mla_sparse_fwd`; last dims contiguous; ``h_q % 64 == 0``)."""
+    :func:`deepkernels.mla.prefill.flash_mla_sparse_fwd`; last dims contiguous; ``h_q % 64 == 0``).
+    ``variant``: None (the single-partition kernel, dispatched) or ``"ws"`` (warp-specialised, experimental)."""
     s_q, h_q, d_qk = q.shape
     if s_q == 0:
         return
+    fn, consts, opts = _variant(variant)
     dummy = lse
-    _sparse_prefill_gluon_kernel[(s_q * (h_q // BLOCK_H), )](
+    fn[(s_q * (h_q // BLOCK_H), )](
         q, kv, indices, topk_length if topk_length is not None else dummy,
         attn_sink if attn_sink is not None else dummy, out, max_logits, lse,
         kv.shape[0], indices.shape[-1], float(sm_scale), float(sm_scale) * _LOG2E,
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), h_q,
-        D_PE=d_qk - D_V, HAS_LEN=topk_length is not None, HAS_SINK=attn_sink is not None,
-        num_warps=NUM_WARPS)
+        D_PE=d_qk - D_V, HAS_LEN=topk_length is not None, HAS_SINK=attn_sink is not None, **consts, **opts)
 
 
-def compile_sm90(d_pe: int = 64, has_len: bool = False, has_sink: bool = False):
-    """Cross-compile the kernel for sm90 (no GPU needed). Returns the CompiledKernel."""
-    fn = _sparse_prefill_gluon_kernel
+def compile_sm90(d_pe: int = 64, has_len: bool = False, has_sink: bool = False, variant=None):
+    """Cross-compile the kernel (``variant`` as in :func:`launch_sparse_prefill_gluon`) for sm90 (no GPU needed).
+    Returns the CompiledKernel."""
+    fn, extra, opts = _variant(variant)
     sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "len_ptr": "*i32", "sink_ptr": "*fp32",
            "out_ptr": "*bf16", "ml_ptr": "*fp32", "lse_ptr": "*fp32",
            "s_kv": "i32", "topk": "i32", "sm_scale": "fp32", "scale_log2": "fp32",
            "stride_qs": "i32", "stride_qh": "i32", "stride_kvs": "i32", "stride_is": "i32", "stride_os": "i32",
            "stride_oh": "i32", "H_Q": "i32"}
-    consts = {"D_PE": d_pe, "HAS_LEN": has_len, "HAS_SINK": has_sink}
+    consts = {"D_PE": d_pe, "HAS_LEN": has_len, "HAS_SINK": has_sink, **extra}
     hinted = ("q_ptr", "kv_ptr", "idx_ptr", "out_ptr", "stride_qs", "stride_qh", "stride_kvs", "stride_os",
               "stride_oh")
-    return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=NUM_WARPS)
+    return _compile_sm90_gluon(fn, sig, consts, hinted, **opts)
