@@ -2,6 +2,7 @@
 # A session's closing device call: the whole GPU tier (every test file, `-m gpu`, pytest-xdist workers sharing the
 # GPU, a per-test timeout), then `deepkernels bench` (all suites, JSON + roofline PNG), then optional extra steps.
 #   usage (repo root, on the device): GIT_SHA=<sha> [T_TESTS=300] [T_BENCH=150] [NPROC=4] \
+#          (T_TESTS=0 / T_BENCH=0 skip the GPU tier / the bench) \
 #          [PRE="benchmarks/device_x.sh:150 ..."] [EXTRA="benchmarks/device_y.sh:90 ..."] [GPU_TESTS="tests/a.py ..."] \
 #          bash benchmarks/device_final.sh
 # Results: $OUT/results.tar.gz (every log, junit XML, JSON), $OUT/bench.json, $OUT/roofline.png.
@@ -39,20 +40,24 @@ for step in ${PRE:-}; do
   fi
 done
 
-echo "== GPU tier (all test files, -n ${NPROC:-4}, cap ${T_TESTS:-300} s)"
-TO=""; python3 -c "import pytest_timeout" 2>/dev/null && TO="--timeout=150"
-IGN=""; for f in ${GPU_IGNORE:-}; do IGN="$IGN --ignore=$f"; done     # files a PRE step already ran
-timeout -k 10 "${T_TESTS:-300}" python3 -m pytest ${GPU_TESTS:-tests} $IGN -m gpu -n "${NPROC:-4}" $TO -q -rfE \
-  -p no:cacheprovider --junitxml="$W/gpu_tests.xml" > "$W/gpu_tests.log" 2>&1
-echo "gpu tier rc=$? ($(el))"
-grep -E "^(FAILED|ERROR)|passed|failed|skipped|Timeout" "$W/gpu_tests.log" | tail -25
+if [ "${T_TESTS:-300}" != 0 ]; then
+  echo "== GPU tier (all test files, -n ${NPROC:-4}, cap ${T_TESTS:-300} s)"
+  TO=""; python3 -c "import pytest_timeout" 2>/dev/null && TO="--timeout=150"
+  IGN=""; for f in ${GPU_IGNORE:-}; do IGN="$IGN --ignore=$f"; done     # files a PRE step already ran
+  timeout -k 10 "${T_TESTS:-300}" python3 -m pytest ${GPU_TESTS:-tests} $IGN -m gpu -n "${NPROC:-4}" $TO -q -rfE \
+    -p no:cacheprovider --junitxml="$W/gpu_tests.xml" > "$W/gpu_tests.log" 2>&1
+  echo "gpu tier rc=$? ($(el))"
+  grep -E "^(FAILED|ERROR)|passed|failed|skipped|Timeout" "$W/gpu_tests.log" | tail -25
+fi
 
-echo "== deepkernels bench (cap ${T_BENCH:-150} s)"
-timeout -k 10 "${T_BENCH:-150}" python3 -m deepkernels.bench.cli bench --json "$W/bench.json" \
-  --plot "$W/roofline.png" > "$W/bench.log" 2>&1
-echo "bench rc=$? ($(el))"
-tail -n 3 "$W/bench.log"
-grep -c "FAIL" "$W/bench.log" | sed 's/^/lines with FAIL: /'
+if [ "${T_BENCH:-150}" != 0 ]; then
+  echo "== deepkernels bench (cap ${T_BENCH:-150} s)"
+  timeout -k 10 "${T_BENCH:-150}" python3 -m deepkernels.bench.cli bench --json "$W/bench.json" \
+    --plot "$W/roofline.png" > "$W/bench.log" 2>&1
+  echo "bench rc=$? ($(el))"
+  tail -n 3 "$W/bench.log"
+  grep -c "FAIL" "$W/bench.log" | sed 's/^/lines with FAIL: /'
+fi
 
 for step in ${EXTRA:-}; do
   run_step "$step"
