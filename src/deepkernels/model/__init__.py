@@ -11,11 +11,12 @@
 from .config import MLAConfig, YarnScaling, yarn_get_mscale
 from .rope import apply_rope, rope_cos_sin, rope_inv_freq
 from .kv_cache import PagedLatentCache
+from .fp8_linear import FP8Linear
 from .mla import MLAAttention, RMSNorm, latent_attention
 from .kv_accounting import kv_bytes_per_token, seed_table
 from .checkpoint import load_mla_attention, read_attention_state_dict
 from .roofline import GPUS, mla_decode_ops
 
-__all__ = ["MLAConfig", "YarnScaling", "yarn_get_mscale", "apply_rope", "rope_cos_sin", "rope_inv_freq",
+__all__ = ["FP8Linear", "MLAConfig", "YarnScaling", "yarn_get_mscale", "apply_rope", "rope_cos_sin", "rope_inv_freq",
            "PagedLatentCache", "MLAAttention", "RMSNorm", "latent_attention", "kv_bytes_per_token", "seed_table",
            "load_mla_attention", "read_attention_state_dict", "GPUS", "mla_decode_ops"]

@@ -83,9 +83,12 @@ def _key_to_file(path: str) -> tuple[dict[str, str], str]:
 
 
 def read_attention_state_dict(path: str, layer: int, cfg: MLAConfig, dtype: torch.dtype = torch.bfloat16,
-                              prefix: str = PREFIX) -> dict[str, torch.Tensor]:
+                              prefix: str = PREFIX, keep_fp8: bool = False) -> dict[str, torch.Tensor]:
     """Layer ``layer``'s attention weights as a state dict for :class:`MLAAttention` (FP8 weights dequantized).
 
+    ``keep_fp8``: the FP8 weights of the projections :class:`MLAAttention` can run in FP8
+    (``MLAAttention.FP8_PROJECTIONS``) are returned as stored — e4m3 ``{name}.weight`` plus float32
+    ``{name}.weight_scale_inv`` — for a module after ``quantize_projections_()``; everything else is dequantized.
     Raises KeyError naming a missing tensor, ValueError for a tensor whose shape does not fit ``cfg``.
     """
     from safetensors import safe_open
@@ -113,6 +116,14 @@ def read_attention_state_dict(path: str, layer: int, cfg: MLAConfig, dtype: torc
                 skey = key + "_scale_inv"
                 if skey not in where:
                     raise KeyError(f"FP8 tensor {key!r} has no {skey!r} in checkpoint {path!r}")
+                if keep_fp8 and name.split(".")[0] in MLAAttention.FP8_PROJECTIONS:
+                    sf = get(skey)
+                    dequantize_fp8_weight(t[:1, :1], sf[:1, :1])                 # dtype checks only
+                    if tuple(sf.shape) != (-(-t.shape[0] // 128), -(-t.shape[1] // 128)):
+                        raise ValueError(f"{skey}: shape {list(sf.shape)} does not fit {key} {list(t.shape)} "
+                                         f"(128x128 blocks)")
+                    out[name], out[name + "_scale_inv"] = t, sf.float()
+                    continue
                 t = dequantize_fp8_weight(t, get(skey), dtype)
             out[name] = t.to(dtype)
     finally:
@@ -122,10 +133,13 @@ def read_attention_state_dict(path: str, layer: int, cfg: MLAConfig, dtype: torc
 
 
 def load_mla_attention(path: str, layer: int = 0, cfg: MLAConfig | None = None,
-                       dtype: torch.dtype = torch.bfloat16, device=None, prefix: str = PREFIX) -> MLAAttention:
+                       dtype: torch.dtype = torch.bfloat16, device=None, prefix: str = PREFIX,
+                       fp8_projections: bool = False) -> MLAAttention:
     """Build :class:`MLAAttention` for layer ``layer`` of the checkpoint at ``path``.
 
     ``cfg`` defaults to the checkpoint directory's ``config.json`` (:meth:`MLAConfig.from_hf_config`).
+    ``fp8_projections``: keep the checkpoint's FP8 projection weights as stored and run those projections through
+    the FP8 GEMM (:meth:`MLAAttention.quantize_projections_`; projections stored in another dtype are quantised).
     Raises FileNotFoundError when neither is available.
     """
     if cfg is None:
@@ -136,5 +150,16 @@ def load_mla_attention(path: str, layer: int = 0, cfg: MLAConfig | None = None,
         with open(cj) as fh:
             cfg = MLAConfig.from_hf_config(json.load(fh))
     module = MLAAttention(cfg, dtype=dtype, device=device)
-    module.load_state_dict(read_attention_state_dict(path, layer, cfg, dtype, prefix))
+    sd = read_attention_state_dict(path, layer, cfg, dtype, prefix, keep_fp8=fp8_projections)
+    if fp8_projections:
+        # dense projections of a non-FP8 checkpoint: load them, then quantise; FP8 ones replace their buffers
+        fp8 = {k: v for k, v in sd.items() if v.dtype == torch.float8_e4m3fn or k.endswith("_scale_inv")}
+        module.load_state_dict({k: v for k, v in sd.items() if k not in fp8}, strict=False)
+        module.quantize_projections_()
+        module.load_state_dict(fp8, strict=False)
+        missing = set(module.state_dict()) - set(sd) - {k + "_scale_inv" for k in sd}
+        if missing:
+            raise KeyError(f"checkpoint {path!r} did not provide {sorted(missing)}")
+    else:
+        module.load_state_dict(sd)
     return module

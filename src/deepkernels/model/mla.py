@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from .config import MLAConfig
+from .fp8_linear import FP8Linear
 from .kv_cache import PagedLatentCache
 from .rope import apply_rope, rope_cos_sin
 
@@ -164,9 +165,27 @@ class MLAAttention(nn.Module):
     def w_ouv(self) -> torch.Tensor:
         """W^O_i W^UV_i for every head, ``[H, hidden_size, kv_lora_rank]``: W^UV folded into the output projection."""
         c = self.cfg
-        w_o = self.o_proj.weight.view(c.hidden_size, c.num_heads, c.v_head_dim).transpose(0, 1)  # [H, hid, v]
+        w_o = self.o_proj.weight
+        if isinstance(self.o_proj, FP8Linear):
+            w_o = self.o_proj.dequantized_weight(self.kv_b_proj.weight.dtype)
+        w_o = w_o.view(c.hidden_size, c.num_heads, c.v_head_dim).transpose(0, 1)            # [H, hid, v]
         wide = torch.float64 if w_o.dtype == torch.float64 else torch.float32
         return torch.matmul(w_o.to(wide), self.w_uv().to(wide)).to(w_o.dtype)
+
+    # ---- FP8 projections ----------------------------------------------------------------------------
+    FP8_PROJECTIONS = ("q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj")
+
+    def quantize_projections_(self) -> "MLAAttention":
+        """Replace the dense projections (q / q_a / q_b, kv_a_proj_with_mqa, o_proj) by :class:`FP8Linear`:
+        e4m3 weights with 128×128 ``weight_scale_inv`` (quantised here with ``per_block_cast_to_fp8``), run through
+        deepkernels' FP8 GEMM with per-token activation scales — DeepSeek-V3's serving numerics. ``kv_b_proj``
+        stays dense: the absorbed path uses its per-head halves (W^UK, W^UV) as small matrices. In place; returns
+        self. Outputs of the projections become bf16."""
+        for name in self.FP8_PROJECTIONS:
+            mod = getattr(self, name, None)
+            if isinstance(mod, nn.Linear):
+                setattr(self, name, FP8Linear.from_linear(mod))
+        return self
 
     # ---- projections ---------------------------------------------------------------------------------
     def project(self, hidden: torch.Tensor, positions: torch.Tensor):
