@@ -28,6 +28,7 @@ from deepkernels.mla.dense_prefill import (DENSE_CANDIDATES, DENSE_CONFIGS, _lau
                                            flash_attn_varlen_func)
 from deepkernels.mla.prefill import (SPARSE_CANDIDATES, SPARSE_CONFIGS, _launch_sparse_prefill,  # noqa: E402
                                      flash_mla_sparse_fwd)
+from deepkernels.mla import _gluon_dense_prefill as _gdp  # noqa: E402
 from deepkernels.mla import _gluon_sparse_prefill as _gsp  # noqa: E402
 from deepkernels.reference.mla_prefill import sparse_prefill_ref  # noqa: E402
 
@@ -157,7 +158,7 @@ def lse_err_fmt(x):
     return float(x)
 
 
-def run_dense(rows, sweep, seqs, h=128):
+def run_dense(rows, sweep, seqs, h=128, gluon=False):
     import torch.nn.functional as F
     b = 2
     for s in seqs:
@@ -168,6 +169,8 @@ def run_dense(rows, sweep, seqs, h=128):
             cu = torch.arange(0, b + 1, device=DEV, dtype=torch.int32) * s
             qs, ks, vs = (t.view(b, s, h, -1).transpose(1, 2) for t in (q, k, v))   # SDPA [b, h, s, d] views
             configs = DENSE_CANDIDATES[d_qk] if sweep else [DENSE_CONFIGS[d_qk]]
+            if gluon:
+                configs = configs + ["gluon"]
             for causal in (False, True):
                 flops = 2 * b * h * s * s * (d_qk + d_v) * (0.5 if causal else 1.0)
                 shape = dict(b=b, s=s, h=h, d_qk=d_qk, d_v=d_v, causal=causal)
@@ -185,8 +188,12 @@ def run_dense(rows, sweep, seqs, h=128):
                 lse = torch.empty(h, b * s, device=DEV)
                 for cfg in configs:
                     try:
-                        fn = lambda: _launch_dense_prefill(out, lse, q, k, v, cu, cu, s, d_qk ** -0.5, causal,  # noqa
-                                                           config=cfg)
+                        if cfg == "gluon":      # the experimental warp-specialised kernel (mla/_gluon_dense_prefill.py)
+                            fn = lambda: _gdp.launch_dense_prefill_gluon(out, lse, q, k, v, cu, cu, s,  # noqa: E731
+                                                                         d_qk ** -0.5, causal)
+                        else:
+                            fn = lambda: _launch_dense_prefill(out, lse, q, k, v, cu, cu, s, d_qk ** -0.5,  # noqa
+                                                               causal, config=cfg)
                         fn()
                         _sync()
                         diff = None
@@ -196,13 +203,14 @@ def run_dense(rows, sweep, seqs, h=128):
                             diff = (1 - 2 * (o * r).sum() / (o * o + r * r).sum()).item()
                         ms = bench(fn)
                         tf = flops / ms / 1e9
-                        rows.add(op="dense_prefill", provider="deepkernels", config=list(cfg), shape=shape,
+                        rows.add(op="dense_prefill", provider="deepkernels",
+                                 config=cfg if isinstance(cfg, str) else list(cfg), shape=shape,
                                  median_us=ms * 1e3, tflops=tf, calc_diff_vs_sdpa=diff,
                                  ratio_to_anchor=(sd_ms / ms) if sd_ms else None, anchor="torch_sdpa (same run)",
                                  target_ratio=SDPA_TARGET, default=cfg == DENSE_CONFIGS[d_qk])
                     except Exception as e:  # noqa: BLE001
-                        rows.add(op="dense_prefill", provider="deepkernels", config=list(cfg), shape=shape,
-                                 error=repr(e)[:300])
+                        rows.add(op="dense_prefill", provider="deepkernels",
+                                 config=cfg if isinstance(cfg, str) else list(cfg), shape=shape, error=repr(e)[:300])
             del q, k, v
             torch.cuda.empty_cache()
 
@@ -230,7 +238,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="JSON output path")
     ap.add_argument("--only", choices=["sparse", "dense"], default=None)
     ap.add_argument("--quick", action="store_true", help="smallest shapes only")
-    ap.add_argument("--gluon", action="store_true", help="also time the Gluon sparse kernel (sm90 only)")
+    ap.add_argument("--gluon", action="store_true", help="also time the Gluon kernels (sm90 only)")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="tiny shapes on the CPU (run with TRITON_INTERPRET=1) to check the script itself")
     args = ap.parse_args(argv)
@@ -250,7 +258,7 @@ def main(argv=None):
     if args.only in (None, "sparse"):
         run_sparse(rows, args.sweep, [8192] if args.quick else [8192, 32768, 65536, 131072], gluon=args.gluon)
     if args.only in (None, "dense"):
-        run_dense(rows, args.sweep, [4096] if args.quick else [4096, 8192])
+        run_dense(rows, args.sweep, [4096] if args.quick else [4096, 8192], gluon=args.gluon)
     summary(rows.rows)
     return 0
 
