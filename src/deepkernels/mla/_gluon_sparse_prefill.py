@@ -96,6 +96,23 @@ def _g_softmax(s, idx_row, start, n, s_kv, m_i, l_i, scale_log2, BLOCK_N: gl.con
 
 
 @_jit
+def _g_block(q_n, q_p, kv_n, kv_p, p_smem, slot, s_zero, acc, m_i, l_i, idx_row, start, n, s_kv, scale_log2,
+             D_PE: gl.constexpr, BLOCK_N: gl.constexpr, S_L: gl.constexpr, O_L: gl.constexpr):
+    """One 64-token block already in ring slot ``slot``: S (split by token columns), online softmax, P through
+    shared memory (both warpgroups' halves), O += P V (split by value columns). Returns (acc, m_i, l_i)."""
+    tok_s = _g_scores(q_n, q_p, kv_n, kv_p, slot, s_zero, D_PE)
+    s = warpgroup_mma_wait(0, deps=(tok_s, ))
+    p, m_i, l_i, alpha = _g_softmax(s, idx_row, start, n, s_kv, m_i, l_i, scale_log2, BLOCK_N, S_L)
+    p_smem.store(p.to(gl.bfloat16))
+    fence_async_shared()
+    gl.thread_barrier()          # both halves of P written before either warpgroup reads it
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+    tok_o = warpgroup_mma(p_smem, kv_n.index(slot), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+    return acc, m_i, l_i
+
+
+@_jit
 def _g_finish(acc, m_i, l_i, tok, hb, sink_ptr, out_ptr, ml_ptr, lse_ptr, sm_scale, stride_os, stride_oh, H_Q,
               HAS_SINK: gl.constexpr, S_L: gl.constexpr, O_L: gl.constexpr):
     """Epilogue: out = acc / (L [+ exp(sink - m)]) in bf16, lse and max_logits in natural-log units; rows with no
@@ -190,16 +207,8 @@ def _sparse_prefill_gluon_kernel(
             async_copy.wait_group(0)
         fence_async_shared()
         gl.thread_barrier()          # block j's rows (copied by all threads) visible to both warpgroups
-        tok_s = _g_scores(q_n, q_p, kv_n, kv_p, slot, s_zero, D_PE)
-        s = warpgroup_mma_wait(0, deps=(tok_s, ))
-        p, m_i, l_i, alpha = _g_softmax(s, idx_row, j * BLOCK_N, n, s_kv, m_i, l_i, scale_log2, BLOCK_N, S_L)
-
-        p_smem.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        gl.thread_barrier()          # both halves of P written before either warpgroup reads it
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
-        tok_o = warpgroup_mma(p_smem, kv_n.index(slot), acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+        acc, m_i, l_i = _g_block(q_n, q_p, kv_n, kv_p, p_smem, slot, s_zero, acc, m_i, l_i, idx_row, j * BLOCK_N, n,
+                                 s_kv, scale_log2, D_PE, BLOCK_N, S_L, O_L)
 
     _g_finish(acc, m_i, l_i, tok, hb, sink_ptr, out_ptr, ml_ptr, lse_ptr, sm_scale, stride_os, stride_oh, H_Q,
               HAS_SINK, S_L, O_L)
@@ -273,15 +282,8 @@ def _g_ws_consumer(q_n, q_p, kv_n, kv_p, p_smem, ready, empty, q_ptr, idx_ptr, l
         slot = j % NUM_SLOTS
         mbarrier.wait(ready.index(slot), (j // NUM_SLOTS) & 1)
         fence_async_shared()         # the cp.async writes (generic proxy) before the wgmma reads (async proxy)
-        tok_s = _g_scores(q_n, q_p, kv_n, kv_p, slot, s_zero, D_PE)
-        s = warpgroup_mma_wait(0, deps=(tok_s, ))
-        p, m_i, l_i, alpha = _g_softmax(s, idx_row, j * BLOCK_N, n, s_kv, m_i, l_i, scale_log2, BLOCK_N, S_L)
-        p_smem.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        gl.thread_barrier()          # both halves of P written before either warpgroup reads it
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
-        tok_o = warpgroup_mma(p_smem, kv_n.index(slot), acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+        acc, m_i, l_i = _g_block(q_n, q_p, kv_n, kv_p, p_smem, slot, s_zero, acc, m_i, l_i, idx_row, j * BLOCK_N, n,
+                                 s_kv, scale_log2, D_PE, BLOCK_N, S_L, O_L)
         mbarrier.arrive(empty.index(slot))
     _g_finish(acc, m_i, l_i, tok, hb, sink_ptr, out_ptr, ml_ptr, lse_ptr, sm_scale, stride_os, stride_oh, H_Q,
               HAS_SINK, S_L, O_L)
