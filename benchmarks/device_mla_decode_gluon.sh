@@ -63,7 +63,7 @@ for s_q in (1, 2):
                        triton_config=list(cfg), triton_ms=ms_t, triton_tflops=flop / ms_t / 1e9,
                        triton_gbps=byts / ms_t / 1e6, gluon={})
             for gcfg in G.GLUON_CANDIDATES:
-                name = "s{}_ov{}_r{}_{}".format(*gcfg)
+                name = "s{}_r{}_{}".format(*gcfg)
                 fn = lambda: G.gluon_dense_forward(q, k, bt, sl, sched, ns, scale, causal, gcfg)  # noqa: E731
                 try:
                     o_g, l_g = fn()

@@ -23,10 +23,9 @@ per-request scalars spill outside the tile loop):
   ``S = Q K^T`` (64x64, K = 512 + 64) with wgmma, the online softmax (running max in raw-score units,
   ``p = exp2((s - m) * scale * log2e)``, masked scores by selection), writes bf16 ``P`` and the rescale factor
   ``alpha`` to shared memory (``pready``/``pfree`` mbarriers), and accumulates ``O[:, :256] += P V[:, :256]``.
-  ``OVERLAP`` picks the issue order: 0 (default, fastest) S_j -> softmax -> P_j V_j, each waited for; 1 issues S_j
-  with P_{j-1} V_{j-1} and runs the softmax of tile j under it (FA3-style); 2 issues S_{j+1} right behind P_j V_j.
-  Both overlapped orders lost on the H200 (1: -12..-31 %, 2: -2..-17 % per shape): with only 2 ring stages (Q and two 72 KB
-  K tiles fill 224 KB of shared memory) any later release of a ring slot shortens the time the next TMA load has.
+  Issue order S_j -> softmax -> P_j V_j, each waited for. Two overlapped orders (FA3-style, "S ahead") lost on the
+  H200 (-12..-31 %, -2..-17 % per shape) and were removed: with only 2 ring stages (Q and two 72 KB K tiles fill
+  224 KB of shared memory) any later release of a ring slot shortens the time the next TMA load has.
 * PV warpgroup (worker, 4 warps): for every tile, rescales its ``O[:, 256:]`` by ``alpha`` and accumulates
   ``P V[:, 256:]`` from the shared P; at the end of a piece it receives ``1/L`` and writes its half.
 
@@ -53,15 +52,14 @@ _LOG2E = math.log2(math.e)
 
 
 
-# (num_stages, overlap, pv_regs, producer_regs); overlap: 0 serial (S, softmax, P V per tile), 1 FA3-style (softmax
-# of tile j under P_{j-1} V_{j-1}), 2 "S ahead" (S of tile j+1 issued right behind P_j V_j). Measured on the H200
-# (benchmarks/notes/mla_decode_gluon.md, results/mla_decode_gluon-h200-2026-11-29-run{1,2}.json; b=128 varlen, 16
-# shapes): 0 -> 304-599 TFLOPS, 1.69-2.41x the Triton kernel; 2 -> 296-539; 1 -> 318-488 (both overlapped orders
-# lose on every shape except 1 at the noisy first shape: with 2 ring stages a later slot release leaves the next
-# TMA load too little time). Default: 0. pv_regs / producer_regs only set setmaxnreg: ptxas allocates the whole
+# (num_stages, pv_regs, producer_regs). Issue order: S_j -> softmax -> P_j V_j, each waited for. Two overlapped
+# orders were measured on the H200 and removed (git 88b3cd4 has them; benchmarks/notes/mla_decode_gluon.md,
+# results/mla_decode_gluon-h200-2026-11-29-run{1,2}.json, b=128 varlen, 16 shapes): serial 304-599 TFLOPS
+# (1.69-2.41x the Triton kernel), "S ahead" 296-539, FA3-style 318-488 -- with 2 ring stages a later slot release
+# leaves the next TMA load too little time. pv_regs / producer_regs only set setmaxnreg: ptxas allocates the whole
 # kernel within 168 registers (Triton pads the 9 warps to 384 threads).
-GLUON_DEFAULT = (2, 0, 232, 40)
-GLUON_CANDIDATES = [(2, 0, 232, 40), (2, 2, 232, 40), (2, 1, 232, 40)]
+GLUON_DEFAULT = (2, 232, 40)
+GLUON_CANDIDATES = [GLUON_DEFAULT]
 
 
 # ----------------------------------------------------------------------------------------------- device code
@@ -197,7 +195,7 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
                   seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                   stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
                   acc_rows, sm_scale, sm_scale_log2,
-                  CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr):
+                  CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr):
     DT: gl.constexpr = k_nope.dtype
     L_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     L_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
@@ -235,96 +233,22 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
         l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, L_S))
         o = gl.zeros([64, 256], gl.float32, L_O)
         n_tiles = gl.maximum(k1 - k0 + 63, 0) // 64
-        if OVERLAP == 1:
-            if n_tiles > 0:
-                # prologue: S_0, softmax, P_0 -> smem
-                slot = it % NUM_STAGES
-                mbarrier.wait(kready.index(slot), (it // NUM_STAGES) & 1)
-                tok = warpgroup_mma(q_nope, k_nope.index(slot).permute((1, 0)), zero_s, use_acc=False,
-                                    is_async=True)
-                tok = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), tok, is_async=True)
-                s = warpgroup_mma_wait(0, deps=(tok, ))
-                p, alpha, m_i, l_i = _g_softmax(s, m_i, l_i, k0, lim, sm_scale_log2, L_S)
-                _g_send_p(p, alpha, p_smem, a_smem, pready, pfree, msg, k_nope.index(slot), k1 - k0, DT)
-                msg += 1
-                for j in range(1, n_tiles):
-                    # S_j and P_{j-1} V_{j-1} together; softmax of tile j while P V runs
-                    prev = it % NUM_STAGES
-                    it += 1
-                    slot = it % NUM_STAGES
-                    mbarrier.wait(kready.index(slot), (it // NUM_STAGES) & 1)
-                    s_tok = warpgroup_mma(q_nope, k_nope.index(slot).permute((1, 0)), zero_s, use_acc=False,
-                                          is_async=True)
-                    s_tok = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), s_tok, is_async=True)
-                    o_tok = warpgroup_mma(p_smem, k_nope.index(prev).slice(0, 256, dim=1), o, is_async=True)
-                    s = warpgroup_mma_wait(1, deps=(s_tok, ))
-                    t0 = k0 + j * 64
-                    p, alpha, m_i, l_i = _g_softmax(s, m_i, l_i, t0, lim, sm_scale_log2, L_S)
-                    o = warpgroup_mma_wait(0, deps=(o_tok, ))
-                    mbarrier.arrive(kempty.index(prev))
-                    o = o * gl.convert_layout(alpha, gl.SliceLayout(1, L_O))[:, None]
-                    _g_send_p(p, alpha, p_smem, a_smem, pready, pfree, msg, k_nope.index(slot), k1 - t0, DT)
-                    msg += 1
-                # epilogue: P_last V_last
-                slot = it % NUM_STAGES
-                o_tok = warpgroup_mma(p_smem, k_nope.index(slot).slice(0, 256, dim=1), o, is_async=True)
-                o = warpgroup_mma_wait(0, deps=(o_tok, ))
-                mbarrier.arrive(kempty.index(slot))
-                it += 1
-        elif OVERLAP == 2:
-            if n_tiles > 0:
-                # S of tile j+1 is issued right behind P_j V_j (no issue bubble after the P V wait); the ring slot
-                # of tile j is released as soon as P_j V_j completes (wait_group 2: the two S groups may run on)
-                slot = it % NUM_STAGES
-                mbarrier.wait(kready.index(slot), (it // NUM_STAGES) & 1)
-                tok = warpgroup_mma(q_nope, k_nope.index(slot).permute((1, 0)), zero_s, use_acc=False,
-                                    is_async=True)
-                tok = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), tok, is_async=True)
-                s = warpgroup_mma_wait(0, deps=(tok, ))
-                for j in range(0, n_tiles - 1):
-                    t0 = k0 + j * 64
-                    slot = it % NUM_STAGES
-                    p, alpha, m_i, l_i = _g_softmax(s, m_i, l_i, t0, lim, sm_scale_log2, L_S)
-                    _g_send_p(p, alpha, p_smem, a_smem, pready, pfree, msg, k_nope.index(slot), k1 - t0, DT)
-                    msg += 1
-                    o = o * gl.convert_layout(alpha, gl.SliceLayout(1, L_O))[:, None]
-                    o_tok = warpgroup_mma(p_smem, k_nope.index(slot).slice(0, 256, dim=1), o, is_async=True)
-                    it += 1
-                    nslot = it % NUM_STAGES
-                    mbarrier.wait(kready.index(nslot), (it // NUM_STAGES) & 1)
-                    s_tok = warpgroup_mma(q_nope, k_nope.index(nslot).permute((1, 0)), zero_s, use_acc=False,
-                                          is_async=True)
-                    s_tok = warpgroup_mma(q_rope, k_rope.index(nslot).permute((1, 0)), s_tok, is_async=True)
-                    o = warpgroup_mma_wait(2, deps=(o_tok, ))
-                    mbarrier.arrive(kempty.index(slot))
-                    s = warpgroup_mma_wait(0, deps=(s_tok, ))
-                t0 = k0 + (n_tiles - 1) * 64
-                slot = it % NUM_STAGES
-                p, alpha, m_i, l_i = _g_softmax(s, m_i, l_i, t0, lim, sm_scale_log2, L_S)
-                _g_send_p(p, alpha, p_smem, a_smem, pready, pfree, msg, k_nope.index(slot), k1 - t0, DT)
-                msg += 1
-                o = o * gl.convert_layout(alpha, gl.SliceLayout(1, L_O))[:, None]
-                o_tok = warpgroup_mma(p_smem, k_nope.index(slot).slice(0, 256, dim=1), o, is_async=True)
-                o = warpgroup_mma_wait(0, deps=(o_tok, ))
-                mbarrier.arrive(kempty.index(slot))
-                it += 1
-        else:
-            for j in range(0, n_tiles):
-                t0 = k0 + j * 64
-                slot = it % NUM_STAGES
-                mbarrier.wait(kready.index(slot), (it // NUM_STAGES) & 1)
-                tok = warpgroup_mma(q_nope, k_nope.index(slot).permute((1, 0)), zero_s, use_acc=False,
-                                    is_async=True)
-                tok = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), tok, is_async=True)
-                s = warpgroup_mma_wait(0, deps=(tok, ))
-                p, alpha, m_i, l_i = _g_softmax(s, m_i, l_i, t0, lim, sm_scale_log2, L_S)
-                _g_send_p(p, alpha, p_smem, a_smem, pready, pfree, msg, k_nope.index(slot), k1 - t0, DT)
-                msg += 1
-                o = o * gl.convert_layout(alpha, gl.SliceLayout(1, L_O))[:, None]
-                o_tok = warpgroup_mma(p_smem, k_nope.index(slot).slice(0, 256, dim=1), o, is_async=True)
-                o = warpgroup_mma_wait(0, deps=(o_tok, ))
-                mbarrier.arrive(kempty.index(slot))
-                it += 1
+        for j in range(0, n_tiles):
+            t0 = k0 + j * 64
+            slot = it % NUM_STAGES
+            mbarrier.wait(kready.index(slot), (it // NUM_STAGES) & 1)
+            tok = warpgroup_mma(q_nope, k_nope.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                                is_async=True)
+            tok = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), tok, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(tok, ))
+            p, alpha, m_i, l_i = _g_softmax(s, m_i, l_i, t0, lim, sm_scale_log2, L_S)
+            _g_send_p(p, alpha, p_smem, a_smem, pready, pfree, msg, k_nope.index(slot), k1 - t0, DT)
+            msg += 1
+            o = o * gl.convert_layout(alpha, gl.SliceLayout(1, L_O))[:, None]
+            o_tok = warpgroup_mma(p_smem, k_nope.index(slot).slice(0, 256, dim=1), o, is_async=True)
+            o = warpgroup_mma_wait(0, deps=(o_tok, ))
+            mbarrier.arrive(kempty.index(slot))
+            it += 1
 
         # finalise: 1/L to the PV warpgroup, own half + lse
         empty = (l_i == 0.0) | (l_i != l_i)
@@ -411,7 +335,7 @@ def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_
                              out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                              stride_qb, stride_qs, stride_qh, stride_btb, max_pages, num_kv_blocks,
                              b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows, sm_scale, sm_scale_log2,
-                             CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr,
+                             CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr,
                              PV_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
     DT: gl.constexpr = kn_desc.dtype
     SL: gl.constexpr = kn_desc.layout
@@ -434,7 +358,7 @@ def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_
         (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
                          seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                          stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
-                         acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, OVERLAP)),
+                         acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES)),
         (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
                     out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
                     NUM_STAGES)),
@@ -479,7 +403,7 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     ``[b]`` int32 contiguous, sched ``[parts, 8]`` / num_splits ``[b + 1]`` int32); outputs allocated by the
     caller: out ``[b, s_q, h_q, 512]`` (q dtype), lse ``[b, h_q, s_q]`` fp32, o_acc ``[acc_rows, s_q, h_q, 512]``
     fp32, l_acc ``[acc_rows, s_q, h_q]`` fp32, all contiguous."""
-    stages, overlap, pv_regs, prod_regs = config or GLUON_DEFAULT
+    stages, pv_regs, prod_regs = config or GLUON_DEFAULT
     b, s_q, h_q, _ = q.shape
     nb, page, h_kv, _ = k_cache.shape
     group = h_q // h_kv
@@ -496,7 +420,7 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
         q, kn_desc, kp_desc, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc,
         qs[0], qs[1], qs[2], block_table.stride(0), block_table.shape[1], nb,
         b, s_q, h_q, group, rows, m_blocks, h_kv, o_acc.shape[0], scale, scale * _LOG2E,
-        bool(causal and s_q > 1), stages, overlap, pv_regs, prod_regs, num_warps=4)
+        bool(causal and s_q > 1), stages, pv_regs, prod_regs, num_warps=4)
     return out, lse
 
 
@@ -529,7 +453,7 @@ def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_split
 
 def _compile_sm90(config=None, causal=False, dtype="bf16"):
     """Cross-compile the kernel for sm90 (no GPU needed). Returns the CompiledKernel."""
-    stages, overlap, pv_regs, prod_regs = config or GLUON_DEFAULT
+    stages, pv_regs, prod_regs = config or GLUON_DEFAULT
     lay = repr(_smem_layout())
     fn = _mla_decode_gluon_kernel
     sig = {"q_ptr": f"*{dtype}", "kn_desc": f"tensordesc<{dtype}[64, 512],{lay}>",
@@ -539,7 +463,7 @@ def _compile_sm90(config=None, causal=False, dtype="bf16"):
            "stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32", "stride_btb": "i32", "max_pages": "i32",
            "num_kv_blocks": "i32", "b": "i32", "s_q": "i32", "h_q": "i32", "group": "i32", "rows": "i32",
            "num_m_blocks": "i32", "h_kv": "i32", "acc_rows": "i32", "sm_scale": "fp32", "sm_scale_log2": "fp32"}
-    consts = dict(CAUSAL=causal, NUM_STAGES=stages, OVERLAP=overlap, PV_REGS=pv_regs, PRODUCER_REGS=prod_regs)
+    consts = dict(CAUSAL=causal, NUM_STAGES=stages, PV_REGS=pv_regs, PRODUCER_REGS=prod_regs)
     div16 = ("q_ptr", "bt_ptr", "seqlens_ptr", "meta_ptr", "nsplits_ptr", "out_ptr", "lse_ptr", "oacc_ptr",
              "lacc_ptr", "stride_qb", "stride_qs", "stride_qh")
     return _compile_sm90_gluon(fn, sig, consts, div16, num_warps=4)
