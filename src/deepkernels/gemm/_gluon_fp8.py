@@ -49,14 +49,14 @@ BLOCK_K = 128  # one scale block of K per stage
 @dataclass(frozen=True)
 class GluonConfig:
     block_m: int = 128          # 64 or 128 (one 64-row math warpgroup per 64 rows)
-    block_n: int = 128          # power of two <= 128 (one scalar sfb per K block), or 256 (two 128-col halves)
+    block_n: int = 128          # power of two <= 128 (one scalar sfb per K block)
     num_stages: int = 4
     group_m: int = 8
     warp_spec: bool = True      # producer + BLOCK_M//64 math partitions, persistent
     overlap: bool = True        # issue wgmma kb+1 before promoting kb (wait(1))
     math_regs: int = 232        # setmaxnreg for the math partitions (WS only)
     producer_regs: int = 40     # registers left to the default (TMA producer) partition (WS only)
-    prefetch: bool = False      # load block kb+1's scales during block kb (non-overlap WS path; always on at N=256)
+    prefetch: bool = False      # load block kb+1's scales during block kb (non-overlap WS path)
 
     def name(self) -> str:
         kind = "ws" if self.warp_spec else "pipe"
@@ -83,12 +83,11 @@ GLUON_WS_128_S6 = GluonConfig(128, 128, 6, overlap=False)
 # v3 candidates: scales of block kb+1 loaded during block kb; 128x256 tiles (two 128-column halves per math
 # warpgroup, one partial at a time; ptxas spills ~416 B in the math loop). Measured (H200, 2026-11-29 15:07 UTC,
 # results/gemm_gluon-h200-v3-2026-11-29.json): prefetch 0.97-1.03x the plain configs (noise), 128x256 0.53-0.83x;
-# neither is dispatched.
+# neither is dispatched; the 128x256 math partition was removed afterwards (git a9c3bd0 has it).
 GLUON_WS_128_S4_PF = GluonConfig(128, 128, 4, overlap=False, prefetch=True)
 GLUON_WS_128_S6_PF = GluonConfig(128, 128, 6, overlap=False, prefetch=True)
-GLUON_WS_256_S4_PF = GluonConfig(128, 256, 4, overlap=False, prefetch=True)
 # swept and timed on the GPU (tests + benchmarks/gemm_gluon.py)
-GLUON_CANDIDATES = [GLUON_WS_128_S4, GLUON_WS_128_S6, GLUON_WS_128_S4_PF, GLUON_WS_128_S6_PF, GLUON_WS_256_S4_PF]
+GLUON_CANDIDATES = [GLUON_WS_128_S4, GLUON_WS_128_S6, GLUON_WS_128_S4_PF, GLUON_WS_128_S6_PF]
 # lost to the 128x128 ws configs at every M = 4096 shape in the 2026-11-29 sweep
 # (results/gemm_gluon-h200-2026-11-29.json): compile tier only
 GLUON_RETIRED = [
@@ -255,80 +254,15 @@ def _g_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stri
 
 
 @_jit
-def _g_math_wide(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
-                 sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
-                 ROW0: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-                 NUM_STAGES: gl.constexpr, PREFETCH: gl.constexpr):
-    """One math warpgroup for BLOCK_N = 256: rows [ROW0, ROW0 + 64) x 256 columns as two 128-column halves
-    (two FP32 accumulators, one 64-register partial at a time: 64x256 in one wgmma would need 2 x 128
-    registers). Per K block: wgmma half 0, wait, promote; wgmma half 1, wait, free the ring slot, promote.
-    Scales of block kb+1 are prefetched during block kb."""
-    ROWS: gl.constexpr = 64
-    HALF: gl.constexpr = 128
-    L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                instr_shape=[16, HALF, 32])
-    pid = gl.program_id(0)
-    num_pid_m = gl.cdiv(M, BLOCK_M)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
-    num_tiles = num_pid_m * num_pid_n
-    num_kb = gl.cdiv(K, 128)
-    zero = gl.zeros([ROWS, HALF], gl.float32, L)
-    it = 0
-    for tile_id in range(pid, num_tiles, num_progs):
-        pid_m, pid_n = _g_tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
-        off_m = pid_m * BLOCK_M + ROW0
-        off_n = pid_n * BLOCK_N
-        offs_m = off_m + gl.arange(0, ROWS, gl.SliceLayout(1, L))
-        m_mask = offs_m < M
-        sfa_rows = sfa_ptr + offs_m.to(gl.int64) * sfa_sm
-        sfb0 = sfb_ptr + (off_n // 128).to(gl.int64) * sfb_sn
-        has1 = off_n + HALF < N  # the second half's scale row exists (else its columns are all masked)
-        sfb1 = sfb0 + sfb_sn
-        acc0 = gl.zeros([ROWS, HALF], gl.float32, L)
-        acc1 = gl.zeros([ROWS, HALF], gl.float32, L)
-        sa = gl.load(sfa_rows, mask=m_mask, other=0.0)
-        sb0 = gl.load(sfb0)
-        sb1 = gl.load(sfb1, mask=has1, other=0.0)
-        for kb in range(num_kb):
-            if PREFETCH:
-                kn = gl.minimum(kb + 1, num_kb - 1)
-                sa_n = gl.load(sfa_rows + kn * sfa_sk, mask=m_mask, other=0.0)
-                sb0_n = gl.load(sfb0 + kn * sfb_sk)
-                sb1_n = gl.load(sfb1 + kn * sfb_sk, mask=has1, other=0.0)
-            else:
-                sa = gl.load(sfa_rows + kb * sfa_sk, mask=m_mask, other=0.0)
-                sb0 = gl.load(sfb0 + kb * sfb_sk)
-                sb1 = gl.load(sfb1 + kb * sfb_sk, mask=has1, other=0.0)
-            slot = it % NUM_STAGES
-            mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
-            a_s = a_bufs.index(slot).slice(ROW0, ROWS)
-            b_s = b_bufs.index(slot)
-            tok = warpgroup_mma(a_s, b_s.slice(0, HALF).permute((1, 0)), zero, use_acc=False, is_async=True)
-            part = warpgroup_mma_wait(0, deps=(tok, ))
-            acc0 += part * (sa * sb0)[:, None]
-            tok = warpgroup_mma(a_s, b_s.slice(HALF, HALF).permute((1, 0)), zero, use_acc=False, is_async=True)
-            part = warpgroup_mma_wait(0, deps=(tok, ))
-            mbarrier.arrive(empty.index(slot))
-            acc1 += part * (sa * sb1)[:, None]
-            if PREFETCH:
-                sa = sa_n
-                sb0 = sb0_n
-                sb1 = sb1_n
-            it += 1
-        _g_store_tile(d_ptr, acc0, off_m, off_n, M, N, stride_dm, ROWS, HALF, L)
-        _g_store_tile(d_ptr, acc1, off_m, off_n + HALF, M, N, stride_dm, ROWS, HALF, L)
-
-
-@_jit
 def _fp8_gluon_ws_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
                          sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
                          NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr, MATH_REGS: gl.constexpr,
                          PREFETCH: gl.constexpr = False):
     """Persistent warp-specialised FP8 1D2D GEMM: TMA producer (default partition) + BLOCK_M//64 math
-    warpgroups (worker partitions, 4 warps each). BLOCK_N = 256 uses the two-half math partition."""
+    warpgroups (worker partitions, 4 warps each)."""
     gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128)
-    gl.static_assert(BLOCK_N <= 128 or (BLOCK_N == 256 and not OVERLAP))
+    gl.static_assert(BLOCK_N <= 128)
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -336,18 +270,7 @@ def _fp8_gluon_ws_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, strid
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=BLOCK_M // 64)  # one arrive per math partition
-    if BLOCK_N == 256:
-        gl.warp_specialize([
-            (_g_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, num_progs,
-                           BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
-            (_g_math_wide, (a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
-                            sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES,
-                            PREFETCH)),
-            (_g_math_wide, (a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
-                            sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs, 64, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES,
-                            PREFETCH)),
-        ], [4, 4], [MATH_REGS, MATH_REGS])
-    elif BLOCK_M == 128:
+    if BLOCK_M == 128:
         gl.warp_specialize([
             (_g_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, num_progs,
                            BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
