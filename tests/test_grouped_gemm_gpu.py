@@ -29,6 +29,24 @@ def _contiguous_layout(g, m_per_group, device, align=128):
 
 
 @pytest.mark.parametrize("g,m,n,k", [(4, 8192, 4096, 7168), (8, 4096, 7168, 2048), (5, 384, 576, 7296)])
+def replay_masked_graph(A, B, d, mm, counts_list, launch=None):
+    """Capture one masked grouped GEMM (``launch()``; default the public op with expected_m 64) in a CUDA graph, then
+    replay it with each list of per-group counts written into the device tensor ``mm`` (never read on the host);
+    ``d`` is NaN-poisoned before every replay and checked."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        if launch is None:
+            dk.m_grouped_fp8_gemm_nt_masked(A, B, d, mm, 64)
+        else:
+            launch()
+    for counts in counts_list:
+        mm.copy_(torch.tensor(counts, dtype=torch.int32))
+        d.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_masked(d, lambda out: R.m_grouped_fp8_gemm_masked_ref(A, B, out, mm), mm)
+
+
 def test_contiguous_fp8_gpu_production(g, m, n, k):
     gl = _contiguous_layout(g, m, "cuda")
     A, B, gl = contiguous_case(gl, g, n, k, "cuda")
@@ -75,15 +93,7 @@ def test_masked_cuda_graph_replay_gpu():
     d = nan(g, m_max, n, device="cuda")
     dk.m_grouped_fp8_gemm_nt_masked(A, B, d, mm, 64)  # compile outside the capture
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        dk.m_grouped_fp8_gemm_nt_masked(A, B, d, mm, 64)
-    for counts in ([5, 0, 300, 77], [300, 299, 1, 0], [0, 0, 0, 0], [64, 65, 128, 129]):
-        mm.copy_(torch.tensor(counts, dtype=torch.int32))
-        d.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        check_masked(d, lambda out: R.m_grouped_fp8_gemm_masked_ref(A, B, out, mm), mm)
+    replay_masked_graph(A, B, d, mm, ([5, 0, 300, 77], [300, 299, 1, 0], [0, 0, 0, 0], [64, 65, 128, 129]))
 
 
 def test_bf16_gpu():
@@ -211,15 +221,7 @@ def test_masked_fast_launch_path_and_graph_gpu():
     (plan,) = grouped._PLANS.values()
     assert plan.launcher.fast_calls == 2 and plan.launcher.slow_calls == 1
     check_masked(d, lambda out: R.m_grouped_fp8_gemm_masked_ref(A, B, out, mm), mm)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        dk.m_grouped_fp8_gemm_nt_masked(A, B, d, mm, 64)
-    for counts in ([300, 299, 1, 0], [64, 65, 128, 129]):
-        mm.copy_(torch.tensor(counts, dtype=torch.int32))
-        d.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        check_masked(d, lambda out: R.m_grouped_fp8_gemm_masked_ref(A, B, out, mm), mm)
+    replay_masked_graph(A, B, d, mm, ([300, 299, 1, 0], [64, 65, 128, 129]))
 
 
 def test_contiguous_fast_launch_path_gpu():
@@ -331,12 +333,5 @@ def test_gluon_masked_cuda_graph_replay_gpu():
     d = nan(g, m_max, n, device="cuda")
     G._launch_fp8_gluon_m_masked(A[0], A[1], B[0], B[1], d, mm)  # compile outside the capture
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        G._launch_fp8_gluon_m_masked(A[0], A[1], B[0], B[1], d, mm)
-    for counts in ([300, 299, 1, 0], [64, 65, 128, 129]):
-        mm.copy_(torch.tensor(counts, dtype=torch.int32))
-        d.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        check_masked(d, lambda out: R.m_grouped_fp8_gemm_masked_ref(A, B, out, mm), mm)
+    replay_masked_graph(A, B, d, mm, ([300, 299, 1, 0], [64, 65, 128, 129]),
+                        launch=lambda: G._launch_fp8_gluon_m_masked(A[0], A[1], B[0], B[1], d, mm))

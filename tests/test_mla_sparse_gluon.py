@@ -20,7 +20,7 @@ import deepkernels.mla.sparse_decode as sd
 from deepkernels.mla import _gluon_sparse_decode as G
 from deepkernels.testing.numerics import check_is_allclose
 
-from test_mla_sparse_kernels import poison, run_and_check, sass_spill_report, sms  # noqa: F401 (fixtures)
+from test_mla_sparse_kernels import check_batch_invariant, poison, run_and_check, sass_spill_report, sms  # noqa: F401
 from test_mla_sparse_reference import TOL_LSE, TOL_OUT, _public, make_case
 
 pytestmark = pytest.mark.skipif(not G.available(), reason=f"Gluon not importable: {G._IMPORT_ERROR!r}")
@@ -197,16 +197,7 @@ def test_gpu_vs_triton_and_batch_invariant(gluon_dispatch):
         o_t, l_t = _public(kw)
     assert check_is_allclose("out vs triton", o1.float(), o_t.float(), **TOL_OUT)
     assert check_is_allclose("lse vs triton", l1, l_t, **TOL_LSE)
-    sd.set_sparse_decode_batch_invariant(True)
-    try:
-        ob, lb = _public(kw)
-        part = {k: (v[5:9] if isinstance(v, torch.Tensor) and k in ("q", "indices", "topk_length") else v)
-                for k, v in kw.items()}
-        op, lp = _public(part)
-    finally:
-        sd.set_sparse_decode_batch_invariant(False)
-    assert torch.equal(ob[5:9], op) and torch.equal(lb[5:9], lp)
-    assert check_is_allclose("out", ob.float(), o1.float(), **TOL_OUT)
+    check_batch_invariant(kw, o1)
     assert gluon_dispatch == ["v41"] * 4                              # the DISABLE_GLUON call took Triton
 
 
