@@ -28,7 +28,6 @@ def _contiguous_layout(g, m_per_group, device, align=128):
     return torch.tensor(layout, dtype=torch.int32, device=device)
 
 
-@pytest.mark.parametrize("g,m,n,k", [(4, 8192, 4096, 7168), (8, 4096, 7168, 2048), (5, 384, 576, 7296)])
 def replay_masked_graph(A, B, d, mm, counts_list, launch=None):
     """Capture one masked grouped GEMM (``launch()``; default the public op with expected_m 64) in a CUDA graph, then
     replay it with each list of per-group counts written into the device tensor ``mm`` (never read on the host);
@@ -47,6 +46,7 @@ def replay_masked_graph(A, B, d, mm, counts_list, launch=None):
         check_masked(d, lambda out: R.m_grouped_fp8_gemm_masked_ref(A, B, out, mm), mm)
 
 
+@pytest.mark.parametrize("g,m,n,k", [(4, 8192, 4096, 7168), (8, 4096, 7168, 2048), (5, 384, 576, 7296)])
 def test_contiguous_fp8_gpu_production(g, m, n, k):
     gl = _contiguous_layout(g, m, "cuda")
     A, B, gl = contiguous_case(gl, g, n, k, "cuda")

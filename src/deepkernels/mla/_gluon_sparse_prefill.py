@@ -1,4 +1,4 @@
-"""Gluon (``triton.experimental.gluon``, Triton 3.6) sparse top-k MLA prefill for sm90 — experimental.
+"""Gluon (``triton.experimental.gluon``, Triton 3.6) sparse top-k MLA prefill for sm90.
 
 Same semantics as the Triton kernel in :mod:`deepkernels.mla.prefill` (FlashMLA ``flash_mla_sparse_fwd``):
 one program per (query token, 64-head group), the token's top-k KV rows gathered 64 at a time, the 576-wide rows
@@ -19,12 +19,13 @@ Why Gluon: Triton puts every warp on M for the chained dots, so with 64 heads bo
   shared memory for the whole program (64 KB + 8 KB).
 
 Shared memory: Q 72 KB + ring 2 x 72 KB + P 8 KB = 224 KB (d_qk 576); the H200 allows 227 KB per block.
-No warp specialisation yet (one instruction stream; the overlap comes from cp.async). Measured on the H200
-(``results/mla_prefill_gluon-h200-2026-11-29*.json``): 332-338 TFLOPS at s_q 4096, h_q 128, topk 2048 vs 235-260 for
-the Triton kernel. A software-pipelined variant (ring of 4 x 32-token or 8 x 16-token tiles, S(j+1) and PV(j) in
-flight together) was correct but slower, 244 and 141 TFLOPS: with smaller tiles the per-block barriers, cross-
-warpgroup reductions and narrow wgmmas cost more than the overlap wins (commit e495a5c has it). Next: a producer
-warpgroup (FlashMLA's structure) so the gather and the two consumer warpgroups run decoupled.
+Two variants. ``"single"``: one 8-warp instruction stream, the overlap comes from cp.async; measured on the H200
+(``results/mla_prefill_gluon-h200-2026-11-29*.json``) 331-338 TFLOPS at s_q 4096, h_q 128, topk 2048 vs 235-260 for
+the Triton kernel. ``"ws"`` (dispatched): a 4-warp producer partition does the gather into an mbarrier ring and the
+8 consumer warps only compute; 360-401 TFLOPS in the same run (``results/mla_prefill_gluon-ws-h200-2026-11-29.json``).
+A software-pipelined variant (ring of 4 x 32-token or 8 x 16-token tiles, S(j+1) and PV(j) in flight together) was
+correct but slower, 244 and 141 TFLOPS: with smaller tiles the per-block barriers, cross-warpgroup reductions and
+narrow wgmmas cost more than the overlap wins (commit e495a5c has it).
 """
 from __future__ import annotations
 
@@ -297,7 +298,7 @@ def _sparse_prefill_gluon_ws_kernel(
     D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
     NUM_SLOTS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
-    """Warp-specialised variant (experimental, never run on a GPU yet): a 4-warp producer partition does the
+    """Warp-specialised variant (dispatched): a 4-warp producer partition does the
     cp.async gather into a NUM_SLOTS ring (mbarriers ``ready`` / ``empty``), the 8-warp default partition computes
     exactly what the single-partition kernel does, without issuing a single gather instruction."""
     BLOCK_H: gl.constexpr = 64
@@ -346,12 +347,17 @@ def supported(q: torch.Tensor, kv: torch.Tensor) -> bool:
     return aligned and q.shape[1] % BLOCK_H == 0 and q.shape[2] in (576, 512)
 
 
-# "ws": the warp-specialised kernel (producer partition + 8 consumer warps), not dispatched until measured
+# "ws": the warp-specialised kernel (4-warp cp.async producer partition + 8 consumer warps). Dispatched: on the H200
+# it measured 1.08-1.20x the single-partition kernel (360-401 vs 331-335 TFLOPS at s_q 4096, h_q 128, topk 2048,
+# s_kv 8K-128K; git 3ea864ac1545, results/mla_prefill_gluon-ws-h200-2026-11-29.json). "single" stays selectable.
 WS_SLOTS, WS_PRODUCER_REGS, WS_MAXNREG = 2, 40, 168
+DISPATCH_VARIANT = "ws"
 
 
 def _variant(variant):
-    if variant in (None, "single"):
+    if variant is None:
+        variant = DISPATCH_VARIANT
+    if variant == "single":
         return _sparse_prefill_gluon_kernel, {}, {"num_warps": NUM_WARPS}
     if variant == "ws":
         return (_sparse_prefill_gluon_ws_kernel, {"NUM_SLOTS": WS_SLOTS, "PRODUCER_REGS": WS_PRODUCER_REGS},
@@ -363,7 +369,8 @@ def launch_sparse_prefill_gluon(out, max_logits, lse, q, kv, indices, sm_scale, 
                                 variant=None):
     """Out-parameter launcher with the contract of ``prefill._launch_sparse_prefill`` (inputs validated by
     :func:`deepkernels.mla.prefill.flash_mla_sparse_fwd`; last dims contiguous; ``h_q % 64 == 0``).
-    ``variant``: None (the single-partition kernel, dispatched) or ``"ws"`` (warp-specialised, experimental)."""
+    ``variant``: None (the dispatched one, :data:`DISPATCH_VARIANT`), ``"single"`` (one 8-warp partition) or
+    ``"ws"`` (warp-specialised: producer partition + 8 consumer warps)."""
     s_q, h_q, d_qk = q.shape
     if s_q == 0:
         return

@@ -157,9 +157,9 @@ def _launch_sparse_prefill(out, max_logits, lse, q, kv, indices, sm_scale, attn_
     if s_q == 0:
         return
     if config is None and _gsp.supported(q, kv):
-        # Gluon kernel (h_q % 64 == 0 on sm90): 1.30-1.42x this Triton kernel on the H200 (334 vs 235-258 TFLOPS
-        # at s_q 4096, h_q 128, topk 2048; results/mla_prefill_gluon-h200-2026-11-29.json). Explicit configs and
-        # DEEPKERNELS_DISABLE_GLUON=1 keep the Triton kernel.
+        # Gluon kernel (h_q % 64 == 0 on sm90), warp-specialised variant: 360-401 TFLOPS on the H200 vs 235-258 for
+        # this Triton kernel at s_q 4096, h_q 128, topk 2048 (results/mla_prefill_gluon-ws-h200-2026-11-29.json).
+        # Explicit configs and DEEPKERNELS_DISABLE_GLUON=1 keep the Triton kernel.
         _gsp.launch_sparse_prefill_gluon(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink, topk_length)
         return
     block_h, block_n, num_warps, num_stages, trans_s = config or sparse_prefill_config(h_q)
