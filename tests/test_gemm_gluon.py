@@ -123,6 +123,42 @@ def test_gluon_fp8_small_grid_persistent():
     assert float(calc_diff(d.double(), _ref64(A, B, k))) < 1e-3
 
 
+@pytest.mark.gpu
+@needs_gluon
+def test_gluon_public_dispatch_fast_launch(monkeypatch):
+    """The public fp8_gemm_nt inside the Gluon envelope (M >= 1024, K >= 7168): one cached _GluonPlan, repeat calls on
+    the fast launch path (compiled kernel called directly, descriptors rebuilt per call), bit-identical to the
+    direct launch, and a CUDA graph of the public call replays correctly."""
+    import deepkernels as dk
+    from deepkernels.gemm import dense
+    monkeypatch.delenv("DEEPKERNELS_DISABLE_GLUON", raising=False)
+    m, n, k = 1024, 2112, 7168
+    A, B = _inputs(m, n, k)
+    dense._FP8_PLANS.clear()
+    outs = []
+    for _ in range(3):
+        d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        dk.fp8_gemm_nt(A, B, d)
+        outs.append(d)
+    torch.cuda.synchronize()
+    (plan,) = dense._FP8_PLANS.values()
+    assert isinstance(plan, dense._GluonPlan)
+    assert (plan.launcher.fast_calls, plan.launcher.slow_calls) == (2, 1)
+    direct = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    G._launch_fp8_gluon(A[0], A[1], B[0], B[1], direct, plan.config, num_sms=dense.get_num_sms())
+    torch.cuda.synchronize()
+    for d in outs:
+        assert torch.equal(d, direct)
+    d = outs[0]
+    d.fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dk.fp8_gemm_nt(A, B, d)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(d, direct)
+
+
 @pytest.mark.compile
 @needs_gluon
 @pytest.mark.parametrize("cfg", [G.GLUON_WS_128_S6, G.GLUON_WS_128_S6_PF, G.GLUON_WS_128_S4],

@@ -566,6 +566,63 @@ def test_contiguous_gluon_dispatch_rule(monkeypatch):
     assert rule(512, 256, 512, True, True, d, 64, None) is _gluon_fp8.GLUON_WS_128_S6
 
 
+def test_masked_gluon_dispatch_rule(monkeypatch):
+    """Where the public masked op uses the Gluon kernel (the v3b device-measured envelope) and the env knobs."""
+    from types import SimpleNamespace
+    from deepkernels.gemm import _gluon_fp8
+    if not _gluon_fp8.available():
+        pytest.skip("gluon not importable")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("DEEPKERNELS_GROUPED_GLUON", raising=False)
+    monkeypatch.delenv("DEEPKERNELS_DISABLE_GLUON", raising=False)
+    monkeypatch.setattr("deepkernels._backend.interpret_mode", lambda: False)
+    d = SimpleNamespace(dtype=torch.bfloat16, is_cuda=True)
+    rule = grouped._gluon_masked_config
+    for args in [(1024, 4096, 7168, 1024), (256, 7168, 2048, 256), (4096, 4096, 7168, 300)]:
+        assert rule(*args, True, d, None) is _gluon_fp8.GLUON_WS_128_S4, args
+    for args, is_fp8, dd, cfg in [((1024, 4096, 7168, 128), True, d, None),    # expected_m below the envelope
+                                  ((1024, 2048, 7168, 1024), True, d, None),   # N below it
+                                  ((1024, 4096, 1024, 1024), True, d, None),   # K below it
+                                  ((1024, 4096, 7168, 1024), False, d, None),  # BF16
+                                  ((1024, 4096, 7168, 1024), True, SimpleNamespace(dtype=torch.float32, is_cuda=True),
+                                   None),
+                                  ((1024, 4096, 7168, 1024), True, d, GemmConfig(128, 128, 8, 4))]:
+        assert rule(*args, is_fp8, dd, cfg) is None, args
+    monkeypatch.setenv("DEEPKERNELS_DISABLE_GLUON", "grouped_gemm")
+    assert rule(1024, 4096, 7168, 1024, True, d, None) is None
+    monkeypatch.delenv("DEEPKERNELS_DISABLE_GLUON")
+    monkeypatch.setenv("DEEPKERNELS_GROUPED_GLUON", "0")
+    assert rule(1024, 4096, 7168, 1024, True, d, None) is None
+    monkeypatch.setenv("DEEPKERNELS_GROUPED_GLUON", "1")
+    assert rule(64, 256, 512, 8, True, d, None) is _gluon_fp8.GLUON_WS_128_S4
+
+
+@pytest.mark.interpret
+def test_masked_gluon_plan_host_path_interpret(device, monkeypatch):
+    """Host path of the Gluon masked dispatch (the kernel is GPU-only): validated once, then the cached plan is
+    called with the same tensors; masked_m stays on the device; a stand-in computes the reference."""
+    calls = []
+
+    def fake_launch(self, a, b, d, sfa, sfb, mm):
+        assert self.masked and mm.device == a.device
+        calls.append(mm.data_ptr())
+        R.m_grouped_fp8_gemm_masked_ref((a, sfa), (b, sfb), d, mm)
+
+    monkeypatch.setattr(grouped, "_gluon_masked_config", lambda *a: object())
+    monkeypatch.setattr(grouped._GluonPlan, "__call__", fake_launch)
+    monkeypatch.setattr(grouped, "_PLANS", {})
+    _, A = fp8_a3(3, 40, 256, device)
+    _, B = fp8_b(3, 48, 256, device)
+    for counts in ([5, 0, 40], [40, 1, 0]):
+        mm = torch.tensor(counts, dtype=torch.int32, device=device)
+        d = nan(3, 40, 48, device=device)
+        dk.m_grouped_fp8_gemm_nt_masked(A, B, d, mm, 256)
+        check_masked(d, lambda out: R.m_grouped_fp8_gemm_masked_ref(A, B, out, mm), mm)
+    assert len(calls) == 2
+    (plan,) = grouped._PLANS.values()
+    assert isinstance(plan, grouped._GluonPlan) and plan.masked
+
+
 @pytest.mark.interpret
 def test_contiguous_gluon_plan_host_path_interpret(device, monkeypatch):
     """Host path of the Gluon contiguous dispatch (the kernel itself is GPU-only): validated once, cached, sfa passed
@@ -577,7 +634,7 @@ def test_contiguous_gluon_plan_host_path_interpret(device, monkeypatch):
         d.copy_(R.m_grouped_fp8_gemm_contiguous_ref((a, sfa), (b, sfb), gid, False, 128, d.dtype))
 
     monkeypatch.setattr(grouped, "_gluon_contiguous_config", lambda *a: object())
-    monkeypatch.setattr(grouped._GluonContiguousPlan, "__call__", fake_launch)
+    monkeypatch.setattr(grouped._GluonPlan, "__call__", fake_launch)
     monkeypatch.setattr(grouped, "_PLANS", {})  # the stand-in plan never outlives this test
     A, B, gl = contiguous_case([0] * 20 + [-1] * 12 + [1] * 32, 2, 40, 256, device)
     for _ in range(2):
@@ -586,4 +643,4 @@ def test_contiguous_gluon_plan_host_path_interpret(device, monkeypatch):
         check_contiguous(d, A, B, gl)
     assert calls == [(tuple(A[1].stride()), 64)] * 2
     (run,) = grouped._PLANS.values()
-    assert isinstance(run.plan, grouped._GluonContiguousPlan) and not run.norm_sfa
+    assert isinstance(run.plan, grouped._GluonPlan) and not run.norm_sfa

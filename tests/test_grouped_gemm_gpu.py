@@ -291,11 +291,11 @@ def test_gluon_contiguous_public_dispatch_gpu(monkeypatch):
         dk.m_grouped_fp8_gemm_nt_contiguous(A, B, d, gl)
     torch.cuda.synchronize()
     (run,) = grouped._PLANS.values()
-    assert isinstance(run.plan, grouped._GluonContiguousPlan)
+    assert isinstance(run.plan, grouped._GluonPlan)
     check_contiguous(d, A, B, gl)
 
 
-# ------------------------------------------------------------------ Gluon m-grouped masked (v3, not yet device-run)
+# ------------------------------------------------------------------ Gluon m-grouped masked (dispatched for expected_m >= 256)
 @pytest.mark.parametrize("cfg_name", ["GLUON_WS_128_S4", "GLUON_WS_128_S6"])
 @pytest.mark.parametrize("case", ["production", "odd", "empty"])
 def test_gluon_masked_fp8_gpu(case, cfg_name):
@@ -335,3 +335,36 @@ def test_gluon_masked_cuda_graph_replay_gpu():
     torch.cuda.synchronize()
     replay_masked_graph(A, B, d, mm, ([300, 299, 1, 0], [64, 65, 128, 129]),
                         launch=lambda: G._launch_fp8_gluon_m_masked(A[0], A[1], B[0], B[1], d, mm))
+
+
+def test_gluon_masked_public_dispatch_gpu(monkeypatch):
+    """The public masked op inside the Gluon envelope (expected_m 256, N 4096, K 2048): cached _GluonPlan, the second
+    call on the fast launch path, results equal to the reference and bit-identical to the direct launch; a CUDA graph
+    of the public call replays with new counts."""
+    G = _gluon_contig_or_skip()
+    from deepkernels.gemm import grouped
+    monkeypatch.delenv("DEEPKERNELS_GROUPED_GLUON", raising=False)
+    monkeypatch.delenv("DEEPKERNELS_DISABLE_GLUON", raising=False)
+    g, m_max, n, k = 3, 384, 4096, 2048
+    _, A = fp8_a3(g, m_max, k, "cuda")
+    _, B = fp8_b(g, n, k, "cuda")
+    mm = torch.tensor([256, 0, 383], dtype=torch.int32, device="cuda")
+    grouped._PLANS.clear()
+    outs = []
+    for _ in range(3):
+        d = nan(g, m_max, n, device="cuda")
+        dk.m_grouped_fp8_gemm_nt_masked(A, B, d, mm, 256)
+        outs.append(d)
+    torch.cuda.synchronize()
+    (plan,) = grouped._PLANS.values()
+    assert isinstance(plan, grouped._GluonPlan) and plan.masked
+    assert plan.launcher.fast_calls >= 1, (plan.launcher.fast_calls, plan.launcher.slow_calls)
+    check_masked(outs[-1], lambda out: R.m_grouped_fp8_gemm_masked_ref(A, B, out, mm), mm)
+    direct = nan(g, m_max, n, device="cuda")
+    G._launch_fp8_gluon_m_masked(A[0], A[1], B[0], B[1], direct, mm)
+    torch.cuda.synchronize()
+    for d in outs:
+        assert torch.equal(torch.nan_to_num(d, nan=7.0), torch.nan_to_num(direct, nan=7.0))
+    d = outs[-1]
+    replay_masked_graph(A, B, d, mm, ([384, 1, 0], [0, 255, 257]),
+                        launch=lambda: dk.m_grouped_fp8_gemm_nt_masked(A, B, d, mm, 256))

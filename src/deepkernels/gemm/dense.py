@@ -329,14 +329,18 @@ class _Plan:
 
 
 class _GluonPlan:
-    """Large-M 1D2D calls on the Gluon warp-specialised kernel (gemm/_gluon_fp8.py)."""
+    """Large-M 1D2D calls on the Gluon warp-specialised kernel (gemm/_gluon_fp8.py). One plan per call signature,
+    so after the first launch the compiled kernel is called directly (KernelLauncher, made on the first call)."""
 
-    __slots__ = ("config",)
+    __slots__ = ("config", "launcher")
 
     def __call__(self, a, sfa, b, sfb, d, c) -> None:
-        from ._gluon_fp8 import _launch_fp8_gluon
+        from . import _gluon_fp8 as G
 
-        _launch_fp8_gluon(a, sfa, b, sfb, d, config=self.config, num_sms=get_num_sms())
+        launcher = getattr(self, "launcher", None)
+        if launcher is None and self.config.warp_spec:
+            launcher = self.launcher = KernelLauncher(G._fp8_gluon_ws_kernel, G.ws_meta(self.config))
+        G._launch_fp8_gluon(a, sfa, b, sfb, d, config=self.config, num_sms=get_num_sms(), launcher=launcher)
 
 
 def _use_gluon(m: int, n: int, k: int, d, c, sfb_per_row: bool):

@@ -195,18 +195,53 @@ def _gluon_contiguous_config(m_sum, n, k, is_fp8, b_kmajor, d, alignment, cfg):
     return None
 
 
-class _GluonContiguousPlan:
-    """m-grouped contiguous FP8 on the Gluon warp-specialised loop (gemm/_gluon_fp8.py)."""
+def _gluon_masked_config(m_max, n, k, expected_m, is_fp8, d, cfg):
+    """The Gluon warp-specialised config for an m-grouped masked call, or None (Triton kernel).
 
-    __slots__ = ("config",)
+    Applies to FP8 with BF16 ``d`` on CUDA and no config override. Default rule (H200, 2026-11-29 16:33 UTC, git
+    3ea864ac1545, ``results/grouped_gemm-h200-v3b-masked-2026-11-29.json``): the Gluon masked kernel passed its GPU
+    tests (incl. CUDA-graph replay with changing counts) and was 1.05-1.17x the Triton masked kernel on all six
+    DeepGEMM masked shapes (G 1/2/4 x M_max 1024/512/256 = expected_m, N 4096 / 7168, K 7168 / 2048); so it is used
+    inside that envelope: expected_m >= 256, N >= 4096, K >= 2048 (smaller expected_m, where the Triton table picks
+    64-row tiles, was not measured). ``DEEPKERNELS_GROUPED_GLUON=1`` forces it wherever it applies, ``=0`` or
+    ``DEEPKERNELS_DISABLE_GLUON`` never uses it."""
+    import os
+    if not is_fp8 or cfg is not None or d.dtype != torch.bfloat16 or not d.is_cuda:
+        return None
+    from .._backend import interpret_mode
+    env = os.environ.get("DEEPKERNELS_GROUPED_GLUON", "")
+    if interpret_mode() or env == "0" or gluon_disabled("grouped_gemm"):
+        return None
+    from . import _gluon_fp8
+    if not _gluon_fp8.available():
+        return None
+    if env == "1" or (expected_m >= 256 and n >= 4096 and k >= 2048):
+        return _gluon_fp8.GLUON_WS_128_S4
+    return None
 
-    def __init__(self, config):
-        self.config = config
 
-    def __call__(self, a, b, d, sfa, sfb, gid) -> None:
-        from ._gluon_fp8 import _launch_fp8_gluon_m_contiguous
+class _GluonPlan:
+    """m-grouped FP8 (contiguous or masked) on the Gluon warp-specialised loop (gemm/_gluon_fp8.py). One plan per
+    call signature, so every launch has the same specialisation: after the first, the compiled kernel is called
+    directly (:class:`deepkernels._launch.KernelLauncher`, made on the first call; TMA descriptors are rebuilt per
+    call)."""
+
+    __slots__ = ("config", "masked", "launcher")
+
+    def __init__(self, config, masked: bool):
+        self.config, self.masked, self.launcher = config, masked, None
+
+    def __call__(self, a, b, d, sfa, sfb, rows) -> None:
+        from . import _gluon_fp8 as G
         from .dense import get_num_sms
-        _launch_fp8_gluon_m_contiguous(a, sfa, b, sfb, d, gid, self.config, get_num_sms())
+        if self.launcher is None:
+            from .._launch import KernelLauncher
+            if self.masked:
+                self.launcher = KernelLauncher(G._fp8_gluon_m_masked_kernel, G.m_masked_meta(self.config))
+            else:
+                self.launcher = KernelLauncher(G._fp8_gluon_m_contiguous_kernel, G.m_contiguous_meta(self.config))
+        launch = G._launch_fp8_gluon_m_masked if self.masked else G._launch_fp8_gluon_m_contiguous
+        launch(a, sfa, b, sfb, d, rows, self.config, get_num_sms(), launcher=self.launcher)
 
 
 class _ContiguousRun:
@@ -276,7 +311,7 @@ def _contiguous(a_data, b_data, sfa, sfb, d, grouped_layout, use_psum_layout, b_
         b_data = b_store.transpose(1, 2)
     gcfg = _gluon_contiguous_config(m_sum, n, k, is_fp8, b_kmajor, d, alignment, _config)
     if gcfg is not None:
-        run = _ContiguousRun(_GluonContiguousPlan(gcfg), False, use_psum_layout, m_sum, g_num, alignment)
+        run = _ContiguousRun(_GluonPlan(gcfg, False), False, use_psum_layout, m_sum, g_num, alignment)
     else:
         plan = _L.m_contiguous_plan(a_data, b_data, b_kmajor, d, _mn_major_sfa(sfa) if is_fp8 else None, sfb,
                                     _config, alignment)
@@ -407,7 +442,12 @@ def _masked(a_data, b_data, sfa, sfb, d, masked_m, expected_m, compiled_dims, _c
     a_in, b_in = a_data, b_data
     a_data = _L.k_major("a[0]" if is_fp8 else "a", a_data)
     b_data = _L.k_major("b[0]" if is_fp8 else "b", b_data)
-    plan = _L.launch_m_masked(a_data, b_data, d, masked_m, expected_m, sfa, sfb, _config)
+    gcfg = _gluon_masked_config(m_max, n, k, expected_m, is_fp8, d, _config)
+    if gcfg is not None:
+        plan = _GluonPlan(gcfg, True)
+        plan(a_data, b_data, d, sfa, sfb, masked_m)
+    else:
+        plan = _L.launch_m_masked(a_data, b_data, d, masked_m, expected_m, sfa, sfb, _config)
     return plan if _same(a_data, a_in) and _same(b_data, b_in) else None
 
 
