@@ -113,7 +113,10 @@ def decode_and_check(tier, q, k, bt, sl, causal, scale=None, meta=None):
         ro, rl = naive_decode(q, k, bt, sl, causal, scale)
     else:
         ro, rl = ref.dense_decode(q, k, bt, sl, 512, scale, causal)
-    (ta, tr, tc), (la, lr) = TOL[tier if tier != "gpu" else "reference"]
+    # the reference tier run under TRITON_INTERPRET=1 executes the interpreted kernels (their P rounding), so it
+    # takes the interpreter's tolerances
+    from deepkernels._backend import interpret_mode
+    (ta, tr, tc), (la, lr) = TOL["interpret" if tier == "interpret" or interpret_mode() else "reference"]
     assert check_is_allclose("out", o.float().cpu(), ro.float().cpu(), ta, tr, tc)
     assert check_is_allclose("lse", l_.float().cpu(), rl.float().cpu(), la, lr)
     return o, l_, meta
