@@ -1,0 +1,399 @@
+"""Warp-specialised Gluon sparse MLA decode for the V3.2 FP8 main cache (sm90; issue #6). Experimental, not dispatched.
+
+Same contract as :mod:`deepkernels.mla._gluon_sparse_decode` (the dispatched single-partition kernel; read its
+docstring) and, by construction, the same output bit for bit: one CTA per (scheduler part, query position,
+64-head block), persistent over the requests of its part, split boundaries clamped to the token line, the last
+split of a request running to its end, indices valid iff ``position < topk_length`` and
+``0 <= idx < num_blocks * page_block_size`` (anything else never dereferenced, its K/V row zero), single-split
+requests write ``out``/``lse`` (sink applied), split requests write ``O/L`` and ``log2 L + m`` to accumulator row
+``num_splits[req] + split`` for the unchanged ``combine_splits_``. Launcher :func:`launch_sparse_decode_gluon_ws`
+has the signature of ``launch_sparse_decode_gluon`` (drop-in). Scope of this first version
+(:func:`supported_ws`): main cache V3.2 only (656 B/token: 512 e4m3, 4 fp32 scales, 64 bf16 RoPE; d_qk 576), no
+extra cache, no V4.1 / FP4 -- those stay on the single-partition kernel.
+
+Structure (``gl.warp_specialize``, modelled on ``_gluon_sparse_prefill._sparse_prefill_gluon_ws_kernel``):
+
+* Producer partition, 4 warps (128 threads), :func:`_w_producer`: walks the same (request, 64-token block)
+  sequence as the consumers (same scheduler arithmetic, :func:`_w_req_range`); per block it waits ``empty[slot]``,
+  cp.asyncs the 64 x 64 bf16 RoPE rows (masked: zero-filled, never read) straight into ``kv_p[slot]``, and
+  dequantises the NoPE part in 4 chunks of one scale group each (``[64 tokens, 128 B]`` = 32 int32 words per
+  token, 16 registers per thread): ``bf16(fp32(e4m3) * fp32 scale)`` -- the same ops as ``_g_byte`` -- stored to
+  columns ``[128 g, 128 g + 128)`` of ``kv_n[slot]``. Right after chunk g is dequantised, chunk g of the NEXT block
+  is loaded into the same registers (16-byte ``ld.global.v4``), so the raw records of block j+1 are in flight
+  while block j is dequantised and while the producer waits for the slot: 64 data registers carried, 32 KB in
+  flight per CTA. Then ``ready[slot]`` (count 1: a per-thread ``cp.async.mbarrier.arrive`` for the RoPE copies,
+  net zero, plus the partition's ordinary arrive, which Gluon lowers to a 128-thread barrier + one arrive).
+* Default partition, 8 warps = 2 consumer warpgroups, :func:`_w_consumer`: Q of each request to shared memory,
+  then per block: wait ``ready[slot]``, ``fence.proxy.async`` (the producer's generic-proxy stores before the
+  wgmma reads, as the prefill WS consumer does for its cp.async data), S = Q K^T split by token columns
+  (``[4, 2]`` layouts), the online softmax of the single-partition kernel (V3.2: row sum reduced per block), P to
+  shared memory, ``acc *= alpha``, O += P V split by value columns, wait, ``empty[slot]`` arrive (a barrier of the
+  8 warps + one arrive: both warpgroups' P V done, P tile free). Epilogue identical to the single-partition one.
+  The consumers issue no gather instruction and no dequant instruction.
+
+Numerics: the consumer's instruction sequence per block is the single-partition kernel's (same wgmma shapes and
+order: NoPE k-steps then RoPE k-steps into one accumulator, same softmax expressions, same epilogue); the K tile
+bytes are the same (identical dequant ops; invalid rows +0 in both). So out / lse are expected BIT-IDENTICAL to
+``launch_sparse_decode_gluon`` (tests/test_mla_sparse_decode_ws.py checks ``torch.equal``).
+
+Shared memory: Q 64 KB + 8 KB RoPE, ring 2 x (64 KB + 8 KB), P 8 KB = 224 KB, + 548 B (4 mbarriers, the softmax's
+cross-warpgroup reduction scratch, warp_specialize state): 229,924 B of the 232,448 B limit.
+
+Registers (ptxas of the Triton 3.6 wheel, cross-compiled): launch ``maxnreg`` 168 (12 warps x 32 x 168 = 64,512 of
+the 65,536 registers), producer ``setmaxnreg`` 136 (:data:`WS_PRODUCER_REGS`), which makes Triton give the 8 consumer
+warps (64,512 - 128 x 136) / 256 = 184. Producer: 64 carried raw-record registers + 4 scales + 2 record addresses +
+a 32-register dequant chunk -> 4 spill instructions in its block loop (of ~1,300); consumers: 128 accumulator
+registers + S/P, 0 spill instructions in the token loop; 132 B of spill stores in all (request setup, epilogue).
+Measured splits (spill instructions in the producer loop / consumer loop): producer 104 -> 45 / 0, 120 -> 8 / 0,
+128 -> 4 / 0, 136 -> 4 / 0, 144 -> 4 / 6, 152 -> 6 / 6. Why 4 producer warps: 8 would put 16 warps on 64K
+registers (<= 128 each at launch) while the consumers need ~184; fewer than 4 leaves SM sub-partitions without a
+producer warp and doubles the per-thread dequant and its registers.
+
+Prediction (h_q 128, topk 2048, b 64/128; per CTA and 64-token block, one CTA per SM at 224 KB of shared memory):
+consumers 64x64x576 + 64x512x64 = 4.46 M MAC = 8.9 MFLOP. At 2048 bf16 MAC/clk/SM that is 2,176 clk of math, but S
+is m64n32k16 with A (Q) re-read from shared memory every k-step (3 KB per 32 K MAC: ~24 clk of shared bandwidth vs
+16 of math), so S ~1,700 clk + P V ~1,000 clk + the softmax with its cross-warpgroup reductions and 3 consumer
+barriers (~500-800 clk): ~3,300-3,500 clk = 1.8-1.9 us per block at 1.83 GHz -- the consumer of the sparse PREFILL
+WS kernel, which measured 360-401 TFLOPS. Producer per block: 64 x 656 B = 42 KB gathered (the two head-block CTAs
+of an h_q = 128 row read the same records; ~0.7-1 TB/s of DRAM at these rates, far under 4.8 TB/s: latency, not
+bandwidth -> 32 KB kept in flight) and 32K elements dequantised: per thread 128 F2FP e4m3x2->f16x2, 256 HADD2.F32,
+256 FMUL, 128 F2FP bf16x2 packs, ~300 integer ops, 32 STS.128 (~1,100 issue slots per producer warp, one per SM
+sub-partition; ~2,000 clk = 1.1 us if F2FP runs at 16/clk/SM) -- under the consumer time, so the block time should
+be the consumer's. The single-partition kernel measured ~5.5 us per block (215 TFLOPS): the same dequant sits
+between its P V issue and wait, and block j+1's gather latency is covered only by S_j + softmax. Predicted:
+300-380 TFLOPS at h_q 128 (1.4-1.8x the single-partition kernel), capped near the prefill WS's 360-401 by the same
+consumer; 420 is not expected from this structure alone (it needs a cheaper S: Q from registers or another
+warpgroup split). h_q 64: the same per-block gain on lower absolute numbers. Untested on a GPU when written:
+correctness (bit-identity with the single-partition kernel) and speed are for the device run.
+"""
+from __future__ import annotations
+
+import torch
+
+from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy, fence_async_shared, mbarrier,
+                      warpgroup_mma, warpgroup_mma_wait)
+from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
+from ._gluon_sparse_decode import _g_load_idx, _g_rows, _page_shift, supported
+
+__all__ = ["available", "supported_ws", "launch_sparse_decode_gluon_ws", "compile_sm90_ws", "WS_PRODUCER_WARPS",
+           "WS_PRODUCER_REGS", "WS_MAXNREG"]
+
+BLOCK_H = 64
+NUM_WARPS = 8                 # the default (consumer) partition: 2 warpgroups
+WS_PRODUCER_WARPS = 4          # (the literal [4] in the kernel: Gluon reads no Python globals)
+WS_PRODUCER_REGS = 136        # setmaxnreg of the producer; the 8 consumer warps get (168 * 384 - 136 * 128) / 256 = 184
+WS_MAXNREG = 168              # launch cap: 12 warps x 32 x 168 <= 64K registers; Triton hands the consumers the rest
+WS_PRODUCER_FENCE = False     # also fence.proxy.async in the producer before ``ready`` (the consumer always fences)
+_LOG2E = 1.4426950408889634
+
+
+# ----------------------------------------------------------------------------------------------- device code
+
+@_jit
+def _w_req_range(req, begin_req, end_req, begin_blk, end_blk, begin_split, len_ptr, nsplits_ptr, topk,
+                 HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr):
+    """The single-partition kernel's per-request arithmetic: (n, base_row, nsp, split, t_lo, t_end)."""
+    n = topk + req * 0
+    if HAS_LEN:
+        n = gl.minimum(gl.maximum(gl.load(len_ptr + req), 0), topk)
+    base_row = gl.load(nsplits_ptr + req)
+    nsp = gl.load(nsplits_ptr + req + 1) - base_row
+    split = gl.where(req == begin_req, begin_split, 0)
+    t_lo = gl.minimum(gl.maximum(gl.where(req == begin_req, begin_blk, 0), 0), 1 << 24) * SBLOCK
+    t_hi = gl.minimum(gl.where((req == end_req) & (split < nsp - 1), end_blk, 1 << 24), 1 << 24) * SBLOCK
+    t_end = gl.minimum(t_hi, n)
+    return n, base_row, nsp, split, t_lo, t_end
+
+
+@_jit
+def _w_part(meta_ptr, b, s_q, h_q):
+    """(head block, query position, begin_req, end_req, begin_blk, end_blk, begin_split) of this CTA."""
+    n_hb = h_q // 64
+    pid = gl.program_id(0)
+    hb = pid % n_hb
+    tmp = pid // n_hb
+    si = tmp % s_q
+    part = tmp // s_q
+    rec_ptr = meta_ptr + part * 8
+    begin_req = gl.maximum(gl.load(rec_ptr + 0), 0)
+    end_req = gl.minimum(gl.load(rec_ptr + 1), b - 1)
+    begin_blk = gl.load(rec_ptr + 2)
+    end_blk = gl.load(rec_ptr + 3)
+    begin_split = gl.load(rec_ptr + 4)
+    return hb, si, begin_req, end_req, begin_blk, end_blk, begin_split
+
+
+@_jit
+def _w_load_chunk(kv_ptr, rec, valid, G: gl.constexpr, LW: gl.constexpr):
+    """Masked loads of scale group G of 64 V3.2 records: the 128 e4m3 bytes as 32 packed int32 words per token
+    ([64, 32], 16-byte vectors) and the group's fp32 scale ([64]); invalid tokens load zeros."""
+    w = gl.arange(0, 32, gl.SliceLayout(0, LW))
+    wp = (kv_ptr + rec).to(gl.pointer_type(gl.int32))
+    raw = gl.load(wp[:, None] + (G * 32 + w)[None, :], mask=valid[:, None] & (w >= 0)[None, :], other=0)
+    sp = (kv_ptr + rec + (512 + 4 * G)).to(gl.pointer_type(gl.float32))
+    sc = gl.load(sp, mask=valid, other=0.0)
+    return raw, sc
+
+
+@_jit
+def _w_byte(raw, sc, K: gl.constexpr):
+    """bf16(fp32(e4m3 byte K of each word) * scale) -- the ops of ``_gluon_sparse_decode._g_byte``."""
+    b = ((raw >> (8 * K)) & 0xFF).to(gl.uint8)
+    return (b.to(gl.float8e4nv, bitcast=True).to(gl.float32) * sc[:, None]).to(gl.bfloat16)
+
+
+@_jit
+def _w_dequant_store(raw, sc, dst):
+    """One scale group: [64, 32] words -> [64, 128] bf16 (byte k of word w is element 4w + k) -> ``dst``."""
+    x = gl.join(gl.join(_w_byte(raw, sc, 0), _w_byte(raw, sc, 2)), gl.join(_w_byte(raw, sc, 1), _w_byte(raw, sc, 3)))
+    dst.store(gl.reshape(x, [64, 128]))
+
+
+@_jit
+def _w_producer(kv_n, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
+                stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk,
+                PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr,
+                PRODUCER_FENCE: gl.constexpr):
+    """Worker partition (4 warps): gather + dequantise every 64-token block of this CTA's (request, block) line
+    into ring slot ``it % 2`` (``it`` counts blocks over the requests, as the consumers do)."""
+    # one token per thread: a scale group of a record (128 B = 32 words) is 2 threads x 4 16-byte vectors, so a
+    # thread carries 1 scale and 1 record address per chunk (not 4, as with 8 lanes per token)
+    LW: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])   # [64, 32] words
+    LT: gl.constexpr = gl.SliceLayout(1, LW)
+    LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1], [1, 0])  # [64, 64] bf16 RoPE: 4 x 16-B cp.async
+    LTP: gl.constexpr = gl.SliceLayout(1, LP4)
+    hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _w_part(meta_ptr, b, s_q, h_q)
+    si64 = si.to(gl.int64)
+    dr = gl.arange(0, 64, gl.SliceLayout(0, LP4))
+    it = 0
+    for req in range(begin_req, end_req + 1):
+        n, base_row, nsp, split, t_lo, t_end = _w_req_range(req, begin_req, end_req, begin_blk, end_blk,
+                                                            begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
+                                                            SBLOCK)
+        nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+        idx_row = idx_ptr + req.to(gl.int64) * stride_ib + si64 * stride_is
+        # prologue: block 0's raw records (4 scale groups) in flight
+        i0, v = _g_load_idx(idx_row, t_lo, t_end, num_tok, LT)
+        rec = _g_rows(i0, v, page, stride_kb, 656, PAGE_SHIFT)
+        r0, s0 = _w_load_chunk(kv_ptr, rec, v, 0, LW)
+        r1, s1 = _w_load_chunk(kv_ptr, rec, v, 1, LW)
+        r2, s2 = _w_load_chunk(kv_ptr, rec, v, 2, LW)
+        r3, s3 = _w_load_chunk(kv_ptr, rec, v, 3, LW)
+        for j in range(nblocks):
+            slot = it % 2
+            t0 = t_lo + j * 64
+            recp = gl.convert_layout(rec, LTP)      # block j's records and validity for the RoPE copy
+            vp = gl.convert_layout(v, LTP)
+            i1, v = _g_load_idx(idx_row, t0 + 64, t_end, num_tok, LT)          # block j+1 (may be all invalid)
+            rec = _g_rows(i1, v, page, stride_kb, 656, PAGE_SHIFT)
+            mbarrier.wait(empty.index(slot), ((it // 2) & 1) ^ 1)              # a fresh barrier passes phase 1
+            pp = (kv_ptr + recp + 528).to(gl.pointer_type(gl.bfloat16))
+            async_copy.async_copy_global_to_shared(kv_p.index(slot), pp[:, None] + dr[None, :],
+                                                   mask=vp[:, None] & (dr >= 0)[None, :])
+            dst = kv_n.index(slot)
+            _w_dequant_store(r0, s0, dst.slice(0, 128, dim=1))
+            r0, s0 = _w_load_chunk(kv_ptr, rec, v, 0, LW)
+            _w_dequant_store(r1, s1, dst.slice(128, 128, dim=1))
+            r1, s1 = _w_load_chunk(kv_ptr, rec, v, 1, LW)
+            _w_dequant_store(r2, s2, dst.slice(256, 128, dim=1))
+            r2, s2 = _w_load_chunk(kv_ptr, rec, v, 2, LW)
+            _w_dequant_store(r3, s3, dst.slice(384, 128, dim=1))
+            r3, s3 = _w_load_chunk(kv_ptr, rec, v, 3, LW)
+            if PRODUCER_FENCE:
+                fence_async_shared()
+            async_copy.mbarrier_arrive(ready.index(slot))
+            mbarrier.arrive(ready.index(slot))
+            it += 1
+
+
+@_jit
+def _w_consumer(q_n, q_p, kv_n, kv_p, p_smem, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr,
+                nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh, num_tok,
+                stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2,
+                HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr):
+    """Default partition (8 warps): the single-partition kernel's compute and epilogue, V3.2, no extra cache."""
+    D_V: gl.constexpr = 512
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
+    LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+    LS: gl.constexpr = gl.SliceLayout(0, S_L)
+    hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _w_part(meta_ptr, b, s_q, h_q)
+    si64 = si.to(gl.int64)
+    hq = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, LP))
+    dq = gl.arange(0, 64, gl.SliceLayout(0, LP))
+    s_zero = gl.zeros([64, 64], gl.float32, S_L)
+    it = 0
+    for req in range(begin_req, end_req + 1):
+        req64 = req.to(gl.int64)
+        gl.thread_barrier()            # every wgmma of the previous request read Q before it is overwritten
+        q_rows = q_ptr + req64 * stride_qb + si64 * stride_qs + hq.to(gl.int64)[:, None] * stride_qh
+        for c in gl.static_range(8):
+            q_n.slice(c * 64, 64, dim=1).store(gl.load(q_rows + (c * 64 + dq)[None, :]))
+        q_p.store(gl.load(q_rows + (D_V + dq)[None, :]))
+        fence_async_shared()
+        gl.thread_barrier()
+        n, base_row, nsp, split, t_lo, t_end = _w_req_range(req, begin_req, end_req, begin_blk, end_blk,
+                                                            begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
+                                                            SBLOCK)
+        idx_row = idx_ptr + req64 * stride_ib + si64 * stride_is
+        nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+        m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))   # running max of raw q.k
+        l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
+        acc = gl.zeros([64, D_V], gl.float32, O_L)
+        for j in range(nblocks):
+            slot = it % 2
+            t0 = t_lo + j * 64
+            _, valid = _g_load_idx(idx_row, t0, t_end, num_tok, LS)
+            mbarrier.wait(ready.index(slot), (it // 2) & 1)
+            fence_async_shared()       # the producer's shared stores (generic proxy) before the wgmma reads
+            tok = warpgroup_mma(q_n, kv_n.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            tok = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(tok, ))
+            # online softmax step, exactly as _gluon_sparse_decode._g_attend (PSUM off for V3.2)
+            s = gl.where(valid[None, :], s, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
+            p = gl.exp2((s - m_safe[:, None]) * sm_scale_log2)
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m_new
+            p_smem.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            gl.thread_barrier()        # both halves of P written before either warpgroup reads it
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+            tok_o = warpgroup_mma(p_smem, kv_n.index(slot), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+            mbarrier.arrive(empty.index(slot))   # 8-warp barrier + one arrive: slot and P tile free
+            it += 1
+
+        # epilogue (as the single-partition kernel)
+        empty_row = (l_i == 0.0) | (l_i != l_i)
+        l_safe = gl.where(empty_row, 1.0, l_i)
+        m_log2 = m_i * sm_scale_log2
+        heads = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, S_L))
+        heads_o = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, O_L))
+        da = gl.arange(0, D_V, gl.SliceLayout(0, O_L))
+        if nsp <= 1:
+            denom = l_safe
+            if HAS_SINK:
+                sink = gl.load(sink_ptr + heads) * 1.4426950408889634
+                denom = l_safe + gl.exp2(sink - gl.where(empty_row, 0.0, m_log2))
+            inv = gl.where(empty_row, 0.0, 1.0 / denom)
+            lse = gl.where(empty_row, float("inf"), (gl.log2(l_safe) + m_log2) * 0.6931471805599453)
+            row_off = (req64 * s_q + si64) * h_q + heads.to(gl.int64)
+            gl.store(lse_ptr + row_off, lse)
+            row_off_o = (req64 * s_q + si64) * h_q + heads_o.to(gl.int64)
+            o = acc * gl.convert_layout(inv, gl.SliceLayout(1, O_L))[:, None]
+            gl.store(out_ptr + row_off_o[:, None] * 512 + da[None, :], o.to(gl.bfloat16))
+        else:
+            inv = gl.where(empty_row, 0.0, 1.0 / l_safe)
+            acc_row = (base_row + split).to(gl.int64)
+            ok = (acc_row >= 0) & (acc_row < acc_rows)
+            a_off = (acc_row * s_q + si64) * h_q + heads.to(gl.int64)
+            gl.store(lacc_ptr + a_off, gl.where(empty_row, float("-inf"), gl.log2(l_safe) + m_log2),
+                     mask=(heads >= 0) & ok)
+            a_off_o = (acc_row * s_q + si64) * h_q + heads_o.to(gl.int64)
+            o = acc * gl.convert_layout(inv, gl.SliceLayout(1, O_L))[:, None]
+            gl.store(oacc_ptr + a_off_o[:, None] * 512 + da[None, :], o, mask=((heads_o >= 0) & ok)[:, None])
+
+
+_NO_SPEC = ["page", "num_tok", "b", "s_q", "h_q", "topk", "acc_rows"]
+
+
+@_jit(do_not_specialize=_NO_SPEC)
+def _sparse_decode_gluon_ws_kernel(
+    q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+    stride_qb, stride_qs, stride_qh, stride_kb, page, num_tok, stride_ib, stride_is,
+    b, s_q, h_q, topk, acc_rows, sm_scale_log2,
+    PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, PRODUCER_FENCE: gl.constexpr,
+):
+    D_V: gl.constexpr = 512
+    SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, D_V], gl.bfloat16)
+    SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
+    q_n = gl.allocate_shared_memory(gl.bfloat16, [64, D_V], SH_N)
+    kv_n = gl.allocate_shared_memory(gl.bfloat16, [2, 64, D_V], SH_N)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
+    q_p = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
+    kv_p = gl.allocate_shared_memory(gl.bfloat16, [2, 64, 64], SH_P)
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([
+        (_w_consumer, (q_n, q_p, kv_n, kv_p, p_smem, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr,
+                       nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh, num_tok,
+                       stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN, HAS_SINK,
+                       SBLOCK)),
+        (_w_producer, (kv_n, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr, stride_kb, page,
+                       num_tok, stride_ib, stride_is, b, s_q, h_q, topk, PAGE_SHIFT, HAS_LEN, SBLOCK,
+                       PRODUCER_FENCE)),
+    ], [4], [PRODUCER_REGS])
+
+
+# ----------------------------------------------------------------------------------------------- host code
+
+def supported_ws(q: torch.Tensor, k_cache: torch.Tensor, fmt: str, extra_k_cache=None, config=None) -> bool:
+    """Whether the WS kernel takes this call: everything :func:`_gluon_sparse_decode.supported` requires, plus main
+    format V3.2 and no extra cache (V4.1, FP4 and extra caches: False, not implemented in this version)."""
+    if fmt != "v32" or extra_k_cache is not None:
+        return False
+    return supported(q, k_cache, fmt, None, config)
+
+
+def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None,
+                                  extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
+                                  extra_topk_length=None, config=None, _spec=None, *,
+                                  producer_regs=None, maxnreg=None, producer_fence=None):
+    """Drop-in for ``launch_sparse_decode_gluon`` (same arguments and outputs; the caller checked
+    :func:`supported_ws`; ``config`` / ``_spec`` ignored). Keyword-only tuning knobs (benchmarks): producer
+    ``setmaxnreg``, launch ``maxnreg``, producer-side proxy fence."""
+    from . import sparse_decode as sd
+    from .combine import combine_splits_
+    from .metadata import SCHED_BLOCK
+
+    if fmt != "v32" or extra_k_cache is not None:
+        raise ValueError("launch_sparse_decode_gluon_ws: V3.2 main cache without extra cache only")
+    b, s_q, h_q, _ = q.shape
+    parts = sched.shape[0]
+    acc_rows = b + parts
+    dev = q.device
+    o_acc = torch.empty(acc_rows, s_q, h_q, 512, dtype=torch.float32, device=dev)
+    l_acc = torch.empty(acc_rows, s_q, h_q, dtype=torch.float32, device=dev)
+    if sd._POISON_OUTPUTS:
+        for t in (out, lse_buf, o_acc, l_acc):
+            t.fill_(float("nan"))
+    kv = k_cache.view(torch.uint8)
+    topk = indices.shape[2]
+    dummy = l_acc
+    grid = (parts * s_q * (h_q // BLOCK_H), )
+    _sparse_decode_gluon_ws_kernel[grid](
+        q, kv, indices, topk_length if topk_length is not None else dummy,
+        attn_sink if attn_sink is not None else dummy, sched, num_splits, out, lse_buf, o_acc, l_acc,
+        q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1],
+        indices.stride(0), indices.stride(1), b, s_q, h_q, topk, acc_rows, scale * _LOG2E,
+        PAGE_SHIFT=_page_shift(kv.shape[1]), HAS_LEN=topk_length is not None, HAS_SINK=attn_sink is not None,
+        SBLOCK=SCHED_BLOCK, PRODUCER_REGS=producer_regs or WS_PRODUCER_REGS,
+        PRODUCER_FENCE=WS_PRODUCER_FENCE if producer_fence is None else bool(producer_fence),
+        num_warps=NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)
+    combine_splits_(out, lse_buf.transpose(1, 2), o_acc, l_acc, num_splits, attn_sink=attn_sink,
+                    lengths=topk_length, topk=topk, extra_lengths=None, extra_topk=None, rne=False)
+
+
+def compile_sm90_ws(page_shift: int = 6, has_len: bool = True, has_sink: bool = True, producer_regs=None,
+                    maxnreg=None, producer_fence=None):
+    """Cross-compile the WS kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch.
+    Returns the CompiledKernel (``.asm['ptx']``, ``.metadata.shared``)."""
+    fn = _sparse_decode_gluon_ws_kernel
+    sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", sink_ptr="*fp32", meta_ptr="*i32",
+               nsplits_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32", oacc_ptr="*fp32", lacc_ptr="*fp32",
+               stride_qb="i32", stride_qs="i32", stride_qh="i32", stride_kb="i32", page="i32", num_tok="i32",
+               stride_ib="i32", stride_is="i32", b="i32", s_q="i32", h_q="i32", topk="i32", acc_rows="i32",
+               sm_scale_log2="fp32")
+    consts = dict(PAGE_SHIFT=page_shift, HAS_LEN=has_len, HAS_SINK=has_sink, SBLOCK=64,
+                  PRODUCER_REGS=producer_regs or WS_PRODUCER_REGS,
+                  PRODUCER_FENCE=WS_PRODUCER_FENCE if producer_fence is None else bool(producer_fence))
+    hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
+                                                                  "stride_ib", "stride_is"]
+    return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)
