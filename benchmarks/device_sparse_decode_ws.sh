@@ -8,7 +8,8 @@
 #    bit-identical to the dispatched single-partition Gluon kernel);
 # 3. bench: Triton launch vs single-partition Gluon vs WS, same schedule (combine included in all three), V3.2,
 #    h_q in {128, 64}, b in {64, 128}, s_q in {1, 2}, topk 2048, s_k 8192/request, FlashMLA FLOPs
-#    2 h_q b s_q topk (576 + 512), do_bench medians; WS checked bit-identical to Gluon per row -> JSON + summary.
+#    2 h_q b s_q topk (576 + 512), do_bench medians; WS checked bit-identical to Gluon per row -> JSON + summary;
+#    also the WS kernel with the producer-side proxy fence (correctness knob) as column ws_fence (WS_FENCE_COL=0: off).
 # Caps (seconds, overridable): T_SMOKE, T_TESTS, T_BENCH. Skips the WS timing when the smoke test hung (rc 124/137).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -36,6 +37,7 @@ from triton.testing import do_bench
 warm = sys.argv[1] == "--warm"
 path = None if warm else sys.argv[1]
 skip_ws = os.environ.get("SKIP_WS") == "1"
+fence_col = os.environ.get("WS_FENCE_COL", "1") == "1"
 prov = B.provenance()
 prov["note"] = ("triton = sparse_decode._launch_sparse_decode (table config), gluon = "
                 "_gluon_sparse_decode.launch_sparse_decode_gluon (dispatched single-partition kernel), ws = "
@@ -74,8 +76,12 @@ for b, s_q, h_q in shapes:
                                                           config=cfg),
                "gluon": lambda: G.launch_sparse_decode_gluon(*outs["gluon"], q, cache, ind, sched, ns, scale, fmt),
                "ws": lambda: W.launch_sparse_decode_gluon_ws(*outs["ws"], q, cache, ind, sched, ns, scale, fmt)}
+        if fence_col:     # the same kernel with the producer-side proxy fence too (a correctness knob): its cost
+            outs["ws_fence"] = tuple(torch.empty_like(t) for t in outs["ws"])
+            fns["ws_fence"] = lambda: W.launch_sparse_decode_gluon_ws(*outs["ws_fence"], q, cache, ind, sched, ns,
+                                                                      scale, fmt, producer_fence=True)
         if skip_ws:
-            fns.pop("ws")
+            fns.pop("ws"); fns.pop("ws_fence", None)
         for f in fns.values():
             f()
         torch.cuda.synchronize()
@@ -89,6 +95,9 @@ for b, s_q, h_q in shapes:
                                                     torch.equal(outs["ws"][1], outs["gluon"][1]))
             row["ws_max_abs_diff_vs_triton"] = float((outs["ws"][0].float() - outs["triton"][0].float()).abs().max())
             row["ws_nan"] = bool(outs["ws"][0].isnan().any())
+        if "ws_fence" in fns:
+            row["ws_fence_bit_identical_to_gluon"] = bool(torch.equal(outs["ws_fence"][0], outs["gluon"][0]) and
+                                                          torch.equal(outs["ws_fence"][1], outs["gluon"][1]))
         for k, f in fns.items():
             ms = do_bench(f, warmup=5, rep=30)
             row[k + "_ms"] = ms
@@ -107,11 +116,13 @@ for b, s_q, h_q in shapes:
 if path:
     print("=== summary (TFLOPS, FlashMLA counting)")
     for r in rows:
-        print("h_q=%3d b=%3d s_q=%d  triton %6.1f  gluon %6.1f  ws %s  ws/gluon %s  bit-identical %s  (FlashMLA %s)" % (
-            r["h_q"], r["b"], r["s_q"], r["triton_tflops"], r["gluon_tflops"],
-            "%6.1f" % r["ws_tflops"] if "ws_tflops" in r else "   n/a",
-            "%.3f" % r["ws_vs_gluon"] if "ws_vs_gluon" in r else "n/a", r.get("ws_bit_identical_to_gluon"),
-            r["flashmla_v32_tflops"]))
+        print("h_q=%3d b=%3d s_q=%d  triton %6.1f  gluon %6.1f  ws %s  ws/gluon %s  bit-identical %s  "
+              "ws+fence %s (bit-identical %s)  (FlashMLA %s)" % (
+                  r["h_q"], r["b"], r["s_q"], r["triton_tflops"], r["gluon_tflops"],
+                  "%6.1f" % r["ws_tflops"] if "ws_tflops" in r else "   n/a",
+                  "%.3f" % r["ws_vs_gluon"] if "ws_vs_gluon" in r else "n/a", r.get("ws_bit_identical_to_gluon"),
+                  "%6.1f" % r["ws_fence_tflops"] if "ws_fence_tflops" in r else "   n/a",
+                  r.get("ws_fence_bit_identical_to_gluon"), r["flashmla_v32_tflops"]))
 PY
 )
 

@@ -145,7 +145,7 @@ def _bit_identical(pairs, n=1):
 _GRID = [(128, 4, 1, 2048, 2046, 64, True, True), (64, 74, 3, 576, 1024, 64, True, True),
          (128, 16, 2, 100, 650, 53, False, False), (64, 3, 1, 2048, 4096, 53, True, False),
          (128, 74, 2, 650, 512, 64, False, True), (64, 4, 2, 64, 64, 64, True, True),
-         (128, 64, 1, 2048, 8192, 64, False, False)]
+         (128, 32, 1, 2048, 2048, 64, False, False)]
 
 
 @pytest.mark.gpu
