@@ -130,7 +130,7 @@ TO=""; python3 -c "import pytest_timeout" 2>/dev/null && TO="--timeout=60"   # m
 PT="python3 -m pytest -p no:cacheprovider --tb=short -rfE -q $TO"
 
 echo "== smoke (hang guard): WS exact dequant + bit-identical to Gluon"
-timeout -k 5 ${T_SMOKE:-50} $PT tests/test_mla_sparse_decode_ws.py -m gpu -k "dequant_exact" > "$OUT/smoke.log" 2>&1
+timeout -k 5 ${T_SMOKE:-40} $PT tests/test_mla_sparse_decode_ws.py -m gpu -k "dequant_exact" > "$OUT/smoke.log" 2>&1
 SMOKE=$?
 echo "smoke rc=$SMOKE ($(el))"; tail -25 "$OUT/smoke.log" | cut -c1-400
 HUNG=0
@@ -146,14 +146,14 @@ WARM=$!
 if [ "$HUNG" -eq 0 ]; then
   echo "== WS GPU tier"
   XD=""; python3 -c "import xdist" 2>/dev/null && XD="-n 4"
-  timeout -k 5 ${T_TESTS:-70} $PT tests/test_mla_sparse_decode_ws.py -m gpu -k "not dequant_exact" $XD \
+  timeout -k 5 ${T_TESTS:-65} $PT tests/test_mla_sparse_decode_ws.py -m gpu -k "not dequant_exact" $XD \
     > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc=$? ($(el))"; grep -E "FAILED|ERROR|passed|failed|Timeout" "$OUT/gpu_tests.log" | tail -25 | cut -c1-400
 fi
 wait $WARM 2>/dev/null; echo "warm rc=$? ($(el))"; tail -3 "$OUT/warm.log" | cut -c1-300
 
 echo "== bench: Triton vs Gluon vs WS (V3.2, topk 2048)"
-timeout -k 5 ${T_BENCH:-50} python3 -c "$BENCH" "$OUT/sparse_decode_ws-h200.json" > "$OUT/bench.log" 2>&1
+timeout -k 5 ${T_BENCH:-40} python3 -c "$BENCH" "$OUT/sparse_decode_ws-h200.json" > "$OUT/bench.log" 2>&1
 echo "bench rc=$? ($(el))"
 grep -v "^{" "$OUT/bench.log" | cut -c1-300
 echo "total $(el)"
