@@ -18,7 +18,8 @@ Structure (``gl.warp_specialize``, modelled on ``_gluon_sparse_prefill._sparse_p
   cp.asyncs the 64 x 64 bf16 RoPE rows (masked: zero-filled, never read) straight into ``kv_p[slot]``, and
   dequantises the NoPE part in 4 chunks of one scale group each (``[64 tokens, 128 B]`` = 32 int32 words per
   token, 16 registers per thread): ``bf16(fp32(e4m3) * fp32 scale)`` -- the same ops as ``_g_byte`` -- stored to
-  columns ``[128 g, 128 g + 128)`` of ``kv_n[slot]``. Right after chunk g is dequantised, chunk g of the NEXT block
+  columns ``[128 g, 128 g + 128)`` of ``kv_n[slot]``; the block's validity mask (int8 per token) goes to
+  ``vmask[slot]``, so that the consumers' loop has no global load at all. Right after chunk g is dequantised, chunk g of the NEXT block
   is loaded into the same registers (16-byte ``ld.global.v4``), so the raw records of block j+1 are in flight
   while block j is dequantised and while the producer waits for the slot: 64 data registers carried, 32 KB in
   flight per CTA. Then ``ready[slot]`` (count 1: a per-thread ``cp.async.mbarrier.arrive`` for the RoPE copies,
@@ -36,16 +37,18 @@ order: NoPE k-steps then RoPE k-steps into one accumulator, same softmax express
 bytes are the same (identical dequant ops; invalid rows +0 in both). So out / lse are expected BIT-IDENTICAL to
 ``launch_sparse_decode_gluon`` (tests/test_mla_sparse_decode_ws.py checks ``torch.equal``).
 
-Shared memory: Q 64 KB + 8 KB RoPE, ring 2 x (64 KB + 8 KB), P 8 KB = 224 KB, + 548 B (4 mbarriers, the softmax's
-cross-warpgroup reduction scratch, warp_specialize state): 229,924 B of the 232,448 B limit.
+Shared memory: Q 64 KB + 8 KB RoPE, ring 2 x (64 KB + 8 KB), P 8 KB = 224 KB, + 2 x 64 B validity masks + 548 B
+(4 mbarriers, the softmax's cross-warpgroup reduction scratch, warp_specialize state): 230,052 B of the 232,448 B
+limit.
 
 Registers (ptxas of the Triton 3.6 wheel, cross-compiled): launch ``maxnreg`` 168 (12 warps x 32 x 168 = 64,512 of
 the 65,536 registers), producer ``setmaxnreg`` 136 (:data:`WS_PRODUCER_REGS`), which makes Triton give the 8 consumer
 warps (64,512 - 128 x 136) / 256 = 184. Producer: 64 carried raw-record registers + 4 scales + 2 record addresses +
-a 32-register dequant chunk -> 4 spill instructions in its block loop (of ~1,300); consumers: 128 accumulator
-registers + S/P, 0 spill instructions in the token loop; 132 B of spill stores in all (request setup, epilogue).
-Measured splits (spill instructions in the producer loop / consumer loop): producer 104 -> 45 / 0, 120 -> 8 / 0,
-128 -> 4 / 0, 136 -> 4 / 0, 144 -> 4 / 6, 152 -> 6 / 6. Why 4 producer warps: 8 would put 16 warps on 64K
+a 32-register dequant chunk -> 5 spill instructions in its block loop (of ~1,320); consumers: 128 accumulator
+registers + S/P, 0 spill instructions in the token loop (~500 instructions); 88 B of spill stores in all (request
+setup, epilogue). Register splits tried (spill instructions in the producer loop / consumer loop): producer 128 ->
+7 / 0, 136 -> 5 / 0, 144 -> 6 / 3 (before the validity mask moved to shared memory: 104 -> 45 / 0, 120 -> 8 / 0,
+152 -> 6 / 6). Why 4 producer warps: 8 would put 16 warps on 64K
 registers (<= 128 each at launch) while the consumers need ~184; fewer than 4 leaves SM sub-partitions without a
 producer warp and doubles the per-thread dequant and its registers.
 
@@ -150,7 +153,7 @@ def _w_dequant_store(raw, sc, dst):
 
 
 @_jit
-def _w_producer(kv_n, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
+def _w_producer(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
                 stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk,
                 PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr,
                 PRODUCER_FENCE: gl.constexpr):
@@ -190,6 +193,7 @@ def _w_producer(kv_n, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, ns
             pp = (kv_ptr + recp + 528).to(gl.pointer_type(gl.bfloat16))
             async_copy.async_copy_global_to_shared(kv_p.index(slot), pp[:, None] + dr[None, :],
                                                    mask=vp[:, None] & (dr >= 0)[None, :])
+            vmask.index(slot).store(vp.to(gl.int8))
             dst = kv_n.index(slot)
             _w_dequant_store(r0, s0, dst.slice(0, 128, dim=1))
             r0, s0 = _w_load_chunk(kv_ptr, rec, v, 0, LW)
@@ -207,7 +211,7 @@ def _w_producer(kv_n, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, ns
 
 
 @_jit
-def _w_consumer(q_n, q_p, kv_n, kv_p, p_smem, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr,
+def _w_consumer(q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr,
                 nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh, num_tok,
                 stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2,
                 HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr):
@@ -235,19 +239,20 @@ def _w_consumer(q_n, q_p, kv_n, kv_p, p_smem, ready, empty, q_ptr, idx_ptr, len_
         n, base_row, nsp, split, t_lo, t_end = _w_req_range(req, begin_req, end_req, begin_blk, end_blk,
                                                             begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
                                                             SBLOCK)
-        idx_row = idx_ptr + req64 * stride_ib + si64 * stride_is
         nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
         m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))   # running max of raw q.k
         l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
         acc = gl.zeros([64, D_V], gl.float32, O_L)
         for j in range(nblocks):
             slot = it % 2
-            t0 = t_lo + j * 64
-            _, valid = _g_load_idx(idx_row, t0, t_end, num_tok, LS)
             mbarrier.wait(ready.index(slot), (it // 2) & 1)
             fence_async_shared()       # the producer's shared stores (generic proxy) before the wgmma reads
             tok = warpgroup_mma(q_n, kv_n.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             tok = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok, is_async=True)
+            # block j's validity (position < t_end, 0 <= idx < num_tok), written by the producer next to the slot:
+            # no global load in this loop (a load in flight at the fence above would stall its MEMBAR.ALL.CTA,
+            # and one issued under S is scheduled by ptxas after the wait, exposed)
+            valid = vmask.index(slot).load(LS) != 0
             s = warpgroup_mma_wait(0, deps=(tok, ))
             # online softmax step, exactly as _gluon_sparse_decode._g_attend (PSUM off for V3.2)
             s = gl.where(valid[None, :], s, float("-inf"))
@@ -316,18 +321,20 @@ def _sparse_decode_gluon_ws_kernel(
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
     q_p = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
     kv_p = gl.allocate_shared_memory(gl.bfloat16, [2, 64, 64], SH_P)
+    # per slot: the 64 tokens' validity (int8), written by the producer, read by the consumers' softmax
+    vmask = gl.allocate_shared_memory(gl.int8, [2, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     gl.warp_specialize([
-        (_w_consumer, (q_n, q_p, kv_n, kv_p, p_smem, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr,
-                       nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh, num_tok,
+        (_w_consumer, (q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr,
+                       meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh, num_tok,
                        stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN, HAS_SINK,
                        SBLOCK)),
-        (_w_producer, (kv_n, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr, stride_kb, page,
-                       num_tok, stride_ib, stride_is, b, s_q, h_q, topk, PAGE_SHIFT, HAS_LEN, SBLOCK,
+        (_w_producer, (kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr, stride_kb,
+                       page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, PAGE_SHIFT, HAS_LEN, SBLOCK,
                        PRODUCER_FENCE)),
     ], [4], [PRODUCER_REGS])
 
