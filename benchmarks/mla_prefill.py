@@ -102,12 +102,12 @@ def sparse_inputs(s_q, s_kv, topk, h_q, d_qk, sink):
 
 
 # Gluon sparse config label -> variant of launch_sparse_prefill_gluon (None: the dispatched one)
-GLUON_SPARSE = {"gluon": None, "gluon-ws": "ws", "gluon-seesaw": "seesaw"}
+GLUON_SPARSE = {"gluon": None, "gluon-ws": "ws", "gluon-seesaw": "seesaw", "gluon-seesaw-split": "seesaw-split"}
 
 
 def _launch_cfg(cfg):
     """The launcher for one candidate: a Triton config tuple or a Gluon label of :data:`GLUON_SPARSE`
-    (mla/_gluon_sparse_prefill.py: "gluon" = the dispatched variant, "gluon-ws", "gluon-seesaw")."""
+    (mla/_gluon_sparse_prefill.py: "gluon" = the dispatched variant, "gluon-ws", "gluon-seesaw", ...)."""
     if isinstance(cfg, str) and cfg in GLUON_SPARSE:
         variant = GLUON_SPARSE[cfg]
         return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp.launch_sparse_prefill_gluon(

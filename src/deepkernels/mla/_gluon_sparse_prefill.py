@@ -32,8 +32,10 @@ consumer warpgroup computes the whole S of its own block, so S is an N=64 wgmma 
 cross-warpgroup reduction inside a block.
 
 * Partitions (``num_warps=4``, 384 threads, ``maxnreg`` 168 at entry): WG0 = the default partition, WG1 = worker 0,
-  the cp.async producer = worker 1 (4 warps). ``setmaxnreg``: 232 / 232 / 40 (ptxas: 168 at entry, no spill in
-  either consumer; the producer spills ~200 bytes of index/address state, a few LDL/STL per pair).
+  the cp.async producer = worker 1 (4 warps). ``setmaxnreg``: 232 / 232 / 40. ptxas (d_qk 576): 196-204 spill
+  bytes; in SASS WG0 has 3 local accesses (setup), the producer 12-14, WG1 56-62: WG1 keeps the loop-invariant Q
+  wgmma descriptors in local memory (~10 LDL at the top of each pair, L1 hits), WG0 keeps them in uniform registers;
+  more registers for WG1 (240, 248) do not change that.
 * Pair i = blocks 2i (WG0) and 2i+1 (WG1). Slots alternate: WG0's block goes to slot ``i & 1``, WG1's to the other
   (a fixed slot per warpgroup made every wgmma descriptor loop-invariant: LICM hoisted ~60 64-bit descriptors and
   ptxas spilled 1.2 KB per thread inside the consumer loop).
@@ -65,6 +67,12 @@ cross-warpgroup reduction inside a block.
   producer's cp.async zero-fills it without a global read, S = 0 is masked to -inf, P = 0, PV adds 0 — the loop stays
   uniform (one wasted block per query only when the count is odd; topk 2048 gives 32 blocks).
 * Shared memory: 222,064 bytes (d_qk 576), 213,840 (512); limit 232,448.
+* ``"seesaw-split"``: the same kernel with ``SPLIT``: the producer gathers K columns [0, 256) of a block, arms
+  ``ready_lo[slot]`` (cp.async arrive + arrive, count 1), then columns [256, 512) + RoPE and arms ``ready[slot]``; the
+  consumer issues the first 16 S k-steps after ``ready_lo`` and the remaining 20 after ``ready``, so the S of the late
+  block (WG1's, see above) starts while the second half of its gather is in flight. Registers 224 / 224 / 56 (the
+  split producer spilled ~150 local accesses per pair at 40); ptxas 228-284 spill bytes (WG1 53-74 local accesses as
+  above, producer 26-37). Its own prediction: +0-8 % over "seesaw" (hides up to ~45 % of the exposed gather).
 * Prediction (s_q 4096, h_q 128, topk 2048, H200): per pair the tensor work is 4.7 M (S) + 4.2 M (PV) MAC
   = ~4,350 clk at 2,048 MAC/clk/SM; "ws" at 360-401 TFLOPS takes ~10,300 clk per two blocks (1.75 GHz), so ~6,000
   clk of non-MMA time per pair. This variant removes the 4 cross-warpgroup reductions (+ their barriers) per pair and
@@ -382,8 +390,36 @@ def _sparse_prefill_gluon_ws_kernel(
 # producer. Pair i = blocks 2i (WG0, ring slot i & 1) and 2i + 1 (WG1, the other slot). Protocol: module docstring.
 
 @_jit
-def _g_ss_producer(kv_n, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is, H_Q,
-                   D_PE: gl.constexpr, HAS_LEN: gl.constexpr):
+def _g_ss_rows(kv_ptr, idx_row, start, n, s_kv, stride_kvs, L: gl.constexpr):
+    """Row pointers (invalid rows: row 0, never read) and validity of top-k positions [start, start + 64)."""
+    offs_n = start + gl.arange(0, 64, gl.SliceLayout(1, L))
+    idx = gl.load(idx_row + offs_n, mask=offs_n < n, other=-1)
+    ok = (idx >= 0) & (idx < s_kv)
+    return kv_ptr + gl.where(ok, idx, 0).to(gl.int64)[:, None] * stride_kvs, ok
+
+
+@_jit
+def _g_ss_gather_split(kvn_buf, kvp_buf, ready_lo, kv_ptr, idx_row, start, n, s_kv, stride_kvs, D_PE: gl.constexpr):
+    """Like :func:`_g_gather` (producer, 4 warps) in two parts: K columns [0, 256), then ``ready_lo`` is armed (its
+    cp.async arrive completes when this thread's copies so far have landed), then columns [256, 512) + RoPE."""
+    LH: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+    LP4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    rows, ok = _g_ss_rows(kv_ptr, idx_row, start, n, s_kv, stride_kvs, LH)
+    offs_d = gl.arange(0, 256, gl.SliceLayout(0, LH))
+    async_copy.async_copy_global_to_shared(kvn_buf.slice(0, 256, dim=1), rows + offs_d[None, :], mask=ok[:, None])
+    async_copy.mbarrier_arrive(ready_lo)
+    mbarrier.arrive(ready_lo)
+    async_copy.async_copy_global_to_shared(kvn_buf.slice(256, 256, dim=1), rows + 256 + offs_d[None, :],
+                                           mask=ok[:, None])
+    if D_PE > 0:
+        rowsp, okp = _g_ss_rows(kv_ptr, idx_row, start, n, s_kv, stride_kvs, LP4)
+        offs_p = gl.arange(0, D_PE, gl.SliceLayout(0, LP4))
+        async_copy.async_copy_global_to_shared(kvp_buf, rowsp + 512 + offs_p[None, :], mask=okp[:, None])
+
+
+@_jit
+def _g_ss_producer(kv_n, kv_p, ready, ready_lo, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is,
+                   H_Q, D_PE: gl.constexpr, HAS_LEN: gl.constexpr, SPLIT: gl.constexpr):
     """Producer (4 warps): for each pair i, slot i & 1 <- block 2i (WG0's), then slot (i + 1) & 1 <- block 2i + 1
     (WG1's), each once both consumer warpgroups released it (``empty[s]``, count 2; the first of the two is the slot
     released first). A block past the last one (odd block count) is still "gathered":
@@ -397,8 +433,12 @@ def _g_ss_producer(kv_n, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, s_kv, top
         for w in gl.static_range(2):
             slot = (i + w) & 1          # block 2i + w -> the slot warpgroup w owns in pair i
             mbarrier.wait(empty.index(slot), (i & 1) ^ 1)    # a fresh barrier passes phase 1
-            _g_gather(kv_n.index(slot), kv_p.index(slot), kv_ptr, idx_row, (2 * i + w) * 64, n, s_kv, stride_kvs,
-                      64, 512, D_PE, LN4, LP4, False)
+            if SPLIT:
+                _g_ss_gather_split(kv_n.index(slot), kv_p.index(slot), ready_lo.index(slot), kv_ptr, idx_row,
+                                   (2 * i + w) * 64, n, s_kv, stride_kvs, D_PE)
+            else:
+                _g_gather(kv_n.index(slot), kv_p.index(slot), kv_ptr, idx_row, (2 * i + w) * 64, n, s_kv,
+                          stride_kvs, 64, 512, D_PE, LN4, LP4, False)
             async_copy.mbarrier_arrive(ready.index(slot))
             mbarrier.arrive(ready.index(slot))
 
@@ -431,10 +471,11 @@ def _g_ss_finish(acc, m_i, l_i, tok, hb, sink_ptr, out_ptr, ml_ptr, lse_ptr, sm_
 
 
 @_jit
-def _g_ss_consumer(q_n, q_p, kv_n, kv_p, p_buf, x_buf, ready, empty, q_bar, mx_bar, p_bar, fin_bar,
+def _g_ss_consumer(q_n, q_p, kv_n, kv_p, p_buf, x_buf, ready, ready_lo, empty, q_bar, mx_bar, p_bar, fin_bar,
                    q_ptr, idx_ptr, len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2,
                    stride_qs, stride_qh, stride_is, stride_os, stride_oh, H_Q,
-                   W: gl.constexpr, D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr):
+                   W: gl.constexpr, D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
+                   SPLIT: gl.constexpr):
     """Consumer warpgroup ``W`` (4 warps): per pair, the full 64x64 S of its own block (ring slot (i + W) & 1), row
     max exchanged with the other warpgroup (``x_buf[W]`` + ``mx_bar[W]``), P of its block into its slot's ``p_buf``
     tile (``p_bar[W]``), then O[:, 256W:256W+256] += P_1 V_1 + P_0 V_0, releasing WG1's slot as soon as P_1 V_1 is
@@ -477,9 +518,22 @@ def _g_ss_consumer(q_n, q_p, kv_n, kv_p, p_buf, x_buf, ready, empty, q_bar, mx_b
         s_1 = (i + 1) & 1               # WG1's slot: its P V goes first, so this slot is released first
         s_0 = i & 1
         # S = Q K^T for the own block (M 64 heads, N 64 tokens, K 576)
-        mbarrier.wait(ready.index(s_own), ph)
-        fence_async_shared()         # the cp.async writes (generic proxy) before the wgmma reads (async proxy)
-        tok_s = _g_scores(q_n, q_p, kv_n, kv_p, s_own, s_zero, D_PE)
+        if SPLIT:                    # K columns [0, 256) first, the rest when it has landed
+            mbarrier.wait(ready_lo.index(s_own), ph)
+            fence_async_shared()
+            k_own = kv_n.index(s_own)
+            tok_s = warpgroup_mma(q_n.slice(0, 256, dim=1), k_own.slice(0, 256, dim=1).permute((1, 0)), s_zero,
+                                  use_acc=False, is_async=True)
+            mbarrier.wait(ready.index(s_own), ph)
+            fence_async_shared()
+            tok_s = warpgroup_mma(q_n.slice(256, 256, dim=1), k_own.slice(256, 256, dim=1).permute((1, 0)), tok_s,
+                                  is_async=True)
+            if D_PE > 0:
+                tok_s = warpgroup_mma(q_p, kv_p.index(s_own).permute((1, 0)), tok_s, is_async=True)
+        else:
+            mbarrier.wait(ready.index(s_own), ph)
+            fence_async_shared()     # the cp.async writes (generic proxy) before the wgmma reads (async proxy)
+            tok_s = _g_scores(q_n, q_p, kv_n, kv_p, s_own, s_zero, D_PE)
         s = warpgroup_mma_wait(0, deps=(tok_s, ))
         offs_n = (2 * i + W) * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_L))
         idx = gl.load(idx_row + offs_n, mask=offs_n < n, other=-1)
@@ -533,7 +587,7 @@ def _sparse_prefill_gluon_ss_kernel(
     s_kv, topk, sm_scale, scale_log2,
     stride_qs, stride_qh, stride_kvs, stride_is, stride_os, stride_oh, H_Q,
     D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, SPLIT: gl.constexpr = False,
 ):
     """Seesaw variant (experimental, launched with num_warps=4): default partition = consumer warpgroup 0, worker 0 =
     consumer warpgroup 1, worker 1 = the cp.async producer. See the module docstring for the protocol."""
@@ -563,6 +617,12 @@ def _sparse_prefill_gluon_ss_kernel(
     p_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     fin_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    if SPLIT:                # "seesaw-split": K columns [0, 256) of a slot landed
+        ready_lo = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(ready_lo.index(i), count=1)
+    else:
+        ready_lo = ready
     for i in gl.static_range(2):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)
@@ -571,14 +631,18 @@ def _sparse_prefill_gluon_ss_kernel(
         mbarrier.init(fin_bar.index(i), count=1)
     mbarrier.init(q_bar, count=2)
     gl.warp_specialize([
-        (_g_ss_consumer, (q_n, q_p, kv_n, kv_p, p_buf, x_buf, ready, empty, q_bar, mx_bar, p_bar, fin_bar, q_ptr,
+        (_g_ss_consumer, (q_n, q_p, kv_n, kv_p, p_buf, x_buf, ready, ready_lo, empty, q_bar, mx_bar, p_bar, fin_bar,
+                          q_ptr,
                           idx_ptr, len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2,
-                          stride_qs, stride_qh, stride_is, stride_os, stride_oh, H_Q, WG0, D_PE, HAS_LEN, HAS_SINK)),
-        (_g_ss_consumer, (q_n, q_p, kv_n, kv_p, p_buf, x_buf, ready, empty, q_bar, mx_bar, p_bar, fin_bar, q_ptr,
+                          stride_qs, stride_qh, stride_is, stride_os, stride_oh, H_Q, WG0, D_PE, HAS_LEN, HAS_SINK,
+                          SPLIT)),
+        (_g_ss_consumer, (q_n, q_p, kv_n, kv_p, p_buf, x_buf, ready, ready_lo, empty, q_bar, mx_bar, p_bar, fin_bar,
+                          q_ptr,
                           idx_ptr, len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2,
-                          stride_qs, stride_qh, stride_is, stride_os, stride_oh, H_Q, WG1, D_PE, HAS_LEN, HAS_SINK)),
-        (_g_ss_producer, (kv_n, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is,
-                          H_Q, D_PE, HAS_LEN)),
+                          stride_qs, stride_qh, stride_is, stride_os, stride_oh, H_Q, WG1, D_PE, HAS_LEN, HAS_SINK,
+                          SPLIT)),
+        (_g_ss_producer, (kv_n, kv_p, ready, ready_lo, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs,
+                          stride_is, H_Q, D_PE, HAS_LEN, SPLIT)),
     ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -606,7 +670,10 @@ WS_SLOTS, WS_PRODUCER_REGS, WS_MAXNREG = 2, 40, 168
 DISPATCH_VARIANT = "ws"
 # "seesaw": experimental, not dispatched (module docstring); 3 partitions of 4 warps: consumer WG0 (default, gets the
 # registers left over), consumer WG1, producer.
+# "seesaw-split": the same kernel with split ready barriers (SPLIT); its producer holds the row pointers across the
+# first arrive, so it gets 56 registers (at 40 it spilled ~150 local accesses per pair), the consumers 224.
 SS_CONSUMER_REGS, SS_PRODUCER_REGS, SS_MAXNREG = 232, 40, 168
+SS_SPLIT_CONSUMER_REGS, SS_SPLIT_PRODUCER_REGS = 224, 56
 
 
 def _variant(variant):
@@ -620,7 +687,11 @@ def _variant(variant):
     if variant == "seesaw":
         return (_sparse_prefill_gluon_ss_kernel, {"CONSUMER_REGS": SS_CONSUMER_REGS, "PRODUCER_REGS": SS_PRODUCER_REGS},
                 {"num_warps": 4, "maxnreg": SS_MAXNREG})
-    raise ValueError(f"variant must be None, 'single', 'ws' or 'seesaw', got {variant!r}")
+    if variant == "seesaw-split":
+        return (_sparse_prefill_gluon_ss_kernel, {"CONSUMER_REGS": SS_SPLIT_CONSUMER_REGS,
+                                                  "PRODUCER_REGS": SS_SPLIT_PRODUCER_REGS, "SPLIT": True},
+                {"num_warps": 4, "maxnreg": SS_MAXNREG})
+    raise ValueError(f"variant must be None, 'single', 'ws', 'seesaw' or 'seesaw-split', got {variant!r}")
 
 
 def launch_sparse_prefill_gluon(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None, topk_length=None,
