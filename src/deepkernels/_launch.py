@@ -13,9 +13,16 @@ The first call goes through ``my_kernel[grid](...)`` (compiling if needed) and b
 ``CompiledKernel``; later calls go straight to its launcher (``CompiledKernel.run``). The caller guarantees
 that every call to one ``KernelLauncher`` has the same specialisation: same dtypes, same ``x % 16 == 0`` /
 ``x == 1`` facts for integer arguments, same 16-byte alignment of pointers (:func:`spec_key` computes
-exactly those facts, for callers without a signature of their own). The slow path is taken whenever the
-fast one could differ from Triton's: under the interpreter, with launch hooks installed (profilers), when the
-current CUDA device changed since binding.
+exactly those facts, for callers without a signature of their own, host ``TensorDescriptor`` arguments included).
+The slow path is taken whenever the fast one could differ from Triton's: under the interpreter, with launch hooks
+installed (profilers), when the current CUDA device changed since binding.
+
+Modules keep one bounded dict of launchers per kernel family and get them with :func:`cached_launcher`:
+
+    launcher = cached_launcher(_LAUNCHERS, my_kernel, (constexprs, spec), lambda: dict(BLOCK=128, num_warps=4))
+
+Gluon kernels (``triton.experimental.gluon.jit``) are ``JITFunction`` subclasses with the same ``params`` and the
+same ``fn[grid](...)`` (returns the ``CompiledKernel``), so they go through :class:`KernelLauncher` unchanged.
 
 Pure bookkeeping; no device needed to import or to unit-test (tests use a stand-in JIT function).
 """
@@ -23,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["KernelLauncher", "spec_key"]
+__all__ = ["KernelLauncher", "spec_key", "cached_launcher"]
 
 
 def _current_device() -> int:
@@ -36,8 +43,10 @@ def _stream_getter():
 
 
 def spec_key(*args) -> tuple:
-    """Triton's specialisation facts for ``args``: tensors -> (dtype, 16-B aligned), ints -> (==1, %16==0,
-    fits i32), other values as they are (floats/bools/None). Equal keys => same compiled kernel."""
+    """Triton's specialisation facts for ``args``: tensors -> (dtype, 16-B aligned), ints -> (==1, %16==0, i32 /
+    i64 / u64), floats -> their type only (Triton passes every float as fp32, never specialised), host tensor
+    descriptors -> :func:`_desc_key`, other values as they are (bools/None). Equal keys => same compiled kernel.
+    (Finer than Triton where it is cheaper: a bool's value, an int argument marked ``do_not_specialize``.)"""
     out = []
     for x in args:
         if isinstance(x, torch.Tensor):
@@ -45,10 +54,45 @@ def spec_key(*args) -> tuple:
         elif isinstance(x, bool) or x is None:
             out.append(x)
         elif isinstance(x, int):
-            out.append((x == 1, x % 16 == 0, -2 ** 31 <= x < 2 ** 31))
+            out.append((x == 1, x % 16 == 0, 0 if -2 ** 31 <= x < 2 ** 31 else (2 if x >= 2 ** 63 else 1)))
+        elif isinstance(x, float):
+            out.append(float)
+        elif hasattr(x, "block_shape") and hasattr(x, "base"):
+            out.append(_desc_key(x))
         else:
             out.append((type(x), x))
     return tuple(out)
+
+
+def _desc_key(d) -> tuple:
+    """What Triton 3.6 specialises a host ``TensorDescriptor`` on: its type string ``tensordesc<dtype[block_shape]>``
+    (``triton.tools.tensor_descriptor``) or ``tensordesc<dtype[block_shape],layout>`` (Gluon's
+    ``triton.experimental.gluon.nvidia.hopper.TensorDescriptor``) with no value part -- base address, shape, strides
+    and padding are not in the key: the launcher turns them into the CUtensorMap and the runtime shape/stride
+    arguments on every call (``backends/nvidia/driver.py``: ``wrap_handle_tensordesc`` / ``make_tensordesc_arg``),
+    and both descriptor classes assert a 16-byte aligned base and 16-byte strides when built."""
+    layout = getattr(d, "layout", None)
+    try:
+        hash(layout)
+    except TypeError:
+        layout = repr(layout)
+    return (type(d), d.base.dtype, tuple(d.block_shape), layout)
+
+
+def cached_launcher(cache: dict, fn, key, meta, limit: int = 1024) -> "KernelLauncher":
+    """The :class:`KernelLauncher` of ``fn`` for ``key`` in ``cache`` (a plain dict owned by the calling module),
+    created on a miss with ``meta`` (the constexprs and compile options; a dict, or a zero-argument callable returning
+    one so that a hit builds nothing). ``key`` must determine ``meta`` and every specialisation fact of the launch
+    arguments (:func:`spec_key`, or a validated call plan standing for them); the kernel object is part of the stored
+    key, so a test's stand-in kernel (monkeypatched module attribute) gets launchers of its own. The cache is
+    emptied when it holds ``limit`` launchers (bounded memory; the compiled kernels stay in Triton's cache)."""
+    k = (fn, key)
+    launcher = cache.get(k)
+    if launcher is None:
+        if len(cache) >= limit:
+            cache.clear()
+        launcher = cache[k] = KernelLauncher(fn, meta() if callable(meta) else meta)
+    return launcher
 
 
 class KernelLauncher:

@@ -34,11 +34,13 @@ aligned rows. No interpreter support (Gluon); cross-compiles on a CPU (:func:`_c
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from .._backend import gluon_disabled, interpret_mode
+from .._launch import cached_launcher, spec_key
 from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, fence_async_shared, mbarrier, tma,
                       warpgroup_mma, warpgroup_mma_wait, TensorDescriptor)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
@@ -369,7 +371,9 @@ def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_
 
 # ----------------------------------------------------------------------------------------------- host code
 
+@functools.lru_cache(maxsize=None)
 def _smem_layout():
+    """The descriptors' shared layout (128-B swizzle, 16-bit elements); built once (~3 us per construction)."""
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
 
@@ -397,12 +401,16 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor, rows: int) -> bool:
 
 
 def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
-                       config=None):
+                       config=None, _spec=None):
     """Launch the Gluon split-KV kernel (no combine). Arguments as in ``decode._dense_launch`` (q ``[b, s_q, h_q,
     576]``, k_cache ``[num_blocks, 64, h_kv, 576]``, block_table ``[b, *]`` int32 with stride(1) == 1, seqlens
     ``[b]`` int32 contiguous, sched ``[parts, 8]`` / num_splits ``[b + 1]`` int32); outputs allocated by the
     caller: out ``[b, s_q, h_q, 512]`` (q dtype), lse ``[b, h_q, s_q]`` fp32, o_acc ``[acc_rows, s_q, h_q, 512]``
-    fp32, l_acc ``[acc_rows, s_q, h_q]`` fp32, all contiguous."""
+    fp32, l_acc ``[acc_rows, s_q, h_q]`` fp32, all contiguous. Launched through a
+    :class:`deepkernels._launch.KernelLauncher` (direct compiled-kernel launch once bound; ``_LAUNCHERS``) keyed by
+    ``_spec``: a hashable object standing for the specialisation facts of every argument (``decode._dense_launch``
+    passes its launch key, which covers them: k_cache's dtype fixes the two TMA descriptors' key), or None to
+    compute them here with :func:`deepkernels._launch.spec_key` (descriptors included)."""
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
     b, s_q, h_q, _ = q.shape
     nb, page, h_kv, _ = k_cache.shape
@@ -416,12 +424,20 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     kn_desc = TensorDescriptor(k_cache, shape2, strides2, [64, 512], lay)
     kp_desc = TensorDescriptor(k_cache, shape2, strides2, [64, 64], lay)
     qs = q.stride()
-    _mla_decode_gluon_kernel[(parts * h_kv * m_blocks, )](
-        q, kn_desc, kp_desc, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc,
-        qs[0], qs[1], qs[2], block_table.stride(0), block_table.shape[1], nb,
-        b, s_q, h_q, group, rows, m_blocks, h_kv, o_acc.shape[0], scale, scale * _LOG2E,
-        bool(causal and s_q > 1), stages, pv_regs, prod_regs, num_warps=4)
+    args = (q, kn_desc, kp_desc, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc,
+            qs[0], qs[1], qs[2], block_table.stride(0), block_table.shape[1], nb,
+            b, s_q, h_q, group, rows, m_blocks, h_kv, o_acc.shape[0])
+    constexprs = (bool(causal and s_q > 1), stages, pv_regs, prod_regs)
+    launcher = cached_launcher(_LAUNCHERS, _mla_decode_gluon_kernel,
+                               (constexprs, spec_key(*args) if _spec is None else _spec),
+                               lambda: dict(zip(_CONSTEXPRS, constexprs), num_warps=4), _LAUNCHER_LIMIT)
+    launcher((parts * h_kv * m_blocks, ), *args, scale, scale * _LOG2E)
     return out, lse
+
+
+_CONSTEXPRS = ("CAUSAL", "NUM_STAGES", "PV_REGS", "PRODUCER_REGS")
+_LAUNCHERS: dict = {}   # (kernel, (constexprs, specialisation)) -> KernelLauncher (deepkernels._launch.cached_launcher)
+_LAUNCHER_LIMIT = 1024
 
 
 def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_splits, scale, causal, config=None):

@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 
 from .._backend import gluon_disabled, interpret_mode
+from .._launch import cached_launcher, spec_key
 from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, fence_async_shared, warpgroup_mma,
                       warpgroup_mma_wait)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
@@ -409,9 +410,12 @@ def launch_sparse_decode_gluon(out, lse_buf, q, k_cache, indices, sched, num_spl
                                extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
                                extra_topk_length=None, config=None, _spec=None):
     """Drop-in for ``sparse_decode._launch_sparse_decode`` (same arguments and outputs; the caller checked
-    :func:`supported`; ``config`` and ``_spec`` are ignored): ``out [b, s_q, h_q, 512]`` bf16 and ``lse_buf
-    [b, s_q, h_q]`` fp32 contiguous; ``sched [parts, 8]`` / ``num_splits [b + 1]`` int32. Launches the Gluon
-    split-KV kernel and the shared combine (``combine_splits_``, unchanged)."""
+    :func:`supported`; ``config`` is ignored): ``out [b, s_q, h_q, 512]`` bf16 and ``lse_buf [b, s_q, h_q]`` fp32
+    contiguous; ``sched [parts, 8]`` / ``num_splits [b + 1]`` int32. Launches the Gluon split-KV kernel through a
+    :class:`deepkernels._launch.KernelLauncher` (direct compiled-kernel launch once bound; ``_LAUNCHERS``) and the
+    shared combine (``combine_splits_``, unchanged). ``_spec``: as for ``_launch_sparse_decode``, a hashable object
+    standing for the specialisation facts of every kernel argument except sched/num_splits/acc_rows (the public op's
+    cached call plan); None computes them here with :func:`deepkernels._launch.spec_key`."""
     from . import sparse_decode as sd
     from .combine import combine_splits_
     from .metadata import SCHED_BLOCK
@@ -432,22 +436,32 @@ def launch_sparse_decode_gluon(out, lse_buf, q, k_cache, indices, sched, num_spl
     xf = (xfmt or _xfmt(extra_k_cache)) if has_x else fmt
     topk, xtopk = indices.shape[2], (xind.shape[2] if has_x else 0)
     dummy = l_acc
-    grid = (parts * s_q * (h_q // BLOCK_H), )
-    _sparse_decode_gluon_kernel[grid](
-        q, kv, indices, topk_length if topk_length is not None else dummy,
-        xkv, xind, extra_topk_length if extra_topk_length is not None else dummy,
-        attn_sink if attn_sink is not None else dummy, sched, num_splits, out, lse_buf, o_acc, l_acc,
-        q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1],
-        indices.stride(0), indices.stride(1),
-        xkv.stride(0), xkv.shape[1], xkv.shape[0] * xkv.shape[1], xind.stride(0), xind.stride(1),
-        b, s_q, h_q, topk, xtopk, acc_rows, scale * _LOG2E,
-        FMT=GLUON_FMTS[fmt], XFMT=_XFMT_CODES[xf], PAGE_SHIFT=_page_shift(kv.shape[1]),
-        XPAGE_SHIFT=_page_shift(xkv.shape[1]), HAS_EXTRA=has_x, HAS_LEN=topk_length is not None,
-        HAS_XLEN=has_x and extra_topk_length is not None, HAS_SINK=attn_sink is not None, SBLOCK=SCHED_BLOCK,
-        num_warps=NUM_WARPS)
+    ptrs = (q, kv, indices, topk_length if topk_length is not None else dummy,
+            xkv, xind, extra_topk_length if extra_topk_length is not None else dummy,
+            attn_sink if attn_sink is not None else dummy, sched, num_splits, out, lse_buf, o_acc, l_acc)
+    ints = (q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1],
+            indices.stride(0), indices.stride(1),
+            xkv.stride(0), xkv.shape[1], xkv.shape[0] * xkv.shape[1], xind.stride(0), xind.stride(1),
+            b, s_q, h_q, topk, xtopk, acc_rows)
+    plan_spec = _spec
+    if _spec is None:
+        spec = spec_key(*ptrs, *ints)
+    else:   # sched/num_splits/acc_rows are the only launch facts the public op's signature does not fix
+        spec = (_spec, acc_rows < 2 ** 31, sched.dtype, sched.data_ptr() & 15 == 0, num_splits.dtype,
+                num_splits.data_ptr() & 15 == 0)
+    constexprs = (GLUON_FMTS[fmt], _XFMT_CODES[xf], _page_shift(kv.shape[1]), _page_shift(xkv.shape[1]), has_x,
+                  topk_length is not None, has_x and extra_topk_length is not None, attn_sink is not None, SCHED_BLOCK)
+    launcher = cached_launcher(_LAUNCHERS, _sparse_decode_gluon_kernel, (constexprs, spec),
+                               lambda: dict(zip(_CONSTEXPRS, constexprs), num_warps=NUM_WARPS), _LAUNCHER_LIMIT)
+    launcher((parts * s_q * (h_q // BLOCK_H), ), *ptrs, *ints, scale * _LOG2E)
     combine_splits_(out, lse_buf.transpose(1, 2), o_acc, l_acc, num_splits, attn_sink=attn_sink,
                     lengths=topk_length, topk=topk, extra_lengths=extra_topk_length if has_x else None,
-                    extra_topk=xtopk if has_x else None, rne=False)
+                    extra_topk=xtopk if has_x else None, rne=False, _spec=plan_spec)
+
+
+_CONSTEXPRS = ("FMT", "XFMT", "PAGE_SHIFT", "XPAGE_SHIFT", "HAS_EXTRA", "HAS_LEN", "HAS_XLEN", "HAS_SINK", "SBLOCK")
+_LAUNCHERS: dict = {}   # (kernel, (constexprs, specialisation)) -> KernelLauncher (deepkernels._launch.cached_launcher)
+_LAUNCHER_LIMIT = 1024
 
 
 def compile_sm90(fmt: str = "v41", page_shift: int = 6, has_len: bool = True, has_sink: bool = True,

@@ -87,6 +87,7 @@ from __future__ import annotations
 import torch
 
 from .._backend import gluon_disabled, interpret_mode
+from .._launch import cached_launcher, spec_key
 from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy, fence_async_shared, mbarrier,
                       warpgroup_mma, warpgroup_mma_wait)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
@@ -699,18 +700,27 @@ def launch_sparse_prefill_gluon(out, max_logits, lse, q, kv, indices, sm_scale, 
     """Out-parameter launcher with the contract of ``prefill._launch_sparse_prefill`` (inputs validated by
     :func:`deepkernels.mla.prefill.flash_mla_sparse_fwd`; last dims contiguous; ``h_q % 64 == 0``).
     ``variant``: None (the dispatched one, :data:`DISPATCH_VARIANT`), ``"single"`` (one 8-warp partition) or
-    ``"ws"`` (warp-specialised: producer partition + 8 consumer warps)."""
+    ``"ws"`` (warp-specialised: producer partition + 8 consumer warps). Launched through a
+    :class:`deepkernels._launch.KernelLauncher` per (variant, flags, :func:`deepkernels._launch.spec_key` of the
+    arguments) in ``_LAUNCHERS`` (direct compiled-kernel launch once bound)."""
     s_q, h_q, d_qk = q.shape
     if s_q == 0:
         return
     fn, consts, opts = _variant(variant)
     dummy = lse
-    fn[(s_q * (h_q // BLOCK_H), )](
-        q, kv, indices, topk_length if topk_length is not None else dummy,
-        attn_sink if attn_sink is not None else dummy, out, max_logits, lse,
-        kv.shape[0], indices.shape[-1], float(sm_scale), float(sm_scale) * _LOG2E,
-        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), h_q,
-        D_PE=d_qk - D_V, HAS_LEN=topk_length is not None, HAS_SINK=attn_sink is not None, **consts, **opts)
+    args = (q, kv, indices, topk_length if topk_length is not None else dummy,
+            attn_sink if attn_sink is not None else dummy, out, max_logits, lse,
+            kv.shape[0], indices.shape[-1])
+    ints = (q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), h_q)
+    flags = (d_qk - D_V, topk_length is not None, attn_sink is not None)
+    key = (flags, tuple(consts.items()), tuple(opts.items()), spec_key(*args, *ints))
+    launcher = cached_launcher(_LAUNCHERS, fn, key, lambda: dict(
+        D_PE=flags[0], HAS_LEN=flags[1], HAS_SINK=flags[2], **consts, **opts))
+    launcher((s_q * (h_q // BLOCK_H), ), *args, float(sm_scale), float(sm_scale) * _LOG2E, *ints)
+
+
+# (kernel, (flags, variant constexprs/options, specialisation)) -> KernelLauncher (deepkernels._launch.cached_launcher)
+_LAUNCHERS: dict = {}
 
 
 def compile_sm90(d_pe: int = 64, has_len: bool = False, has_sink: bool = False, variant=None):

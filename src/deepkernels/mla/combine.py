@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import KernelLauncher
+from .._launch import cached_launcher
 from .._triton_helpers import rne_bf16 as _rne_bf16
 
 __all__ = ["combine_splits_"]
@@ -184,20 +184,14 @@ def combine_splits_(out: torch.Tensor, lse: torch.Tensor, o_accum: torch.Tensor,
     if _spec is None:
         # Triton's specialisation facts of this launch (dtypes, 16-B alignment, s_q/h_q == 1 / % 16, i32 range)
         ptrs = (o_accum, lse_accum, num_splits, out, lse, sink, lens, xlens)
-        key = (_mla_decode_combine_kernel, flags, tuple((t.dtype, t.data_ptr() & 15 == 0) for t in ptrs),
+        key = (flags, tuple((t.dtype, t.data_ptr() & 15 == 0) for t in ptrs),
                s_q == 1, s_q % 16 == 0, h_q == 1, h_q % 16 == 0,
                max(s_q, h_q, acc_rows, topk_i, xtopk_i) < 2 ** 31)
     else:   # num_splits and acc_rows are the only facts the caller's plan does not fix
-        key = (_mla_decode_combine_kernel, flags, _spec, num_splits.dtype, num_splits.data_ptr() & 15 == 0,
-               acc_rows < 2 ** 31)
-    launcher = _LAUNCHERS.get(key)
-    if launcher is None:
-        if len(_LAUNCHERS) >= 256:
-            _LAUNCHERS.clear()
-        launcher = _LAUNCHERS[key] = KernelLauncher(_mla_decode_combine_kernel, dict(
-            HAS_SINK=flags[0], ALL_REQUESTS=flags[1], HEADS=_COMBINE_HEADS, D_V=d_v, HAS_LEN=flags[3],
-            CAUSAL=causal, LSE_SHQ=lse_shq, TOPK_LEN=flags[6], HAS_EXTRA=has_x, HAS_XLEN=flags[8], RNE=flags[9],
-            num_warps=4))
+        key = (flags, _spec, num_splits.dtype, num_splits.data_ptr() & 15 == 0, acc_rows < 2 ** 31)
+    launcher = cached_launcher(_LAUNCHERS, _mla_decode_combine_kernel, key, lambda: dict(
+        HAS_SINK=flags[0], ALL_REQUESTS=flags[1], HEADS=_COMBINE_HEADS, D_V=d_v, HAS_LEN=flags[3], CAUSAL=causal,
+        LSE_SHQ=lse_shq, TOPK_LEN=flags[6], HAS_EXTRA=has_x, HAS_XLEN=flags[8], RNE=flags[9], num_warps=4), 256)
     launcher(grid, o_accum, lse_accum, num_splits, out, lse, sink, lens, s_q, h_q, acc_rows, xlens, topk_i, xtopk_i)
 
 

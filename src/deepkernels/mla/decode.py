@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from .._backend import interpret_mode, use_kernels
-from .._launch import KernelLauncher, spec_key
+from .._launch import KernelLauncher, cached_launcher, spec_key
 from .._validate import check_dtype, check_tensor
 from ..gemm import dense as _gemm_dense
 from .metadata import FIXED_OVERHEAD_BLOCKS, SCHED_BLOCK, compute_schedule, resolve_schedule
@@ -236,14 +236,9 @@ def _main_launcher(fn, constexprs: tuple, warps: int, stages: int, spec) -> Kern
     """KernelLauncher of the split-KV kernel for one specialisation ``spec`` (Triton's facts about the non-constexpr
     arguments: dtypes, 16-B alignment, ==1 / %16 of the specialised strides, i32 range). Keyed by the kernel
     object too, so a test's stand-in kernel (monkeypatched module attribute) is what gets called."""
-    key = (fn, constexprs, warps, stages, spec)
-    launcher = _LAUNCHERS.get(key)
-    if launcher is None:
-        if len(_LAUNCHERS) >= _LAUNCHER_LIMIT:
-            _LAUNCHERS.clear()
-        launcher = _LAUNCHERS[key] = KernelLauncher(
-            fn, dict(zip(_MAIN_CONSTEXPRS, constexprs), num_warps=warps, num_stages=stages))
-    return launcher
+    return cached_launcher(_LAUNCHERS, fn, (constexprs, warps, stages, spec),
+                           lambda: dict(zip(_MAIN_CONSTEXPRS, constexprs), num_warps=warps, num_stages=stages),
+                           _LAUNCHER_LIMIT)
 
 
 def _dense_launch(q, k_cache, block_table, cache_seqlens, sched, num_splits, scale, causal, config=None,
@@ -297,7 +292,9 @@ def _dense_launch(q, k_cache, block_table, cache_seqlens, sched, num_splits, sca
         # DEEPKERNELS_DISABLE_GLUON=1 keeps the Triton kernel.
         from . import _gluon_dense_decode as _gdd
         _gdd.gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse,
-                                o_acc, l_acc)
+                                o_acc, l_acc, _spec=spec)
+        # (spec covers the Gluon kernel's arguments: the same tensors, k_cache's dtype for both descriptors, and
+        # ints that are the Triton kernel's or, like num_m_blocks, unspecialised there: _gdd._NO_SPEC)
     else:
         launcher = _main_launcher(_ddk._mla_decode_fwd_kernel, constexprs, warps, stages, spec)
         launcher(grid, q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc, *ints[:6],

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from .._backend import use_kernels
-from .._launch import KernelLauncher
+from .._launch import KernelLauncher, cached_launcher
 
 __all__ = ["compute_schedule", "resolve_schedule", "sched_record", "SCHED_BLOCK", "FIXED_OVERHEAD_BLOCKS"]
 
@@ -215,12 +215,6 @@ def _sched_launcher(overhead: int, aligned: bool, i32: bool) -> KernelLauncher:
     """One KernelLauncher per specialisation of the scheduler kernel: the counts pointer's 16-B alignment and the
     i32/i64 type of b / num_parts are the only facts Triton specialises on (meta and num_splits are fresh
     allocations, always aligned). Keyed by the kernel object too, so a test's stand-in kernel is honoured."""
-    fn = _mla_sched_metadata_kernel
-    key = (fn, overhead, aligned, i32)
-    launcher = _LAUNCHERS.get(key)
-    if launcher is None:
-        if len(_LAUNCHERS) >= 64:
-            _LAUNCHERS.clear()
-        launcher = _LAUNCHERS[key] = KernelLauncher(fn, dict(OVERHEAD=overhead, SBLOCK=SCHED_BLOCK, CHUNK=_CHUNK,
-                                                             PARTS=_PARTS_PER_PROGRAM, num_warps=4))
-    return launcher
+    return cached_launcher(_LAUNCHERS, _mla_sched_metadata_kernel, (overhead, aligned, i32),
+                           lambda: dict(OVERHEAD=overhead, SBLOCK=SCHED_BLOCK, CHUNK=_CHUNK, PARTS=_PARTS_PER_PROGRAM,
+                                        num_warps=4), 64)

@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 
 from .._backend import device_of, interpret_mode, use_kernels
-from .._launch import KernelLauncher, spec_key
+from .._launch import KernelLauncher, cached_launcher, spec_key
 from .._validate import check_tensor
 from ..quant.kvcache import KV_FORMATS
 from ..reference.mla_sparse import detect_sparse_formats, sparse_decode_ref
@@ -173,14 +173,9 @@ def _fwd_launcher(fn, constexprs: tuple, warps: int, stages: int, spec) -> Kerne
     """KernelLauncher of the split-KV kernel for one specialisation ``spec`` (Triton's facts about the non-constexpr
     arguments). Keyed by the kernel object too, so a test's stand-in kernel (monkeypatched module attribute) is what
     gets called."""
-    key = (fn, constexprs, warps, stages, spec)
-    launcher = _LAUNCHERS.get(key)
-    if launcher is None:
-        if len(_LAUNCHERS) >= _LAUNCHER_LIMIT:
-            _LAUNCHERS.clear()
-        launcher = _LAUNCHERS[key] = KernelLauncher(
-            fn, dict(zip(_FWD_CONSTEXPRS, constexprs), num_warps=warps, num_stages=stages))
-    return launcher
+    return cached_launcher(_LAUNCHERS, fn, (constexprs, warps, stages, spec),
+                           lambda: dict(zip(_FWD_CONSTEXPRS, constexprs), num_warps=warps, num_stages=stages),
+                           _LAUNCHER_LIMIT)
 
 
 def _launch_sparse_decode(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None,
