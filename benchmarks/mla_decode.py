@@ -226,7 +226,8 @@ def overhead(args):
             t1 = time.perf_counter()
             torch.cuda.synchronize()
             sched_host_us = (t1 - t0) / n * 1e6
-            fast = sum(l.fast_calls for l in _dec._LAUNCHERS.values())
+            from deepkernels.mla import _gluon_dense_decode as _gdd     # the Gluon split-KV kernel's launchers
+            fast = sum(l.fast_calls for c in (_dec._LAUNCHERS, _gdd._LAUNCHERS) for l in c.values())
             rec = dict(op="mla_decode_overhead", round=rnd, b=1, s_q=s_q, h_q=h_q, s_k=256, parts=parts,
                        host_submit_us=host_us, whole_call_us=whole_ms * 1e3, graph_replay_us=graph_ms * 1e3,
                        scheduler_us=sched_ms * 1e3, scheduler_host_us=sched_host_us, fast_launches=fast)

@@ -18,7 +18,8 @@ bf16), bmm QK^T, fp32 softmax, bmm PV (bf16).
 
 ``--host``: host cost of the public call instead (``host_overhead``): for b = 1..128 at a small topk (GPU time
 small), the host submit time per call (perf_counter over back-to-back calls, no sync), the whole call (do_bench
-median), the CUDA-graph replay of the same call (kernels only; median, L2 flushed), the same call with the plan
+median), the CUDA-graph replay of the same call (kernels only; median, L2 flushed), the submit time with every
+KernelLauncher forced onto Triton's own launcher (``fn[grid](...)``), the same call with the plan
 cache emptied before every call (full validation + Triton's own launcher: what every call cost before the cached
 host path), and the number of fast (direct CompiledKernel) launches; JSON rows ``op = "mla_sparse_decode_host"``.
 
@@ -211,9 +212,15 @@ def bench_case(fmt_spec, h_q, b, s_q, topk, xtopk, s_k, sweep, check, do_bench):
     return row, results
 
 
-def _fast_launches():
+def _launcher_caches():
+    """The sparse decode path's KernelLauncher caches: Triton split-KV kernel, Gluon split-KV kernel (V3.2), combine."""
+    from deepkernels.mla import _gluon_sparse_decode as _gsd
     from deepkernels.mla import combine as _comb
-    return sum(x.fast_calls for d in (sd._LAUNCHERS, _comb._LAUNCHERS) for x in d.values())
+    return sd._LAUNCHERS, _gsd._LAUNCHERS, _comb._LAUNCHERS
+
+
+def _fast_launches():
+    return sum(x.fast_calls for d in _launcher_caches() for x in d.values())
 
 
 def host_overhead(fmt_spec, h_q, b, topk, xtopk, do_bench, graph=True, n=200, warmup_only=False):
@@ -250,6 +257,20 @@ def host_overhead(fmt_spec, h_q, b, topk, xtopk, do_bench, graph=True, n=200, wa
     _sync()
     host_us = (t1 - t0) / n * 1e6
     fast = _fast_launches() - fast0
+    from deepkernels import _launch
+    hooked = _launch._hooked
+    _launch._hooked = lambda hook: True     # every KernelLauncher on Triton's own launcher (as with a launch hook)
+    try:
+        call()
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(n // 4):
+            call()
+        t1 = time.perf_counter()
+        _sync()
+    finally:
+        _launch._hooked = hooked
+    slow_host_us = (t1 - t0) / (n // 4) * 1e6
 
     def nocache():
         sd._PLANS.clear()
@@ -262,7 +283,8 @@ def host_overhead(fmt_spec, h_q, b, topk, xtopk, do_bench, graph=True, n=200, wa
     t1 = time.perf_counter()
     _sync()
     nocache_host_us = (t1 - t0) / (n // 4) * 1e6
-    sd._LAUNCHERS.clear()       # one KernelLauncher per emptied plan: drop them
+    for d in _launcher_caches()[:2]:
+        d.clear()               # one split-KV KernelLauncher per emptied plan: drop them
     whole_ms = do_bench(call, warmup=10, rep=50)
     graph_ms = None
     if graph and torch.cuda.is_available():
@@ -272,11 +294,13 @@ def host_overhead(fmt_spec, h_q, b, topk, xtopk, do_bench, graph=True, n=200, wa
     row = dict(op="mla_sparse_decode_host", fmt=fmt_spec, b=b, s_q=1, h_q=h_q, topk=topk,
                extra_topk=xtopk if xfmt else 0, num_splits=int(meta.num_splits[-1]),
                parts=int(meta.tile_scheduler_metadata.shape[0]), host_submit_us=host_us,
-               nocache_host_submit_us=nocache_host_us, whole_call_us=whole_ms * 1e3,
+               nocache_host_submit_us=nocache_host_us, slow_launch_host_submit_us=slow_host_us,
+               whole_call_us=whole_ms * 1e3,
                graph_replay_us=None if graph_ms is None else graph_ms * 1e3,
                fast_launches_per_call=fast / n, plans=len(sd._PLANS))
-    print(f"HOST {fmt_spec:8s} h_q={h_q:3d} b={b:3d} topk={topk}: submit {host_us:6.1f} us/call (plan cache emptied "
-          f"every call: {nocache_host_us:6.1f}), whole call {whole_ms*1e3:6.1f} us, graph replay "
+    print(f"HOST {fmt_spec:8s} h_q={h_q:3d} b={b:3d} topk={topk}: submit {host_us:6.1f} us/call (Triton's launcher: "
+          f"{slow_host_us:6.1f}; plan cache emptied every call: {nocache_host_us:6.1f}), whole call "
+          f"{whole_ms*1e3:6.1f} us, graph replay "
           f"{'-' if graph_ms is None else f'{graph_ms*1e3:6.1f}'} us, fast launches/call {fast / n:.1f}", flush=True)
     del q, cache, ind, xcache, xind
     return row
@@ -365,7 +389,9 @@ def main(argv=None):
         dump()
         for r in rows:
             print(f"SUMMARY host {r['fmt']:8s} h_q={r['h_q']:3d} b={r['b']:3d}: submit {r['host_submit_us']:.1f} us "
-                  f"(no plan cache {r['nocache_host_submit_us']:.1f}), whole {r['whole_call_us']:.1f} us, graph "
+                  f"(Triton's launcher {r['slow_launch_host_submit_us']:.1f}, no plan cache "
+                  f"{r['nocache_host_submit_us']:.1f}), fast/call {r['fast_launches_per_call']:.1f}, "
+                  f"whole {r['whole_call_us']:.1f} us, graph "
                   f"{r['graph_replay_us'] if r['graph_replay_us'] is None else round(r['graph_replay_us'], 1)} us")
         return 0
     for fmt in args.fmt.split(","):
