@@ -1,0 +1,126 @@
+"""Host cost of the public GEMM calls that go through the Gluon kernels vs the Triton ones (same shapes, same process).
+
+For each case: ``submit`` = host µs per call of N back-to-back calls with no synchronisation (the CPU time to validate
+through the plan cache and launch; when it exceeds the kernel time the GPU waits on the host), ``whole`` = µs per call
+of the same loop including the final synchronisation (what an eager caller sees), ``graph`` = µs per replay of the
+call captured in a CUDA graph (GPU time alone), plus the plan's fast/slow launch counters.
+
+    python benchmarks/gemm_host.py [--out FILE.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from grouped_gemm import fp8_weights, provenance  # noqa: E402
+
+N_CALLS = 200
+
+
+def _loop(fn, n):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6
+
+
+def _graph_us(fn, n=50):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / n
+
+
+def _counters(plans):
+    fast = slow = 0
+    for p in plans:
+        for obj in (p, getattr(p, "plan", None)):
+            ln = getattr(obj, "launcher", None) if obj is not None else None
+            if ln is not None and hasattr(ln, "fast_calls"):
+                fast += ln.fast_calls
+                slow += ln.slow_calls
+    return fast, slow
+
+
+def measure(name, fn, plans_dict, env):
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        plans_dict.clear()
+        fn()
+        fn()
+        torch.cuda.synchronize()
+        submit, whole = _loop(fn, N_CALLS)
+        submit2, whole2 = _loop(fn, N_CALLS)
+        graph = _graph_us(fn)
+        fast, slow = _counters(plans_dict.values())
+        kind = type(next(iter(plans_dict.values()), None)).__name__
+        row = dict(case=name, env=env, plan=kind, submit_us=min(submit, submit2), whole_us=min(whole, whole2),
+                   graph_us=graph, fast_calls=fast, slow_calls=slow)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    print(f"HOST {name:44s} {str(env):40s} plan {kind:14s} submit {row['submit_us']:7.1f} us  whole "
+          f"{row['whole_us']:7.1f} us  graph {graph:7.1f} us  fast/slow {fast}/{slow}", flush=True)
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    import deepkernels as dk
+    from deepkernels.gemm import dense, grouped
+    from deepkernels.quant import per_token_cast_to_fp8
+    rows = []
+    for g, m, n, k in [(1, 1024, 7168, 2048), (4, 256, 7168, 2048), (1, 1024, 4096, 7168)]:
+        a = torch.randn(g, m, k, device="cuda", dtype=torch.bfloat16)
+        q = [per_token_cast_to_fp8(a[i]) for i in range(g)]
+        A = (torch.stack([x[0] for x in q]), torch.stack([x[1] for x in q]))
+        B = fp8_weights(g, n, k, "cuda")
+        mm = torch.full((g,), m, dtype=torch.int32, device="cuda")
+        d = torch.empty(g, m, n, dtype=torch.bfloat16, device="cuda")
+        fn = lambda: dk.m_grouped_fp8_gemm_nt_masked(A, B, d, mm, m)  # noqa: E731
+        for env in ({"DEEPKERNELS_GROUPED_GLUON": "1"}, {"DEEPKERNELS_GROUPED_GLUON": "0"}):
+            rows.append(measure(f"masked G={g} m={m} n={n} k={k}", fn, grouped._PLANS, env))
+    for m, n, k in [(4096, 2112, 7168), (1024, 7168, 16384)]:
+        a = per_token_cast_to_fp8(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+        b = fp8_weights(1, n, k, "cuda")
+        b = (b[0][0], b[1][0])
+        d = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+        fn = lambda: dk.fp8_gemm_nt(a, b, d)  # noqa: E731
+        for env in ({"DEEPKERNELS_DISABLE_GLUON": "0"}, {"DEEPKERNELS_DISABLE_GLUON": "gemm"}):
+            rows.append(measure(f"fp8_gemm_nt M={m} N={n} K={k}", fn, dense._FP8_PLANS, env))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"provenance": provenance(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
