@@ -296,6 +296,7 @@ def test_gluon_sparse_decode_public_op_takes_the_fast_path(bind_on_cpu, monkeypa
     monkeypatch.setattr(gsd, "supported", lambda *a, **k: True)
     monkeypatch.setattr(sd, "use_kernels", lambda *t: True)
     monkeypatch.setattr(sd, "_PLANS", {})
+    monkeypatch.setattr(sd._gsdw, "DISPATCH", False)     # the single-partition kernel (the WS one: next test)
     for mod in (gsd, sd, comb):
         monkeypatch.setattr(mod, "_LAUNCHERS", {})
     kw = make_case(2, 1, 64, "v32", 64, 80, 16, with_len=True, sink=True)
@@ -309,6 +310,40 @@ def test_gluon_sparse_decode_public_op_takes_the_fast_path(bind_on_cpu, monkeypa
     assert fast[0] is kw["q"] and fast[3] is kw["topk_length"]
     launcher = next(iter(gsd._LAUNCHERS.values()))
     assert launcher.fast_calls == 2 and launcher.meta["FMT"] == gsd.GLUON_FMTS["v32"] and len(comb._LAUNCHERS) == 1
+
+
+@needs_gluon
+def test_gluon_sparse_decode_ws_public_op_takes_the_fast_path(bind_on_cpu, monkeypatch):
+    """V3.2 through the public op dispatches to the warp-specialised kernel (the default), which is launched through
+    a bound KernelLauncher from the second call on, keyed by the cached call plan; V4.1 does not take it."""
+    import deepkernels.mla._gluon_sparse_decode as gsd
+    import deepkernels.mla._gluon_sparse_decode_ws as gsdw
+    import deepkernels.mla.combine as comb
+    import deepkernels.mla.sparse_decode as sd
+    from test_mla_sparse_reference import _public, make_case
+    fn = _StandIn(gsdw._sparse_decode_gluon_ws_kernel)
+    single = _StandIn(gsd._sparse_decode_gluon_kernel)
+    cfn = _StandIn(comb._mla_decode_combine_kernel)
+    monkeypatch.setattr(gsdw, "_sparse_decode_gluon_ws_kernel", fn)
+    monkeypatch.setattr(gsd, "_sparse_decode_gluon_kernel", single)
+    monkeypatch.setattr(comb, "_mla_decode_combine_kernel", cfn)
+    monkeypatch.setattr(gsd, "supported", lambda *a, **k: True)
+    monkeypatch.setattr(gsdw, "supported", lambda *a, **k: True)
+    monkeypatch.setattr(sd, "use_kernels", lambda *t: True)
+    monkeypatch.setattr(sd, "_PLANS", {})
+    for mod in (gsd, gsdw, sd, comb):
+        monkeypatch.setattr(mod, "_LAUNCHERS", {})
+    kw = make_case(2, 1, 64, "v32", 64, 80, 16, with_len=True, sink=True)
+    for _ in range(3):
+        _public(kw)
+    assert [e[0] for e in fn.log] == ["slow", "fast", "fast"] and not single.log
+    assert len(gsdw._LAUNCHERS) == 1 and not gsd._LAUNCHERS and not sd._LAUNCHERS
+    slow, fast = fn.full_args(fn.log[0]), fn.full_args(fn.log[2])
+    assert len(slow) == len(fn.params) == len(fast)
+    assert [_norm(a, ptr=False) for a in slow] == [_norm(a, ptr=False) for a in fast]
+    launcher = next(iter(gsdw._LAUNCHERS.values()))
+    assert launcher.fast_calls == 2 and launcher.meta["maxnreg"] == gsdw.WS_MAXNREG
+    assert gsdw.supported_ws(kw["q"], kw["k_cache"], "v41") is False
 
 
 @needs_gluon
@@ -350,8 +385,8 @@ def _sm90():
 def _gpu_case(path):
     """(public call, Gluon launcher cache) of one Gluon path at a small shape."""
     import deepkernels as dk
-    if path == "sparse_decode_v32":
-        from deepkernels.mla import _gluon_sparse_decode as G
+    if path == "sparse_decode_v32":     # dispatched to the warp-specialised kernel
+        from deepkernels.mla import _gluon_sparse_decode_ws as G
         from test_mla_sparse_reference import _public, make_case
         kw = make_case(4, 1, 128, "v32", 64, 300, 64, with_len=True, sink=True)
         kw = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}

@@ -129,6 +129,7 @@ def ws_pair(monkeypatch):
         pairs.append((out_g, lse_g, out, lse_buf, num_splits))     # (no host sync here: graph capture)
 
     monkeypatch.setattr(G, "launch_sparse_decode_gluon", both)
+    monkeypatch.setattr(W, "DISPATCH", False)      # the public op calls G.launch_sparse_decode_gluon (= both)
     monkeypatch.setattr(G, "DISPATCH_FMTS", frozenset({"v32"}))
     assert hasattr(sd, "_gsd"), "sparse_decode.py dispatches to _gluon_sparse_decode"
     return pairs

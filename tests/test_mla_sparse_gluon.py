@@ -107,6 +107,8 @@ def gluon_dispatch(monkeypatch):
 
     monkeypatch.setattr(G, "launch_sparse_decode_gluon", recorded)
     monkeypatch.setattr(G, "DISPATCH_FMTS", frozenset(G.GLUON_FMTS))   # every format the kernel supports
+    from deepkernels.mla import _gluon_sparse_decode_ws as W
+    monkeypatch.setattr(W, "DISPATCH", False)   # V3.2 to this (single-partition) kernel, not the WS one
     if not hasattr(sd, "_gsd"):                    # sparse_decode.py without the dispatch edit
         monkeypatch.setattr(sd, "_launch_sparse_decode", launch)
     return calls

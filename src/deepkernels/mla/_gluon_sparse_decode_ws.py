@@ -1,4 +1,6 @@
-"""Warp-specialised Gluon sparse MLA decode for the V3.2 FP8 main cache (sm90; issue #6). Experimental, not dispatched.
+"""Warp-specialised Gluon sparse MLA decode for the V3.2 FP8 main cache (sm90; issue #6). Dispatched for V3.2 without an
+extra cache (:data:`DISPATCH`); measured 229-266 TFLOPS at h_q 128, topk 2048 on the H200, 1.20-1.30x the
+single-partition kernel, bit-identical to it (prediction below: 300-380, missed by ~1.3x).
 
 Same contract as :mod:`deepkernels.mla._gluon_sparse_decode` (the dispatched single-partition kernel; read its
 docstring) and, by construction, the same output bit for bit: one CTA per (scheduler part, query position,
@@ -76,6 +78,7 @@ import torch
 from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy, fence_async_shared, mbarrier,
                       warpgroup_mma, warpgroup_mma_wait)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
+from .._launch import cached_launcher, spec_key
 from ._gluon_sparse_decode import _g_load_idx, _g_rows, _page_shift, supported
 
 __all__ = ["available", "supported_ws", "launch_sparse_decode_gluon_ws", "compile_sm90_ws", "WS_PRODUCER_WARPS",
@@ -87,6 +90,10 @@ WS_PRODUCER_WARPS = 4          # (the literal [4] in the kernel: Gluon reads no 
 WS_PRODUCER_REGS = 136        # setmaxnreg of the producer; the 8 consumer warps get (168 * 384 - 136 * 128) / 256 = 184
 WS_MAXNREG = 168              # launch cap: 12 warps x 32 x 168 <= 64K registers; Triton hands the consumers the rest
 WS_PRODUCER_FENCE = False     # also fence.proxy.async in the producer before ``ready`` (the consumer always fences)
+# sparse_decode.py sends the calls supported_ws() takes here (True since its first device run, 2026-11-29, git
+# 9385c63fe481: GPU tests passed, bit-identical to the single-partition kernel, 1.20-1.30x it -- 229-266 TFLOPS at
+# h_q 128, topk 2048; results/mla_sparse_decode_ws-h200-2026-11-29.json)
+DISPATCH = True
 _LOG2E = 1.4426950408889634
 
 
@@ -354,8 +361,10 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
                                   extra_topk_length=None, config=None, _spec=None, *,
                                   producer_regs=None, maxnreg=None, producer_fence=None):
     """Drop-in for ``launch_sparse_decode_gluon`` (same arguments and outputs; the caller checked
-    :func:`supported_ws`; ``config`` / ``_spec`` ignored). Keyword-only tuning knobs (benchmarks): producer
-    ``setmaxnreg``, launch ``maxnreg``, producer-side proxy fence."""
+    :func:`supported_ws`; ``config`` ignored; ``_spec`` as there: the public op's cached call plan standing for the
+    specialisation facts, or None to compute them with :func:`deepkernels._launch.spec_key`). Launches through a
+    :class:`deepkernels._launch.KernelLauncher` (direct compiled-kernel launch once bound). Keyword-only tuning knobs
+    (benchmarks): producer ``setmaxnreg``, launch ``maxnreg``, producer-side proxy fence."""
     from . import sparse_decode as sd
     from .combine import combine_splits_
     from .metadata import SCHED_BLOCK
@@ -374,18 +383,30 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
     kv = k_cache.view(torch.uint8)
     topk = indices.shape[2]
     dummy = l_acc
-    grid = (parts * s_q * (h_q // BLOCK_H), )
-    _sparse_decode_gluon_ws_kernel[grid](
-        q, kv, indices, topk_length if topk_length is not None else dummy,
-        attn_sink if attn_sink is not None else dummy, sched, num_splits, out, lse_buf, o_acc, l_acc,
-        q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1],
-        indices.stride(0), indices.stride(1), b, s_q, h_q, topk, acc_rows, scale * _LOG2E,
-        PAGE_SHIFT=_page_shift(kv.shape[1]), HAS_LEN=topk_length is not None, HAS_SINK=attn_sink is not None,
-        SBLOCK=SCHED_BLOCK, PRODUCER_REGS=producer_regs or WS_PRODUCER_REGS,
-        PRODUCER_FENCE=WS_PRODUCER_FENCE if producer_fence is None else bool(producer_fence),
-        num_warps=NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)
+    ptrs = (q, kv, indices, topk_length if topk_length is not None else dummy,
+            attn_sink if attn_sink is not None else dummy, sched, num_splits, out, lse_buf, o_acc, l_acc)
+    ints = (q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1],
+            indices.stride(0), indices.stride(1), b, s_q, h_q, topk, acc_rows)
+    if _spec is None:
+        spec = spec_key(*ptrs, *ints)
+    else:   # sched/num_splits/acc_rows are the only launch facts the public op's signature does not fix
+        spec = (_spec, acc_rows < 2 ** 31, sched.dtype, sched.data_ptr() & 15 == 0, num_splits.dtype,
+                num_splits.data_ptr() & 15 == 0)
+    constexprs = (_page_shift(kv.shape[1]), topk_length is not None, attn_sink is not None, SCHED_BLOCK,
+                  producer_regs or WS_PRODUCER_REGS,
+                  WS_PRODUCER_FENCE if producer_fence is None else bool(producer_fence))
+    opts = (NUM_WARPS, maxnreg or WS_MAXNREG)
+    launcher = cached_launcher(_LAUNCHERS, _sparse_decode_gluon_ws_kernel, (constexprs, opts, spec),
+                               lambda: dict(zip(_CONSTEXPRS, constexprs), num_warps=opts[0], maxnreg=opts[1]),
+                               _LAUNCHER_LIMIT)
+    launcher((parts * s_q * (h_q // BLOCK_H), ), *ptrs, *ints, scale * _LOG2E)
     combine_splits_(out, lse_buf.transpose(1, 2), o_acc, l_acc, num_splits, attn_sink=attn_sink,
-                    lengths=topk_length, topk=topk, extra_lengths=None, extra_topk=None, rne=False)
+                    lengths=topk_length, topk=topk, extra_lengths=None, extra_topk=None, rne=False, _spec=_spec)
+
+
+_CONSTEXPRS = ("PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS", "PRODUCER_FENCE")
+_LAUNCHERS: dict = {}   # (kernel, (constexprs, options, specialisation)) -> KernelLauncher
+_LAUNCHER_LIMIT = 1024
 
 
 def compile_sm90_ws(page_shift: int = 6, has_len: bool = True, has_sink: bool = True, producer_regs=None,

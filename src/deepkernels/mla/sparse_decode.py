@@ -35,6 +35,7 @@ from .._validate import check_tensor
 from ..quant.kvcache import KV_FORMATS
 from ..reference.mla_sparse import detect_sparse_formats, sparse_decode_ref
 from . import _gluon_sparse_decode as _gsd
+from . import _gluon_sparse_decode_ws as _gsdw
 from . import _sparse_kernels as _sk
 from .combine import combine_splits_
 from .decode import FlashMLASchedMeta, _nonpositive_scale, _num_sms   # _num_sms honours set_mla_num_sms, set_num_sms
@@ -409,7 +410,12 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
     # unless a Triton config is forced (DEEPKERNELS_DISABLE_GLUON=sparse_decode keeps Triton)
     use_gluon = config is None and plan.fmt in _gsd.DISPATCH_FMTS and _gsd.supported(q, k_cache, plan.fmt,
                                                                                        extra_k_cache)
-    launch = _gsd.launch_sparse_decode_gluon if use_gluon else _launch_sparse_decode
+    launch = _launch_sparse_decode
+    if use_gluon:
+        # V3.2 without an extra cache: the warp-specialised kernel (producer warps gather + dequantise), bit-identical
+        # to the single-partition one and 1.20-1.30x it on the H200 (results/mla_sparse_decode_ws-h200-2026-11-29.json)
+        ws = _gsdw.DISPATCH and _gsdw.supported_ws(q, k_cache, plan.fmt, extra_k_cache)
+        launch = _gsdw.launch_sparse_decode_gluon_ws if ws else _gsd.launch_sparse_decode_gluon
     config, batch_invariant = plan.config, _BATCH_INVARIANT
     topk, xtopk = cfg.topk, cfg.extra_topk
 
