@@ -29,6 +29,7 @@ from deepkernels.mla.dense_prefill import (DENSE_CANDIDATES, DENSE_CONFIGS, _lau
 from deepkernels.mla.prefill import (SPARSE_CANDIDATES, SPARSE_CONFIGS, _launch_sparse_prefill,  # noqa: E402
                                      flash_mla_sparse_fwd)
 from deepkernels.mla import _gluon_dense_prefill as _gdp  # noqa: E402
+from deepkernels.mla import _gluon_dense_prefill_v2 as _gdp2  # noqa: E402
 from deepkernels.mla import _gluon_sparse_prefill as _gsp  # noqa: E402
 from deepkernels.reference.mla_prefill import sparse_prefill_ref  # noqa: E402
 
@@ -174,8 +175,8 @@ def run_dense(rows, sweep, seqs, h=128, gluon=False):
             cu = torch.arange(0, b + 1, device=DEV, dtype=torch.int32) * s
             qs, ks, vs = (t.view(b, s, h, -1).transpose(1, 2) for t in (q, k, v))   # SDPA [b, h, s, d] views
             configs = DENSE_CANDIDATES[d_qk] if sweep else [DENSE_CONFIGS[d_qk]]
-            if gluon:
-                configs = configs + ["gluon"]
+            if gluon:   # the first Gluon kernel and every variant of the second (mla/_gluon_dense_prefill_v2.py)
+                configs = configs + ["gluon"] + [f"gluon-v2-{v}" for v in _gdp2.VARIANTS]
             for causal in (False, True):
                 flops = 2 * b * h * s * s * (d_qk + d_v) * (0.5 if causal else 1.0)
                 shape = dict(b=b, s=s, h=h, d_qk=d_qk, d_v=d_v, causal=causal)
@@ -196,9 +197,13 @@ def run_dense(rows, sweep, seqs, h=128, gluon=False):
                         if cfg == "gluon":      # the experimental warp-specialised kernel (mla/_gluon_dense_prefill.py)
                             fn = lambda: _gdp.launch_dense_prefill_gluon(out, lse, q, k, v, cu, cu, s,  # noqa: E731
                                                                          d_qk ** -0.5, causal)
+                        elif isinstance(cfg, str) and cfg.startswith("gluon-v2-"):
+                            fn = lambda cfg=cfg: _gdp2.launch_dense_prefill_gluon_v2(  # noqa: E731
+                                out, lse, q, k, v, cu, cu, s, d_qk ** -0.5, causal, variant=cfg[len("gluon-v2-"):])
                         else:
                             fn = lambda: _launch_dense_prefill(out, lse, q, k, v, cu, cu, s, d_qk ** -0.5,  # noqa
                                                                causal, config=cfg)
+                        out.fill_(float("nan"))     # a kernel that writes nothing must not pass on the last output
                         fn()
                         _sync()
                         diff = None
