@@ -19,10 +19,11 @@ run_tests() {   # name, time cap, pytest -k expression, extra pytest args
   grep -E "^FAILED|^ERROR|passed|failed|error|Timeout" "$OUT/gluon_prefill_tests_$1.log" | tail -8
   return $rc
 }
-run_tests single_ws "${T_TESTS:-35}" "not seesaw" ""
+XD=""; python3 -c "import xdist" 2>/dev/null && XD="-n 4"   # the seesaw runs are compile-bound: 4 workers
+[ "${SKIP_SINGLE_WS:-0}" = 1 ] || run_tests single_ws "${T_TESTS:-35}" "not seesaw" ""
 SKIP=""
-run_tests seesaw "${T_SS:-25}" "seesaw and not split" "-x" || SKIP="gluon-seesaw"
-run_tests seesaw_split "${T_SPLIT:-25}" "split" "-x" || SKIP="$SKIP,gluon-seesaw-split"
+run_tests seesaw "${T_SS:-25}" "seesaw and not split" "-x $XD" || SKIP="gluon-seesaw"
+run_tests seesaw_split "${T_SPLIT:-25}" "split" "-x $XD" || SKIP="$SKIP,gluon-seesaw-split"
 timeout -k 5 "${T_BENCH:-60}" python3 benchmarks/mla_prefill.py --only sparse --gluon --gluon-skip "$SKIP" \
   --out "$OUT/mla_prefill_gluon-h200.json" > "$OUT/gluon_prefill_bench.log" 2>&1
 echo "gluon prefill bench rc=$? (skipped: ${SKIP:-none})"
