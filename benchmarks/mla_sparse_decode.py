@@ -213,10 +213,12 @@ def bench_case(fmt_spec, h_q, b, s_q, topk, xtopk, s_k, sweep, check, do_bench):
 
 
 def _launcher_caches():
-    """The sparse decode path's KernelLauncher caches: Triton split-KV kernel, Gluon split-KV kernel (V3.2), combine."""
+    """The sparse decode path's KernelLauncher caches: Triton split-KV kernel, Gluon split-KV kernels (single-partition
+    and warp-specialised, V3.2), combine."""
     from deepkernels.mla import _gluon_sparse_decode as _gsd
+    from deepkernels.mla import _gluon_sparse_decode_ws as _gsdw
     from deepkernels.mla import combine as _comb
-    return sd._LAUNCHERS, _gsd._LAUNCHERS, _comb._LAUNCHERS
+    return sd._LAUNCHERS, _gsd._LAUNCHERS, _gsdw._LAUNCHERS, _comb._LAUNCHERS
 
 
 def _fast_launches():
