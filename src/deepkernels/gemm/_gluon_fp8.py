@@ -645,6 +645,16 @@ def _smem_layout():
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
 
 
+_LAYOUT: list = []
+
+
+def _layout():
+    """:func:`_smem_layout`, built once (a layout object costs ~3 us of host time per call to build)."""
+    if not _LAYOUT:
+        _LAYOUT.append(_smem_layout())
+    return _LAYOUT[0]
+
+
 _NUM_SMS: dict = {}
 
 
@@ -690,13 +700,20 @@ def _launch_fp8_gluon(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: 
         return d
     if k == 0:
         return d.zero_()
-    lay = _smem_layout()
+    return _go_dense(a, sfa, b, sfb, d, cfg, num_sms or _num_sms(a.device), launcher)
+
+
+def _go_dense(a, sfa, b, sfb, d, cfg, num_sms, launcher):
+    """The launch of :func:`_launch_fp8_gluon` without its checks (a dense.py plan's repeat calls; M, N, K > 0)."""
+    m, k = a.shape
+    n = b.shape[0]
+    lay = _layout()
     a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [cfg.block_m, BLOCK_K], lay)
     b_desc = TensorDescriptor(b, [n, k], [b.stride(0), 1], [cfg.block_n, BLOCK_K], lay)
     tiles = ((m + cfg.block_m - 1) // cfg.block_m) * ((n + cfg.block_n - 1) // cfg.block_n)
     ints = (m, n, k, d.stride(0), sfa.stride(0), sfa.stride(1), sfb.stride(0), sfb.stride(1))
     if cfg.warp_spec:
-        progs = min(tiles, num_sms or _num_sms(a.device))
+        progs = min(tiles, num_sms)
         if launcher is not None:
             launcher((progs, ), a_desc, b_desc, d, sfa, sfb, *ints, progs)
         else:
@@ -757,11 +774,18 @@ def _launch_fp8_gluon_m_contiguous(a: torch.Tensor, sfa: torch.Tensor, b: torch.
     if d.dtype != torch.bfloat16 or a.stride(1) != 1 or b.stride(2) != 1 or d.stride(1) != 1 or \
             (g_num > 1 and b.stride(0) != n * b.stride(1)):
         raise ValueError("needs bf16 row-major d, K-major a and b, packed b groups")
-    lay = _smem_layout()
+    return _go_m_contiguous(a, sfa, b, sfb, d, gid, cfg, num_sms or _num_sms(a.device), launcher)
+
+
+def _go_m_contiguous(a, sfa, b, sfb, d, gid, cfg, num_sms, launcher):
+    """The launch of :func:`_launch_fp8_gluon_m_contiguous` without its checks (a grouped.py plan's repeat calls)."""
+    m, k = a.shape
+    g_num, n = b.shape[0], b.shape[1]
+    lay = _layout()
     a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [cfg.block_m, BLOCK_K], lay)
     b_desc = TensorDescriptor(b, [g_num * n, k], [b.stride(1), 1], [cfg.block_n, BLOCK_K], lay)
     tiles = ((m + cfg.block_m - 1) // cfg.block_m) * ((n + cfg.block_n - 1) // cfg.block_n)
-    progs = max(1, min(tiles, num_sms or _num_sms(a.device)))
+    progs = max(1, min(tiles, num_sms))
     args = (a_desc, b_desc, d, sfa, sfb, gid, m, n, k, g_num, d.stride(0), sfa.stride(0), sfa.stride(1),
             sfb.stride(0), sfb.stride(1), sfb.stride(2), progs)
     if launcher is not None:
@@ -830,11 +854,19 @@ def _launch_fp8_gluon_m_masked(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tens
     if d.dtype != torch.bfloat16 or a.stride(2) != 1 or b.stride(2) != 1 or d.stride(2) != 1 or \
             (g_num > 1 and (a.stride(0) != m_max * a.stride(1) or b.stride(0) != n * b.stride(1))):
         raise ValueError("needs bf16 d with contiguous rows, K-major a and b with packed groups")
-    lay = _smem_layout()
+    return _go_m_masked(a, sfa, b, sfb, d, masked_m, cfg, num_sms or _num_sms(a.device), launcher)
+
+
+def _go_m_masked(a, sfa, b, sfb, d, masked_m, cfg, num_sms, launcher):
+    """The launch of :func:`_launch_fp8_gluon_m_masked` without its checks (a grouped.py plan's repeat calls: same
+    signature as a checked call)."""
+    g_num, m_max, k = a.shape
+    n = b.shape[1]
+    lay = _layout()
     a_desc = TensorDescriptor(a, [g_num * m_max, k], [a.stride(1), 1], [cfg.block_m, BLOCK_K], lay)
     b_desc = TensorDescriptor(b, [g_num * n, k], [b.stride(1), 1], [cfg.block_n, BLOCK_K], lay)
     tiles_upper = g_num * ((m_max + cfg.block_m - 1) // cfg.block_m) * ((n + cfg.block_n - 1) // cfg.block_n)
-    progs = max(1, min(tiles_upper, num_sms or _num_sms(a.device)))
+    progs = max(1, min(tiles_upper, num_sms))
     args = (a_desc, b_desc, d, sfa, sfb, masked_m, m_max, n, k, g_num, d.stride(0), d.stride(1),
             sfa.stride(0), sfa.stride(1), sfa.stride(2), sfb.stride(0), sfb.stride(1), sfb.stride(2), progs)
     if launcher is not None:

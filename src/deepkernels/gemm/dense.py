@@ -329,18 +329,25 @@ class _Plan:
 
 
 class _GluonPlan:
-    """Large-M 1D2D calls on the Gluon warp-specialised kernel (gemm/_gluon_fp8.py). One plan per call signature,
-    so after the first launch the compiled kernel is called directly (KernelLauncher, made on the first call)."""
+    """Large-M 1D2D calls on the Gluon warp-specialised kernel (gemm/_gluon_fp8.py). One plan per call signature:
+    the first call goes through the checked launcher and binds a KernelLauncher; later calls build the two TMA
+    descriptors and call the compiled kernel directly (``_go_dense``: no re-checks, no argument binding)."""
 
-    __slots__ = ("config", "launcher")
+    __slots__ = ("config", "launcher", "go")
 
     def __call__(self, a, sfa, b, sfb, d, c) -> None:
+        go = getattr(self, "go", None)
+        if go is not None:
+            go(a, sfa, b, sfb, d, self.config, get_num_sms(), self.launcher)
+            return
         from . import _gluon_fp8 as G
 
-        launcher = getattr(self, "launcher", None)
-        if launcher is None and self.config.warp_spec:
-            launcher = self.launcher = KernelLauncher(G._fp8_gluon_ws_kernel, G.ws_meta(self.config))
-        G._launch_fp8_gluon(a, sfa, b, sfb, d, config=self.config, num_sms=get_num_sms(), launcher=launcher)
+        self.launcher = None
+        if self.config.warp_spec:
+            self.launcher = KernelLauncher(G._fp8_gluon_ws_kernel, G.ws_meta(self.config))
+        G._launch_fp8_gluon(a, sfa, b, sfb, d, config=self.config, num_sms=get_num_sms(), launcher=self.launcher)
+        if d.shape[0] and d.shape[1] and a.shape[1]:     # a plan only exists for non-empty work; belt and braces
+            self.go = G._go_dense
 
 
 def _use_gluon(m: int, n: int, k: int, d, c, sfb_per_row: bool):

@@ -222,26 +222,30 @@ def _gluon_masked_config(m_max, n, k, expected_m, is_fp8, d, cfg):
 
 class _GluonPlan:
     """m-grouped FP8 (contiguous or masked) on the Gluon warp-specialised loop (gemm/_gluon_fp8.py). One plan per
-    call signature, so every launch has the same specialisation: after the first, the compiled kernel is called
-    directly (:class:`deepkernels._launch.KernelLauncher`, made on the first call; TMA descriptors are rebuilt per
-    call)."""
+    call signature, so every launch has the same specialisation: the first call goes through the checked launcher
+    and binds a :class:`deepkernels._launch.KernelLauncher`; later calls build the two TMA descriptors and call the
+    compiled kernel directly (``_go_m_masked`` / ``_go_m_contiguous``: no re-checks, no argument binding)."""
 
-    __slots__ = ("config", "masked", "launcher")
+    __slots__ = ("config", "masked", "launcher", "go")
 
     def __init__(self, config, masked: bool):
-        self.config, self.masked, self.launcher = config, masked, None
+        self.config, self.masked, self.launcher, self.go = config, masked, None, None
 
     def __call__(self, a, b, d, sfa, sfb, rows) -> None:
-        from . import _gluon_fp8 as G
         from .dense import get_num_sms
-        if self.launcher is None:
-            from .._launch import KernelLauncher
-            if self.masked:
-                self.launcher = KernelLauncher(G._fp8_gluon_m_masked_kernel, G.m_masked_meta(self.config))
-            else:
-                self.launcher = KernelLauncher(G._fp8_gluon_m_contiguous_kernel, G.m_contiguous_meta(self.config))
-        launch = G._launch_fp8_gluon_m_masked if self.masked else G._launch_fp8_gluon_m_contiguous
-        launch(a, sfa, b, sfb, d, rows, self.config, get_num_sms(), launcher=self.launcher)
+        if self.go is not None:
+            self.go(a, sfa, b, sfb, d, rows, self.config, get_num_sms(), self.launcher)
+            return
+        from .._launch import KernelLauncher
+        from . import _gluon_fp8 as G
+        if self.masked:
+            self.launcher = KernelLauncher(G._fp8_gluon_m_masked_kernel, G.m_masked_meta(self.config))
+            G._launch_fp8_gluon_m_masked(a, sfa, b, sfb, d, rows, self.config, get_num_sms(), self.launcher)
+            self.go = G._go_m_masked
+        else:
+            self.launcher = KernelLauncher(G._fp8_gluon_m_contiguous_kernel, G.m_contiguous_meta(self.config))
+            G._launch_fp8_gluon_m_contiguous(a, sfa, b, sfb, d, rows, self.config, get_num_sms(), self.launcher)
+            self.go = G._go_m_contiguous
 
 
 class _ContiguousRun:
