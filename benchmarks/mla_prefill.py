@@ -29,7 +29,6 @@ from deepkernels.mla.dense_prefill import (DENSE_CANDIDATES, DENSE_CONFIGS, _lau
 from deepkernels.mla.prefill import (SPARSE_CANDIDATES, SPARSE_CONFIGS, _launch_sparse_prefill,  # noqa: E402
                                      flash_mla_sparse_fwd)
 from deepkernels.mla import _gluon_dense_prefill as _gdp  # noqa: E402
-from deepkernels.mla import _gluon_dense_prefill_v2 as _gdp2  # noqa: E402
 from deepkernels.mla import _gluon_sparse_prefill as _gsp  # noqa: E402
 from deepkernels.reference.mla_prefill import sparse_prefill_ref  # noqa: E402
 
@@ -103,12 +102,12 @@ def sparse_inputs(s_q, s_kv, topk, h_q, d_qk, sink):
 
 
 # Gluon sparse config label -> variant of launch_sparse_prefill_gluon (None: the dispatched one)
-GLUON_SPARSE = {"gluon": None, "gluon-ws": "ws", "gluon-seesaw": "seesaw", "gluon-seesaw-split": "seesaw-split"}
+GLUON_SPARSE = {"gluon": None, "gluon-ws": "ws"}
 
 
 def _launch_cfg(cfg):
     """The launcher for one candidate: a Triton config tuple or a Gluon label of :data:`GLUON_SPARSE`
-    (mla/_gluon_sparse_prefill.py: "gluon" = the dispatched variant, "gluon-ws", "gluon-seesaw", ...)."""
+    (mla/_gluon_sparse_prefill.py: "gluon" = the dispatched variant, "gluon-ws")."""
     if isinstance(cfg, str) and cfg in GLUON_SPARSE:
         variant = GLUON_SPARSE[cfg]
         return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp.launch_sparse_prefill_gluon(
@@ -175,8 +174,9 @@ def run_dense(rows, sweep, seqs, h=128, gluon=False):
             cu = torch.arange(0, b + 1, device=DEV, dtype=torch.int32) * s
             qs, ks, vs = (t.view(b, s, h, -1).transpose(1, 2) for t in (q, k, v))   # SDPA [b, h, s, d] views
             configs = DENSE_CANDIDATES[d_qk] if sweep else [DENSE_CONFIGS[d_qk]]
-            if gluon:   # the first Gluon kernel and every variant of the second (mla/_gluon_dense_prefill_v2.py)
-                configs = configs + ["gluon"] + [f"gluon-v2-{v}" for v in _gdp2.VARIANTS]
+            if gluon:   # the Gluon kernel (mla/_gluon_dense_prefill.py; results before its removal of the first
+                # Gluon kernel and of "pingpong" label it "gluon-v2-overlap", and "gluon" is the first kernel there)
+                configs = configs + ["gluon"]
             for causal in (False, True):
                 flops = 2 * b * h * s * s * (d_qk + d_v) * (0.5 if causal else 1.0)
                 shape = dict(b=b, s=s, h=h, d_qk=d_qk, d_v=d_v, causal=causal)
@@ -194,12 +194,9 @@ def run_dense(rows, sweep, seqs, h=128, gluon=False):
                 lse = torch.empty(h, b * s, device=DEV)
                 for cfg in configs:
                     try:
-                        if cfg == "gluon":      # the experimental warp-specialised kernel (mla/_gluon_dense_prefill.py)
+                        if cfg == "gluon":      # the Gluon kernel dispatched on sm90 (mla/_gluon_dense_prefill.py)
                             fn = lambda: _gdp.launch_dense_prefill_gluon(out, lse, q, k, v, cu, cu, s,  # noqa: E731
                                                                          d_qk ** -0.5, causal)
-                        elif isinstance(cfg, str) and cfg.startswith("gluon-v2-"):
-                            fn = lambda cfg=cfg: _gdp2.launch_dense_prefill_gluon_v2(  # noqa: E731
-                                out, lse, q, k, v, cu, cu, s, d_qk ** -0.5, causal, variant=cfg[len("gluon-v2-"):])
                         else:
                             fn = lambda: _launch_dense_prefill(out, lse, q, k, v, cu, cu, s, d_qk ** -0.5,  # noqa
                                                                causal, config=cfg)
@@ -250,7 +247,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="smallest shapes only")
     ap.add_argument("--gluon", action="store_true", help="also time the Gluon kernels (sm90 only)")
     ap.add_argument("--gluon-skip", default="", help="comma-separated Gluon sparse labels not to time "
-                    "(e.g. gluon-seesaw when its GPU tests failed)")
+                    "(e.g. gluon-ws)")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="tiny shapes on the CPU (run with TRITON_INTERPRET=1) to check the script itself")
     args = ap.parse_args(argv)

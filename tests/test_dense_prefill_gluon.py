@@ -1,12 +1,12 @@
-"""Experimental Gluon warp-specialised dense prefill (deepkernels.mla._gluon_dense_prefill): compile tier on any
-machine; GPU tier against the float reference with FlashMLA's dense-prefill tolerances (data of
-tests/test_dense_prefill.py: non-contiguous heads with junk columns, varlen incl. empty sequences, GQA, causal with
-s_q > s_k, NaN-poisoned outputs). The kernel is not dispatched; these tests are its first device check."""
+"""Gluon dense prefill (deepkernels.mla._gluon_dense_prefill, dispatched by deepkernels.mla.dense_prefill on sm90):
+compile tier on any machine (PTX + SASS schedule checks); GPU tier against the float reference with FlashMLA's
+dense-prefill tolerances (data of tests/test_dense_prefill.py: non-contiguous heads with junk columns, varlen incl.
+empty sequences, GQA and MHA, causal with s_q > s_k, NaN-poisoned outputs); reference tier: the kernel's tile
+schedule emulated on the CPU."""
 import pytest
 import torch
 
 from deepkernels.mla import _gluon_dense_prefill as G
-from deepkernels.mla import _gluon_dense_prefill_v2 as G2
 from deepkernels.reference.mla_prefill import dense_prefill_ref
 from deepkernels.testing.numerics import check_is_allclose
 
@@ -21,43 +21,6 @@ pytestmark = pytest.mark.skipif(not G.available(), reason=f"Gluon not importable
 def test_compile_sm90(d_qk, causal):
     from deepkernels.testing.compile import SM90_SMEM_LIMIT, ptxas_sm90
     k = G.compile_sm90(d_qk, causal)
-    ptx = k.asm["ptx"]
-    assert "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
-    # per consumer warpgroup: S = d_qk / 16 k-steps, P V = 64 / 16; two consumers
-    assert ptx.count("wgmma.mma_async") == 2 * (d_qk // 16 + 4)
-    assert k.metadata.shared <= SM90_SMEM_LIMIT
-    rep = ptxas_sm90(ptx)
-    if rep is not None:
-        assert rep.spill_bytes == 0, rep.log
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("d_qk", [192, 128])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("h,h_k", [(16, 16), (32, 4)])
-@pytest.mark.parametrize("lens", [([512, 512], [512, 512]), ([300, 0, 1000, 17], [700, 5, 1000, 0]),
-                                  ([129, 64], [65, 300])])
-def test_gpu_dense(d_qk, causal, h, h_k, lens):
-    q, k, v, cq, ck = make_case(*lens, h, h_k, d_qk, device="cuda")
-    assert G.supported(q, k, v)
-    total_q = q.shape[0]
-    out = torch.full((total_q, h, 128), float("nan"), dtype=q.dtype, device="cuda")
-    lse_hm = torch.full((h, total_q), float("nan"), device="cuda")
-    G.launch_dense_prefill_gluon(out, lse_hm, q, k, v, cq, ck, max(lens[0]), d_qk ** -0.5, causal)
-    ro, rl = dense_prefill_ref(q, k, v, cq, ck, d_qk ** -0.5, causal)
-    assert check_is_allclose("out", out.float(), ro, abs_tol=1e-3, rel_tol=8.01 / 128, cos_diff_tol=7e-6)
-    assert check_is_allclose("lse", lse_hm.t(), rl, abs_tol=1e-6, rel_tol=2.01 / 65536)
-    assert not torch.isnan(out).any()
-
-
-# ---- second generation (mla/_gluon_dense_prefill_v2.py): 128-key tiles, S_j issued with PV_{j-1}, ping-pong
-@pytest.mark.compile
-@pytest.mark.parametrize("variant", G2.VARIANTS)
-@pytest.mark.parametrize("d_qk", [192, 128])
-@pytest.mark.parametrize("causal", [False, True])
-def test_compile_sm90_v2(variant, d_qk, causal):
-    from deepkernels.testing.compile import SM90_SMEM_LIMIT, ptxas_sm90
-    k = G2.compile_sm90(d_qk, causal, variant=variant)
     ptx = k.asm["ptx"]
     assert "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
     # per consumer warpgroup: prologue S (d_qk/16 k-steps), unmasked and masked loop bodies (S + PV 128/16 = 8),
@@ -86,36 +49,31 @@ def test_compile_sm90_v2(variant, d_qk, causal):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", G2.VARIANTS)
 @pytest.mark.parametrize("d_qk", [192, 128])
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("h,h_k", [(32, 4), (16, 16)])
 @pytest.mark.parametrize("lens", [([300, 0, 1000, 17], [700, 5, 1000, 0]),     # empty seqs, s_k = 0 (no key)
                                   ([1, 129, 200, 640], [1, 65, 0, 384]),       # length 1, s_q > s_k (rows see no key)
-                                  ([512, 384], [512, 1024])])                  # several full / masked tiles
-def test_gpu_dense_v2(variant, d_qk, causal, lens):
-    h, h_k = 32, 4
+                                  ([512, 384], [512, 1024]),                   # several full / masked tiles
+                                  ([512, 512], [512, 512]),                    # full 128-row blocks, s_q == s_k
+                                  ([129, 64], [65, 300])])                     # 1-row last block; s_q > / < s_k
+def test_gpu_dense(d_qk, causal, h, h_k, lens):
     q, k, v, cq, ck = make_case(*lens, h, h_k, d_qk, device="cuda")
-    assert G2.supported(q, k, v)
+    assert G.supported(q, k, v)
     total_q = q.shape[0]
     out = torch.full((total_q, h, 128), float("nan"), dtype=q.dtype, device="cuda")
     lse_hm = torch.full((h, total_q), float("nan"), device="cuda")
-    G2.launch_dense_prefill_gluon_v2(out, lse_hm, q, k, v, cq, ck, max(lens[0]), d_qk ** -0.5, causal,
-                                     variant=variant)
+    G.launch_dense_prefill_gluon(out, lse_hm, q, k, v, cq, ck, max(lens[0]), d_qk ** -0.5, causal)
     ro, rl = dense_prefill_ref(q, k, v, cq, ck, d_qk ** -0.5, causal)
     assert check_is_allclose("out", out.float(), ro, abs_tol=1e-3, rel_tol=8.01 / 128, cos_diff_tol=7e-6)
     assert check_is_allclose("lse", lse_hm.t(), rl, abs_tol=1e-6, rel_tol=2.01 / 65536)
     assert not torch.isnan(out).any()
 
 
-def test_v2_rejects_unknown_variant():
-    with pytest.raises(ValueError, match="variant"):
-        G2._pingpong("nope")
-
-
-def _emulate_v2(q, k, v, cq, ck, max_q, scale, causal):
-    """The v2 consumer's schedule in PyTorch on the CPU, step for step: 128-row CTAs of two 64-row warpgroups,
+def _emulate(q, k, v, cq, ck, max_q, scale, causal):
+    """The consumer's schedule in PyTorch on the CPU, step for step: 128-row CTAs of two 64-row warpgroups,
     n_tiles and the unmasked / masked split (n_full), masking only on masked tiles, P packed to bf16 for PV,
-    O rescaled by alpha_{j-1} just before PV_{j-1}, TMA zero-fill past total_k. Mirrors _gluon_dense_prefill_v2
+    O rescaled by alpha_{j-1} just before PV_{j-1}, TMA zero-fill past total_k. Mirrors _gluon_dense_prefill
     (keep in step with it); the kernel itself cannot run without a GPU."""
     tq, H, d = q.shape
     G, sl2, n_m, big = H // k.shape[1], scale * 1.4426950408889634, -(-max_q // 128), torch.tensor(float("inf"))
@@ -172,11 +130,11 @@ def _emulate_v2(q, k, v, cq, ck, max_q, scale, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("lens", [([300, 0, 1000, 17], [700, 5, 1000, 0]), ([1, 129, 200, 640], [1, 65, 0, 384]),
                                   ([512, 384], [512, 1024])])
-def test_v2_schedule_emulation(d_qk, causal, lens):
-    """The v2 tile schedule (emulated on the CPU) meets the GPU tests' tolerances on their data."""
+def test_schedule_emulation(d_qk, causal, lens):
+    """The kernel's tile schedule (emulated on the CPU) meets the GPU tests' tolerances on their data."""
     torch.manual_seed(0)
     q, k, v, cq, ck = make_case(*lens, 2, 1, d_qk)
-    out, lse = _emulate_v2(q, k, v, cq, ck, max(lens[0]), d_qk ** -0.5, causal)
+    out, lse = _emulate(q, k, v, cq, ck, max(lens[0]), d_qk ** -0.5, causal)
     ro, rl = dense_prefill_ref(q, k, v, cq, ck, d_qk ** -0.5, causal)
     assert check_is_allclose("out", out.bfloat16().float(), ro, abs_tol=1e-3, rel_tol=8.01 / 128, cos_diff_tol=7e-6)
     assert check_is_allclose("lse", lse.t(), rl, abs_tol=1e-6, rel_tol=2.01 / 65536)

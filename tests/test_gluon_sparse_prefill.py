@@ -15,9 +15,8 @@ from test_mla_prefill import make_case
 pytestmark = pytest.mark.skipif(not G.available(), reason=f"Gluon not importable: {G._IMPORT_ERROR!r}")
 
 
-# the single-partition kernel; the warp-specialised one (dispatched); the experimental seesaw (pairs of blocks, one per
-# consumer warpgroup) and its split-ready form
-VARIANTS = ["single", "ws", "seesaw", "seesaw-split"]
+# the single-partition kernel; the warp-specialised one (dispatched)
+VARIANTS = ["single", "ws"]
 
 
 @pytest.mark.compile
@@ -30,26 +29,15 @@ def test_compile_sm90(d_pe, has_len, has_sink, variant):
     assert "wgmma.mma_async" in ptx
     assert "cp.async" in ptx and ("cp.async.wait_group" in ptx or variant != "single")
     k_steps = (512 + d_pe) // 16
-    if variant.startswith("seesaw"):
-        # two consumer partitions, each with its own code: per warpgroup the full S of its block as N=64 wgmmas
-        # (k_steps of m64n64k16) and O[:, 256 columns] += P_1 V_1 + P_0 V_0 (2 x 64 / 16 of m64n256k16)
-        assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16") == 2 * k_steps
-        assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16") == 2 * 2 * 4
-        assert ptx.count("wgmma.mma_async") == 2 * (k_steps + 8)
-        assert ptx.count("wgmma.wait_group.sync.aligned 1;") == 2      # slot release after the first PV group
-    else:
-        # per warpgroup: S = (512 + d_pe) / 16 k-steps, PV = 64 / 16; nothing is computed twice across the
-        # warpgroups (the [4, 2] layouts split N)
-        assert ptx.count("wgmma.mma_async") == k_steps + 4
+    # per warpgroup: S = (512 + d_pe) / 16 k-steps, PV = 64 / 16; nothing is computed twice across the
+    # warpgroups (the [4, 2] layouts split N)
+    assert ptx.count("wgmma.mma_async") == k_steps + 4
     assert k.metadata.shared <= SM90_SMEM_LIMIT
     if variant != "single":     # producer partition: cp.async tracked by an mbarrier, no commit groups
         assert "cp.async.mbarrier.arrive" in ptx and "setmaxnreg" in ptx
-    if variant == "seesaw-split":     # two ready barriers per slot: cp.async arrives on both
-        assert ptx.count("cp.async.mbarrier.arrive") == 4
     rep = ptxas_sm90(ptx)
-    if rep is not None:     # the WS kernels' 384 threads cap the entry at 168 registers: a few setup bytes spill;
-        # seesaw: ~200-280 bytes (WG1 keeps the Q wgmma descriptors in local memory, the producer some addresses)
-        assert rep.spill_bytes <= {"single": 0, "ws": 64, "seesaw": 320, "seesaw-split": 400}[variant], rep.log
+    if rep is not None:     # the WS kernel's 384 threads cap the entry at 168 registers: a few setup bytes spill
+        assert rep.spill_bytes <= {"single": 0, "ws": 64}[variant], rep.log
 
 
 def _run(q, kv, ind, sk, tl, sm_scale=0.5, name="", variant=None):
@@ -99,8 +87,8 @@ def test_gpu_corners(s_q, s_kv, topk, variant):
 @pytest.mark.parametrize("s_q,s_kv,topk,with_len", [(37, 1000, 192, False), (29, 3000, 448, True),
                                                     (16, 100, 320, False), (9, 5000, 1088, True)])
 def test_gpu_odd_blocks(s_q, s_kv, topk, with_len, variant):
-    # an odd number of 64-token blocks (3, 7, 5, 17; topk not a multiple of 128): seesaw's last pair has a fully
-    # masked second block; with topk_length the per-row block count varies (odd and even)
+    # an odd number of 64-token blocks (3, 7, 5, 17; topk not a multiple of 128): the 2-slot ring ends on either
+    # slot and phase; with topk_length the per-row block count varies (odd and even)
     q, kv, ind, sk, tl = make_case(s_q, s_kv, topk, h_q=128, sink=True, with_len=with_len, all_invalid=True,
                                    device="cuda")
     _run(q, kv, ind, sk, tl, name=f"odd {s_q}/{s_kv}/{topk}/{with_len}", variant=variant)
@@ -109,8 +97,8 @@ def test_gpu_odd_blocks(s_q, s_kv, topk, with_len, variant):
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_gpu_huge_logits(variant):
-    # FlashMLA d626421: exp2 of the max element is exactly 1 even with huge logits (seesaw: the shared pair max);
-    # 3 blocks (odd), the value 32 in every valid row
+    # FlashMLA d626421: exp2 of the max element is exactly 1 even with huge logits; 3 blocks (odd), the value 32 in
+    # every valid row, the second query's row valid for 100 of 192 positions only
     q = torch.full((2, 64, 576), 32.0, device="cuda").bfloat16()
     kv = torch.full((200, 1, 576), 32.0, device="cuda").bfloat16()
     ind = torch.arange(192, device="cuda", dtype=torch.int32).view(1, 1, 192).repeat(2, 1, 1)

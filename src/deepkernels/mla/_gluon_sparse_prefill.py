@@ -27,60 +27,17 @@ A software-pipelined variant (ring of 4 x 32-token or 8 x 16-token tiles, S(j+1)
 correct but slower, 244 and 141 TFLOPS: with smaller tiles the per-block barriers, cross-warpgroup reductions and
 narrow wgmmas cost more than the overlap wins (commit e495a5c has it).
 
-``"seesaw"`` (experimental, not dispatched; ``_sparse_prefill_gluon_ss_kernel``): blocks are taken in pairs, each
-consumer warpgroup computes the whole S of its own block, so S is an N=64 wgmma and the softmax needs no
-cross-warpgroup reduction inside a block.
-
-* Partitions (``num_warps=4``, 384 threads, ``maxnreg`` 168 at entry): WG0 = the default partition, WG1 = worker 0,
-  the cp.async producer = worker 1 (4 warps). ``setmaxnreg``: 232 / 232 / 40. ptxas (d_qk 576): 196-204 spill
-  bytes; in SASS WG0 has 3 local accesses (setup), the producer 12-14, WG1 56-62: WG1 keeps the loop-invariant Q
-  wgmma descriptors in local memory (~10 LDL at the top of each pair, L1 hits), WG0 keeps them in uniform registers;
-  more registers for WG1 (240, 248) do not change that.
-* Pair i = blocks 2i (WG0) and 2i+1 (WG1). Slots alternate: WG0's block goes to slot ``i & 1``, WG1's to the other
-  (a fixed slot per warpgroup made every wgmma descriptor loop-invariant: LICM hoisted ~60 64-bit descriptors and
-  ptxas spilled 1.2 KB per thread inside the consumer loop).
-* Per pair, each WG: wait ``ready[own slot]`` -> S = Q K^T (36 x m64n64k16, K 576, Q from shared memory) -> mask ->
-  row max to ``x_buf[W]``, arrive ``mx_bar[W]``, wait ``mx_bar[1-W]`` -> m_new = max(m_old, max_0, max_1), the same
-  bits in both WGs -> P = exp2((S - m_new) * scale * log2 e), own row sum l_W += sum(P) (fp32, before rounding) ->
-  P (bf16) into the own slot's RoPE tile (``kv_p[own]``: after S nothing reads it, and it has P's size and NVMMA
-  layout; with d_qk 512 a separate ``[2, 64, 64]`` tile) -> arrive ``p_bar[W]`` -> acc *= alpha ->
-  O[:, 256W:256W+256] += P_1 V_1 (WG1's block) then += P_0 V_0, two commit groups; ``wait(1)`` -> arrive
-  ``empty[WG1's slot]``, ``wait(0)`` -> arrive ``empty[WG0's slot]``. WG1 issues P_1 V_1 (its own P) before
-  waiting ``p_bar[0]``; WG0 waits ``p_bar[1]`` first.
-* Row sums stay per warpgroup (both are scaled by the same alphas) and are added once at the end through ``x_buf``
-  + ``fin_bar``; l_0 + l_1 is the same fp32 value in both (addition commutes). One add per row instead of an
-  exchange per pair; the sum differs from "ws" only in association order (inside the FlashMLA tolerances).
-* Barriers: ``ready[2]`` (count 1: per producer thread an async cp.async arrive + one arrive), ``empty[2]`` (count
-  2: one arrive per consumer WG), ``mx_bar[2]`` / ``p_bar[2]`` / ``fin_bar[2]`` (count 1, indexed by WG),
-  ``q_bar`` (count 2: each WG stores 32 of Q's 64 head rows). Phases: pair i waits parity ``i & 1``; the
-  producer waits ``empty`` with parity ``(i & 1) ^ 1`` (a fresh barrier passes). Buffer reuse: ``x_buf[W]`` and
-  (d_qk 512) ``p_buf`` are rewritten in pair i+1 only after the other WG's ``p_bar`` / ``mx_bar`` arrive of a later
-  point in program order (it read the max before publishing P; it finished its PV of pair i before publishing the
-  max of pair i+1); with d_qk 576 P lives in a ring slot, which the producer refills only after both WGs released it.
-* Dependency / release order: the ring holds exactly one pair (Q 72 KB + 2 x 72 KB = 216 KB; a third 72 KB slot or
-  separate P tiles do not fit next to it in 227 KB — hence P in the RoPE tiles). The next pair's first block can
-  only land in a slot whose PV readers are done, so both WGs run P_1 V_1 first and release WG1's slot after it:
-  the producer gathers block 2i+2 (WG0's next, into that slot) while P_0 V_0 runs; block 2i+3 (WG1's next) is
-  gathered after P_0 V_0, so one block gather per pair is only hidden by WG0's S of the next pair, WG1 waits for
-  the rest of it and WG0 then waits for WG1's max. That exposed gather is the cost of the pair structure.
-* Odd block counts: the last pair's second block is past ``topk_length``/topk, so every row is masked: the
-  producer's cp.async zero-fills it without a global read, S = 0 is masked to -inf, P = 0, PV adds 0 — the loop stays
-  uniform (one wasted block per query only when the count is odd; topk 2048 gives 32 blocks).
-* Shared memory: 222,064 bytes (d_qk 576), 213,840 (512); limit 232,448.
-* ``"seesaw-split"``: the same kernel with ``SPLIT``: the producer gathers K columns [0, 256) of a block, arms
-  ``ready_lo[slot]`` (cp.async arrive + arrive, count 1), then columns [256, 512) + RoPE and arms ``ready[slot]``; the
-  consumer issues the first 16 S k-steps after ``ready_lo`` and the remaining 20 after ``ready``, so the S of the late
-  block (WG1's, see above) starts while the second half of its gather is in flight. Registers 224 / 224 / 56 (the
-  split producer spilled ~150 local accesses per pair at 40); ptxas 228-284 spill bytes (WG1 53-74 local accesses as
-  above, producer 26-37). Its own prediction: +0-8 % over "seesaw" (hides up to ~45 % of the exposed gather).
-* Prediction (s_q 4096, h_q 128, topk 2048, H200): per pair the tensor work is 4.7 M (S) + 4.2 M (PV) MAC
-  = ~4,350 clk at 2,048 MAC/clk/SM; "ws" at 360-401 TFLOPS takes ~10,300 clk per two blocks (1.75 GHz), so ~6,000
-  clk of non-MMA time per pair. This variant removes the 4 cross-warpgroup reductions (+ their barriers) per pair and
-  runs S as N=64 instead of N=32 wgmmas (estimate -1,500 to -2,500 clk) but exposes part of one 72 KB block gather
-  per pair (+1,000 to +2,000 clk, the upper end at s_kv 128K where rows come from HBM). Expected 0.9-1.2x "ws",
-  ~330-470 TFLOPS: below FlashMLA (494-540) and the 640 target. Softmax still does not overlap tensor work (both
-  WGs do it at the same time); next steps: split ``ready`` barriers (K columns 0-255 vs the rest, so S of a block
-  starts on the first half) and an FA3-style stagger of the two warpgroups.
+A "seesaw" variant (removed; added in 4cc5841, last present in c164f0f together with its barrier protocol in this
+docstring) took the blocks in pairs: each of two one-warpgroup consumer partitions computed the full 64x64 S of its
+own 64-token block of the pair (N=64 wgmmas, no cross-warpgroup reduction inside a block), the two warpgroups
+exchanged the row max once per pair, P went into the block's RoPE tile of its ring slot, and both accumulated
+P_1 V_1 + P_0 V_0 on their 256 value columns; "seesaw-split" also split the slot's ``ready`` barrier (S started on K
+columns 0-255). Measured on the H200 in one process with "ws" (git 1f7e8fa, s_q 4096, h_q 128, topk 2048,
+s_kv 8K-128K; ``results/mla_prefill_gluon-seesaw-h200-2026-11-29.json``): ws 359-405 TFLOPS, seesaw 348-404 (equal
+at s_kv 8K, 4-5 % slower at 32K-128K), seesaw-split 293-342 (15-20 % slower). It did not pay: with a 2-slot ring (Q
+72 KB + 2 x 72 KB leave no room for a third slot) the next pair's second block could only be gathered after both
+warpgroups finished P_0 V_0, so one block gather per pair was exposed; and the softmax still did not overlap tensor
+work (both warpgroups ran it at the same time).
 """
 from __future__ import annotations
 
@@ -386,267 +343,6 @@ def _sparse_prefill_gluon_ws_kernel(
     ], [4], [PRODUCER_REGS])
 
 
-# ------------------------------------------------------------------------------ "seesaw" variant (experimental)
-# Two consumer partitions of one warpgroup each (WG0 = the default partition, WG1 = a worker) plus the 4-warp
-# producer. Pair i = blocks 2i (WG0, ring slot i & 1) and 2i + 1 (WG1, the other slot). Protocol: module docstring.
-
-@_jit
-def _g_ss_rows(kv_ptr, idx_row, start, n, s_kv, stride_kvs, L: gl.constexpr):
-    """Row pointers (invalid rows: row 0, never read) and validity of top-k positions [start, start + 64)."""
-    offs_n = start + gl.arange(0, 64, gl.SliceLayout(1, L))
-    idx = gl.load(idx_row + offs_n, mask=offs_n < n, other=-1)
-    ok = (idx >= 0) & (idx < s_kv)
-    return kv_ptr + gl.where(ok, idx, 0).to(gl.int64)[:, None] * stride_kvs, ok
-
-
-@_jit
-def _g_ss_gather_split(kvn_buf, kvp_buf, ready_lo, kv_ptr, idx_row, start, n, s_kv, stride_kvs, D_PE: gl.constexpr):
-    """Like :func:`_g_gather` (producer, 4 warps) in two parts: K columns [0, 256), then ``ready_lo`` is armed (its
-    cp.async arrive completes when this thread's copies so far have landed), then columns [256, 512) + RoPE."""
-    LH: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
-    LP4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    rows, ok = _g_ss_rows(kv_ptr, idx_row, start, n, s_kv, stride_kvs, LH)
-    offs_d = gl.arange(0, 256, gl.SliceLayout(0, LH))
-    async_copy.async_copy_global_to_shared(kvn_buf.slice(0, 256, dim=1), rows + offs_d[None, :], mask=ok[:, None])
-    async_copy.mbarrier_arrive(ready_lo)
-    mbarrier.arrive(ready_lo)
-    async_copy.async_copy_global_to_shared(kvn_buf.slice(256, 256, dim=1), rows + 256 + offs_d[None, :],
-                                           mask=ok[:, None])
-    if D_PE > 0:
-        rowsp, okp = _g_ss_rows(kv_ptr, idx_row, start, n, s_kv, stride_kvs, LP4)
-        offs_p = gl.arange(0, D_PE, gl.SliceLayout(0, LP4))
-        async_copy.async_copy_global_to_shared(kvp_buf, rowsp + 512 + offs_p[None, :], mask=okp[:, None])
-
-
-@_jit
-def _g_ss_producer(kv_n, kv_p, ready, ready_lo, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is,
-                   H_Q, D_PE: gl.constexpr, HAS_LEN: gl.constexpr, SPLIT: gl.constexpr):
-    """Producer (4 warps): for each pair i, slot i & 1 <- block 2i (WG0's), then slot (i + 1) & 1 <- block 2i + 1
-    (WG1's), each once both consumer warpgroups released it (``empty[s]``, count 2; the first of the two is the slot
-    released first). A block past the last one (odd block count) is still "gathered":
-    every row is masked, so cp.async zero-fills the slot without a global read and the pair stays uniform."""
-    LN4: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
-    LP4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    tok = (gl.program_id(0) // (H_Q // 64)).to(gl.int64)
-    n, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
-    idx_row = idx_ptr + tok * stride_is
-    for i in range(gl.cdiv(num_blocks, 2)):
-        for w in gl.static_range(2):
-            slot = (i + w) & 1          # block 2i + w -> the slot warpgroup w owns in pair i
-            mbarrier.wait(empty.index(slot), (i & 1) ^ 1)    # a fresh barrier passes phase 1
-            if SPLIT:
-                _g_ss_gather_split(kv_n.index(slot), kv_p.index(slot), ready_lo.index(slot), kv_ptr, idx_row,
-                                   (2 * i + w) * 64, n, s_kv, stride_kvs, D_PE)
-            else:
-                _g_gather(kv_n.index(slot), kv_p.index(slot), kv_ptr, idx_row, (2 * i + w) * 64, n, s_kv,
-                          stride_kvs, 64, 512, D_PE, LN4, LP4, False)
-            async_copy.mbarrier_arrive(ready.index(slot))
-            mbarrier.arrive(ready.index(slot))
-
-
-@_jit
-def _g_ss_finish(acc, m_i, l_i, tok, hb, sink_ptr, out_ptr, ml_ptr, lse_ptr, sm_scale, stride_os, stride_oh, H_Q,
-                 W: gl.constexpr, HAS_SINK: gl.constexpr, S_L: gl.constexpr, O_L: gl.constexpr):
-    """Epilogue of one seesaw warpgroup: its 256 output columns (``l_i`` is already the sum of both warpgroups'
-    row sums); warpgroup 0 also writes lse and max_logits. Same formulas as :func:`_g_finish`."""
-    BLOCK_H: gl.constexpr = 64
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, S_L))
-    denom = l_safe
-    if HAS_SINK:
-        sink = gl.load(sink_ptr + offs_h)
-        m_nat = gl.where(empty, 0.0, m_i * sm_scale)
-        denom = l_safe + gl.exp(sink - m_nat)
-    inv = gl.where(empty, 0.0, 1.0 / denom)
-    out = acc * gl.convert_layout(inv, gl.SliceLayout(1, O_L))[:, None]
-    offs_ho = hb * BLOCK_H + gl.arange(0, BLOCK_H, gl.SliceLayout(1, O_L))
-    offs_d = W * 256 + gl.arange(0, 256, gl.SliceLayout(0, O_L))
-    o_rows = out_ptr + tok * stride_os + offs_ho.to(gl.int64)[:, None] * stride_oh
-    gl.store(o_rows + offs_d[None, :], out.to(gl.bfloat16))
-    if W == 0:
-        lse = gl.where(empty, float("inf"), m_i * sm_scale + gl.log(l_safe))
-        mx = gl.where(empty, float("-inf"), m_i * sm_scale)
-        gl.store(lse_ptr + tok * H_Q + offs_h, lse)
-        gl.store(ml_ptr + tok * H_Q + offs_h, mx)
-
-
-@_jit
-def _g_ss_consumer(q_n, q_p, kv_n, kv_p, p_buf, x_buf, ready, ready_lo, empty, q_bar, mx_bar, p_bar, fin_bar,
-                   q_ptr, idx_ptr, len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2,
-                   stride_qs, stride_qh, stride_is, stride_os, stride_oh, H_Q,
-                   W: gl.constexpr, D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
-                   SPLIT: gl.constexpr):
-    """Consumer warpgroup ``W`` (4 warps): per pair, the full 64x64 S of its own block (ring slot (i + W) & 1), row
-    max exchanged with the other warpgroup (``x_buf[W]`` + ``mx_bar[W]``), P of its block into its slot's ``p_buf``
-    tile (``p_bar[W]``), then O[:, 256W:256W+256] += P_1 V_1 + P_0 V_0, releasing WG1's slot as soon as P_1 V_1 is
-    done and WG0's after P_0 V_0. Row sums stay per warpgroup and are added once at the end (``x_buf`` +
-    ``fin_bar``)."""
-    BLOCK_H: gl.constexpr = 64
-    BLOCK_N: gl.constexpr = 64
-    D_V: gl.constexpr = 512
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
-    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
-    R_L: gl.constexpr = gl.SliceLayout(1, S_L)
-    LN: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
-    LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    NUM_HB = H_Q // BLOCK_H
-    pid = gl.program_id(0)
-    tok = (pid // NUM_HB).to(gl.int64)
-    hb = pid % NUM_HB
-    # Q -> shared memory: this warpgroup loads head rows [32W, 32W + 32); q_bar (count 2) = both halves stored
-    offs_hq = hb * BLOCK_H + W * 32 + gl.arange(0, 32, gl.SliceLayout(1, LN))
-    q_rows = q_ptr + tok * stride_qs + offs_hq.to(gl.int64)[:, None] * stride_qh
-    q_n.slice(W * 32, 32, dim=0).store(gl.load(q_rows + gl.arange(0, D_V, gl.SliceLayout(0, LN))[None, :]))
-    if D_PE > 0:
-        offs_hp = hb * BLOCK_H + W * 32 + gl.arange(0, 32, gl.SliceLayout(1, LP))
-        q_rows_p = q_ptr + tok * stride_qs + offs_hp.to(gl.int64)[:, None] * stride_qh
-        q_p.slice(W * 32, 32, dim=0).store(gl.load(q_rows_p + D_V + gl.arange(0, D_PE, gl.SliceLayout(0, LP))[None, :]))
-    fence_async_shared()
-    gl.thread_barrier()
-    mbarrier.arrive(q_bar)
-    mbarrier.wait(q_bar, 0)
-
-    n, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
-    idx_row = idx_ptr + tok * stride_is
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, R_L)    # running max of raw q.k, identical in both WGs
-    l_i = gl.zeros([BLOCK_H], gl.float32, R_L)                  # this warpgroup's blocks only
-    acc = gl.zeros([BLOCK_H, 256], gl.float32, O_L)
-    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, S_L)
-    for i in range(gl.cdiv(num_blocks, 2)):
-        ph = i & 1
-        s_own = (i + W) & 1             # WG0 owns slot i & 1, WG1 the other one (they alternate every pair)
-        s_1 = (i + 1) & 1               # WG1's slot: its P V goes first, so this slot is released first
-        s_0 = i & 1
-        # S = Q K^T for the own block (M 64 heads, N 64 tokens, K 576)
-        if SPLIT:                    # K columns [0, 256) first, the rest when it has landed
-            mbarrier.wait(ready_lo.index(s_own), ph)
-            fence_async_shared()
-            k_own = kv_n.index(s_own)
-            tok_s = warpgroup_mma(q_n.slice(0, 256, dim=1), k_own.slice(0, 256, dim=1).permute((1, 0)), s_zero,
-                                  use_acc=False, is_async=True)
-            mbarrier.wait(ready.index(s_own), ph)
-            fence_async_shared()
-            tok_s = warpgroup_mma(q_n.slice(256, 256, dim=1), k_own.slice(256, 256, dim=1).permute((1, 0)), tok_s,
-                                  is_async=True)
-            if D_PE > 0:
-                tok_s = warpgroup_mma(q_p, kv_p.index(s_own).permute((1, 0)), tok_s, is_async=True)
-        else:
-            mbarrier.wait(ready.index(s_own), ph)
-            fence_async_shared()     # the cp.async writes (generic proxy) before the wgmma reads (async proxy)
-            tok_s = _g_scores(q_n, q_p, kv_n, kv_p, s_own, s_zero, D_PE)
-        s = warpgroup_mma_wait(0, deps=(tok_s, ))
-        offs_n = (2 * i + W) * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, S_L))
-        idx = gl.load(idx_row + offs_n, mask=offs_n < n, other=-1)
-        valid = (idx >= 0) & (idx < s_kv)
-        s = gl.where(valid[None, :], s, float("-inf"))
-        # row max exchange: both warpgroups end up with the same m_new (max is exact and commutative)
-        mx = gl.max(s, 1)
-        x_buf.slice(W * 64, 64).store(mx)
-        gl.thread_barrier()
-        mbarrier.arrive(mx_bar.index(W))
-        mbarrier.wait(mx_bar.index(1 - W), ph)
-        m_new = gl.maximum(m_i, gl.maximum(mx, x_buf.slice((1 - W) * 64, 64).load(R_L)))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2((m_i - m_safe) * scale_log2)
-        p = gl.exp2((s - m_safe[:, None]) * scale_log2)
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
-        # P of the own block (into the own slot's RoPE tile, read by S above and by nothing else)
-        p_buf.index(s_own).store(p.to(gl.bfloat16))
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(p_bar.index(W))
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
-        v_1 = kv_n.index(s_1).slice(W * 256, 256, dim=1)
-        v_0 = kv_n.index(s_0).slice(W * 256, 256, dim=1)
-        if W == 1:                   # P_1 is WG1's own: issue P_1 V_1 before waiting for WG0's P_0
-            tok_a = warpgroup_mma(p_buf.index(s_1), v_1, acc, is_async=True)
-            mbarrier.wait(p_bar.index(0), ph)
-        else:
-            mbarrier.wait(p_bar.index(1), ph)
-            tok_a = warpgroup_mma(p_buf.index(s_1), v_1, acc, is_async=True)
-        tok_b = warpgroup_mma(p_buf.index(s_0), v_0, tok_a, is_async=True)
-        acc_t = warpgroup_mma_wait(1, deps=(tok_b, ))
-        mbarrier.arrive(empty.index(s_1))        # P_1 V_1 retired: this WG no longer reads WG1's slot
-        acc = warpgroup_mma_wait(0, deps=(acc_t, ))
-        mbarrier.arrive(empty.index(s_0))
-    # row sums: l = l_0 + l_1 (the same fp32 value in both warpgroups: addition is commutative)
-    gl.thread_barrier()
-    x_buf.slice(W * 64, 64).store(l_i)
-    gl.thread_barrier()
-    mbarrier.arrive(fin_bar.index(W))
-    mbarrier.wait(fin_bar.index(1 - W), 0)
-    l_i = l_i + x_buf.slice((1 - W) * 64, 64).load(R_L)
-    _g_ss_finish(acc, m_i, l_i, tok, hb, sink_ptr, out_ptr, ml_ptr, lse_ptr, sm_scale, stride_os, stride_oh, H_Q,
-                 W, HAS_SINK, S_L, O_L)
-
-
-@_jit
-def _sparse_prefill_gluon_ss_kernel(
-    q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr,
-    s_kv, topk, sm_scale, scale_log2,
-    stride_qs, stride_qh, stride_kvs, stride_is, stride_os, stride_oh, H_Q,
-    D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, SPLIT: gl.constexpr = False,
-):
-    """Seesaw variant (experimental, launched with num_warps=4): default partition = consumer warpgroup 0, worker 0 =
-    consumer warpgroup 1, worker 1 = the cp.async producer. See the module docstring for the protocol."""
-    BLOCK_H: gl.constexpr = 64
-    BLOCK_N: gl.constexpr = 64
-    D_V: gl.constexpr = 512
-    SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], gl.bfloat16)
-    SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, 64], gl.bfloat16)
-    SH_PB: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
-    SH_X: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-    WG0: gl.constexpr = 0
-    WG1: gl.constexpr = 1
-    q_n = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_V], SH_N)
-    kv_n = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, D_V], SH_N)
-    if D_PE > 0:
-        q_p = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_PE], SH_P)
-        kv_p = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, D_PE], SH_P)
-        p_buf = kv_p         # P of block 2i + w overwrites its own slot's RoPE tile once S of that block is done
-    else:
-        q_p = q_n
-        kv_p = kv_n
-        p_buf = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_H, BLOCK_N], SH_PB)
-    x_buf = gl.allocate_shared_memory(gl.float32, [2 * BLOCK_H], SH_X)   # [WG0 | WG1]: row max per pair, row sums
-    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    mx_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    p_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    fin_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    if SPLIT:                # "seesaw-split": K columns [0, 256) of a slot landed
-        ready_lo = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(ready_lo.index(i), count=1)
-    else:
-        ready_lo = ready
-    for i in gl.static_range(2):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)
-        mbarrier.init(mx_bar.index(i), count=1)
-        mbarrier.init(p_bar.index(i), count=1)
-        mbarrier.init(fin_bar.index(i), count=1)
-    mbarrier.init(q_bar, count=2)
-    gl.warp_specialize([
-        (_g_ss_consumer, (q_n, q_p, kv_n, kv_p, p_buf, x_buf, ready, ready_lo, empty, q_bar, mx_bar, p_bar, fin_bar,
-                          q_ptr,
-                          idx_ptr, len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2,
-                          stride_qs, stride_qh, stride_is, stride_os, stride_oh, H_Q, WG0, D_PE, HAS_LEN, HAS_SINK,
-                          SPLIT)),
-        (_g_ss_consumer, (q_n, q_p, kv_n, kv_p, p_buf, x_buf, ready, ready_lo, empty, q_bar, mx_bar, p_bar, fin_bar,
-                          q_ptr,
-                          idx_ptr, len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2,
-                          stride_qs, stride_qh, stride_is, stride_os, stride_oh, H_Q, WG1, D_PE, HAS_LEN, HAS_SINK,
-                          SPLIT)),
-        (_g_ss_producer, (kv_n, kv_p, ready, ready_lo, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs,
-                          stride_is, H_Q, D_PE, HAS_LEN, SPLIT)),
-    ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
-
-
 # ----------------------------------------------------------------------------------------------- host code
 
 def supported(q: torch.Tensor, kv: torch.Tensor) -> bool:
@@ -669,12 +365,6 @@ def supported(q: torch.Tensor, kv: torch.Tensor) -> bool:
 # s_kv 8K-128K; git 3ea864ac1545, results/mla_prefill_gluon-ws-h200-2026-11-29.json). "single" stays selectable.
 WS_SLOTS, WS_PRODUCER_REGS, WS_MAXNREG = 2, 40, 168
 DISPATCH_VARIANT = "ws"
-# "seesaw": experimental, not dispatched (module docstring); 3 partitions of 4 warps: consumer WG0 (default, gets the
-# registers left over), consumer WG1, producer.
-# "seesaw-split": the same kernel with split ready barriers (SPLIT); its producer holds the row pointers across the
-# first arrive, so it gets 56 registers (at 40 it spilled ~150 local accesses per pair), the consumers 224.
-SS_CONSUMER_REGS, SS_PRODUCER_REGS, SS_MAXNREG = 232, 40, 168
-SS_SPLIT_CONSUMER_REGS, SS_SPLIT_PRODUCER_REGS = 224, 56
 
 
 def _variant(variant):
@@ -685,14 +375,7 @@ def _variant(variant):
     if variant == "ws":
         return (_sparse_prefill_gluon_ws_kernel, {"NUM_SLOTS": WS_SLOTS, "PRODUCER_REGS": WS_PRODUCER_REGS},
                 {"num_warps": NUM_WARPS, "maxnreg": WS_MAXNREG})
-    if variant == "seesaw":
-        return (_sparse_prefill_gluon_ss_kernel, {"CONSUMER_REGS": SS_CONSUMER_REGS, "PRODUCER_REGS": SS_PRODUCER_REGS},
-                {"num_warps": 4, "maxnreg": SS_MAXNREG})
-    if variant == "seesaw-split":
-        return (_sparse_prefill_gluon_ss_kernel, {"CONSUMER_REGS": SS_SPLIT_CONSUMER_REGS,
-                                                  "PRODUCER_REGS": SS_SPLIT_PRODUCER_REGS, "SPLIT": True},
-                {"num_warps": 4, "maxnreg": SS_MAXNREG})
-    raise ValueError(f"variant must be None, 'single', 'ws', 'seesaw' or 'seesaw-split', got {variant!r}")
+    raise ValueError(f"variant must be None, 'single' or 'ws', got {variant!r}")
 
 
 def launch_sparse_prefill_gluon(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None, topk_length=None,

@@ -1,7 +1,7 @@
 """Dense MHA-mode varlen prefill on Hopper: ``flash_attn_varlen_func`` & co.
 
 Upstream FlashMLA offers this surface only on SM100 (CUTLASS FMHA, ``csrc/sm100/prefill/dense``). On sm90 the
-calls :func:`deepkernels.mla._gluon_dense_prefill_v2.supported` takes (bf16/fp16, d_qk 192/128, d_v 128, TMA-aligned
+calls :func:`deepkernels.mla._gluon_dense_prefill.supported` takes (bf16/fp16, d_qk 192/128, d_v 128, TMA-aligned
 K/V) run the Gluon warp-specialised kernel of that module; everything else (and the interpreter) runs this module's
 FlashAttention-2-style Triton forward: one program per (128-row query block, sequence, head),
 K/V streamed in ``BLOCK_N`` tiles with software pipelining, online softmax in base 2 with the running max in
@@ -22,7 +22,7 @@ from .._backend import device_of, interpret_mode, use_kernels
 from .._triton_helpers import rne_bf16 as _rne_bf16
 from .._validate import check_tensor
 from ..reference.mla_prefill import dense_prefill_ref
-from . import _gluon_dense_prefill_v2 as _gdp2
+from . import _gluon_dense_prefill as _gdp
 
 __all__ = ["flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func"]
 
@@ -183,13 +183,13 @@ def _launch_dense_prefill(out, lse_hm, q, k, v, cu_q, cu_k, max_seqlen_q, softma
     b = cu_q.shape[0] - 1
     if total_q == 0 or b == 0 or max_seqlen_q == 0:
         return
-    if config is None and _gdp2.supported(q, k, v):
+    if config is None and _gdp.supported(q, k, v):
         # sm90: the Gluon warp-specialised kernel (TMA producer, two 64-row consumer warpgroups, 128-key tiles, S_j
         # issued before softmax_{j-1} finishes). H200, b 2, h 128, s 4096/8192, d 192/128, causal and not: 509-653
         # TFLOPS = 0.86-1.10x torch SDPA vs 0.78-0.84x for this Triton kernel in the same run
         # (results/mla_prefill_dense_gluon_v2-h200-2026-11-29.json). Explicit configs and
         # DEEPKERNELS_DISABLE_GLUON=dense_prefill keep the Triton kernel.
-        _gdp2.launch_dense_prefill_gluon_v2(out, lse_hm, q, k, v, cu_q, cu_k, max_seqlen_q, softmax_scale, causal)
+        _gdp.launch_dense_prefill_gluon(out, lse_hm, q, k, v, cu_q, cu_k, max_seqlen_q, softmax_scale, causal)
         return
     block_m, block_n, num_warps, num_stages = config or DENSE_CONFIGS[d_qk]
     d1 = 128
