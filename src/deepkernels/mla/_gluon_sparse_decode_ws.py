@@ -1,6 +1,8 @@
-"""Warp-specialised Gluon sparse MLA decode for the V3.2 FP8 main cache (sm90; issue #6). Dispatched for V3.2 without an
-extra cache (:data:`DISPATCH`); measured 229-266 TFLOPS at h_q 128, topk 2048 on the H200, 1.20-1.30x the
-single-partition kernel, bit-identical to it (prediction below: 300-380, missed by ~1.3x).
+"""Warp-specialised Gluon sparse MLA decode for the V3.2 and V4.1 FP8 main caches (sm90; issue #6). Dispatched for V3.2
+without an extra cache (:data:`DISPATCH`, :data:`DISPATCH_FMTS`); measured 229-266 TFLOPS at h_q 128, topk 2048 on the
+H200, 1.20-1.30x the single-partition kernel, bit-identical to it (prediction below: 300-380, missed by ~1.3x).
+V4.1 (FMT constexpr, section "V4.1" below): implemented, NOT dispatched (not in :data:`DISPATCH_FMTS`) until a device
+run shows it bit-identical and faster.
 
 Same contract as :mod:`deepkernels.mla._gluon_sparse_decode` (the dispatched single-partition kernel; read its
 docstring) and, by construction, the same output bit for bit: one CTA per (scheduler part, query position,
@@ -9,9 +11,9 @@ split of a request running to its end, indices valid iff ``position < topk_lengt
 ``0 <= idx < num_blocks * page_block_size`` (anything else never dereferenced, its K/V row zero), single-split
 requests write ``out``/``lse`` (sink applied), split requests write ``O/L`` and ``log2 L + m`` to accumulator row
 ``num_splits[req] + split`` for the unchanged ``combine_splits_``. Launcher :func:`launch_sparse_decode_gluon_ws`
-has the signature of ``launch_sparse_decode_gluon`` (drop-in). Scope of this first version
-(:func:`supported_ws`): main cache V3.2 only (656 B/token: 512 e4m3, 4 fp32 scales, 64 bf16 RoPE; d_qk 576), no
-extra cache, no V4.1 / FP4 -- those stay on the single-partition kernel.
+has the signature of ``launch_sparse_decode_gluon`` (drop-in). Scope (:func:`supported_ws`): main cache V3.2
+(656 B/token: 512 e4m3, 4 fp32 scales, 64 bf16 RoPE; d_qk 576) or V4.1 (528 B/token: 512 e4m3 incl. RoPE, 16 UE8M0
+exponents; d_qk 512), no extra cache (V3.2 + V3.2, V4.1 + V4.1 and V4.1 + FP4 stay on the single-partition kernel).
 
 Structure (``gl.warp_specialize``, modelled on ``_gluon_sparse_prefill._sparse_prefill_gluon_ws_kernel``):
 
@@ -70,6 +72,29 @@ between its P V issue and wait, and block j+1's gather latency is covered only b
 consumer; 420 is not expected from this structure alone (it needs a cheaper S: Q from registers or another
 warpgroup split). h_q 64: the same per-block gain on lower absolute numbers. Untested on a GPU when written:
 correctness (bit-identity with the single-partition kernel) and speed are for the device run.
+
+V4.1 (``FMT`` = 2; the V3.2 instruction stream is unchanged: cross-compiled PTX of the 8 V3.2 configurations
+page shift 6/-1 x has_len x has_sink identical before/after, .loc/.file/debug/labels stripped):
+
+* Producer :func:`_w_producer41` (same loop, ring, prefetch and mask as :func:`_w_producer`, no RoPE cp.async): a
+  chunk is 128 B of each record = 4 UE8M0 groups of 32 e4m3, ``[64, 4, 8]`` int32 words, 2 threads per token (2 groups
+  x 8 words = 4 ``ld.global.v4`` each) + the 2 exponent bytes of its groups (one 16-bit load); dequant with the
+  single-partition kernel's own helpers ``_g_ue8m0`` (2^(e-127), 0 -> 2^-127, 255 -> NaN, masked ``other`` 127) and
+  ``_g_byte``; 4 chunks of the next block in flight (64 data registers + 4 exponent registers).
+* Consumers: no RoPE wgmma / Q tile; the row sum per column (``[64, 64]`` fp32, the single-partition kernel's PSUM)
+  reduced once per request after the token loop -- the same expressions in the same order, so out / lse are expected
+  bit-identical to ``launch_sparse_decode_gluon`` for V4.1 too.
+* Shared memory: Q 64 KB + ring 2 x 64 KB + P 8 KB + masks/barriers/scratch = 205,476 B.
+* Registers: the PSUM accumulator costs 16 consumer registers: producer ``setmaxnreg`` 136 (consumers 184) left 5 spill
+  instructions in the consumers' token loop; :data:`WS_PRODUCER_REGS_V41` = 120 gives the consumers 192: 0 spills in
+  their loop (447 instructions), 14 in the producer's block loop (~1,380 instructions; 112 -> 19, 104 -> 45), ~150 B
+  spill stores in all.
+* Prediction (h_q 128, topk 2048): per block the consumers do 64x64x512 + 64x512x64 = 4.19 M MAC (0.94x V3.2's 4.46 M)
+  and one cross-warpgroup reduction less (PSUM); the producer gathers 64 x 528 B = 33.8 KB (0.8x) and dequantises the
+  same 32K elements (+ a few integer ops per exponent, no RoPE copy). FlashMLA's FLOP count per token falls by the same
+  0.94 (512 + 512 vs 576 + 512), so at the V3.2 WS block time the TFLOPS would be ~0.94x of V3.2's; the consumer
+  being ~0.9x cheaper gives some back: 210-260 TFLOPS at h_q 128, 1.2-1.4x the single-partition V4.1 kernel
+  (measured 167-187), bit-identical to it. Untested on a GPU when written.
 """
 from __future__ import annotations
 
@@ -79,21 +104,28 @@ from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy, 
                       warpgroup_mma, warpgroup_mma_wait)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 from .._launch import cached_launcher, spec_key
-from ._gluon_sparse_decode import _g_load_idx, _g_rows, _page_shift, supported
+from ._gluon_sparse_decode import GLUON_FMTS, _g_byte, _g_load_idx, _g_rows, _g_ue8m0, _page_shift, supported
 
 __all__ = ["available", "supported_ws", "launch_sparse_decode_gluon_ws", "compile_sm90_ws", "WS_PRODUCER_WARPS",
-           "WS_PRODUCER_REGS", "WS_MAXNREG"]
+           "WS_PRODUCER_REGS", "WS_PRODUCER_REGS_V41", "WS_MAXNREG", "WS_FMTS", "DISPATCH_FMTS"]
 
 BLOCK_H = 64
 NUM_WARPS = 8                 # the default (consumer) partition: 2 warpgroups
 WS_PRODUCER_WARPS = 4          # (the literal [4] in the kernel: Gluon reads no Python globals)
 WS_PRODUCER_REGS = 136        # setmaxnreg of the producer; the 8 consumer warps get (168 * 384 - 136 * 128) / 256 = 184
+# V4.1: the consumers' per-column row sum (PSUM, 16 more registers) spills 5 instructions in their token loop at 184;
+# producer 120 -> consumers 192: 0 there, 14 spill instructions in the producer's block loop instead (of ~1,380)
+WS_PRODUCER_REGS_V41 = 120
 WS_MAXNREG = 168              # launch cap: 12 warps x 32 x 168 <= 64K registers; Triton hands the consumers the rest
 WS_PRODUCER_FENCE = False     # also fence.proxy.async in the producer before ``ready`` (the consumer always fences)
 # sparse_decode.py sends the calls supported_ws() takes here (True since its first device run, 2026-11-29, git
 # 9385c63fe481: GPU tests passed, bit-identical to the single-partition kernel, 1.20-1.30x it -- 229-266 TFLOPS at
 # h_q 128, topk 2048; results/mla_sparse_decode_ws-h200-2026-11-29.json)
 DISPATCH = True
+# main-cache formats the kernel implements (no extra cache in either) and those sparse_decode.py may send here (V4.1:
+# implemented, not measured on a GPU yet -> off until the device run shows it faster and bit-identical)
+WS_FMTS = ("v32", "v41")
+DISPATCH_FMTS = frozenset({"v32"})
 _LOG2E = 1.4426950408889634
 
 
@@ -218,11 +250,84 @@ def _w_producer(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
 
 
 @_jit
+def _w_load_chunk41(kv_ptr, rec, valid, G: gl.constexpr, L3: gl.constexpr):
+    """Masked loads of bytes [128 G, 128 G + 128) of 64 V4.1 records: 4 scale groups of 32 e4m3 as [64, 4, 8]
+    packed int32 words (16-byte vectors) and the groups' UE8M0 exponent bytes ([64, 4] uint8, other 127 as in
+    ``_gluon_sparse_decode._g_gather``); invalid tokens load zeros."""
+    g = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+    w = gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    vm2 = valid[:, None] & (g >= 0)[None, :]
+    wp = (kv_ptr + rec).to(gl.pointer_type(gl.int32))
+    raw = gl.load((wp[:, None] + (G * 32 + g * 8)[None, :])[:, :, None] + w[None, None, :], mask=vm2[:, :, None],
+                  other=0)
+    eb = gl.load(kv_ptr + (rec + (512 + 4 * G))[:, None] + g[None, :], mask=vm2, other=127)
+    return raw, eb
+
+
+@_jit
+def _w_dequant_store41(raw, eb, dst):
+    """4 UE8M0 groups: [64, 4, 8] words -> [64, 128] bf16 -> ``dst``; bf16(fp32(e4m3) * 2^(e-127)) with the ops of
+    ``_gluon_sparse_decode._g_byte`` / ``_g_ue8m0`` (element 32 g + 4 w + k = byte k of word w of group g)."""
+    sc = _g_ue8m0(eb)
+    x = gl.join(gl.join(_g_byte(raw, sc, 0), _g_byte(raw, sc, 2)), gl.join(_g_byte(raw, sc, 1), _g_byte(raw, sc, 3)))
+    dst.store(gl.reshape(x, [64, 128]))
+
+
+@_jit
+def _w_producer41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
+                  stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk,
+                  PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr,
+                  PRODUCER_FENCE: gl.constexpr):
+    """Worker partition (4 warps), V4.1 main cache (528 B/token: 512 e4m3 incl. RoPE, 16 UE8M0 exponents): as
+    :func:`_w_producer` without the RoPE copy; a chunk is 128 B of a record = 4 scale groups (2 per thread)."""
+    # one token per 2 threads; a thread holds 2 scale groups x 8 words = 64 contiguous bytes (4 x 16-B vectors)
+    L3: gl.constexpr = gl.BlockedLayout([1, 2, 8], [16, 2, 1], [4, 1, 1], [2, 1, 0])   # [64, 4, 8] words
+    LT: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, L3))
+    hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _w_part(meta_ptr, b, s_q, h_q)
+    si64 = si.to(gl.int64)
+    it = 0
+    for req in range(begin_req, end_req + 1):
+        n, base_row, nsp, split, t_lo, t_end = _w_req_range(req, begin_req, end_req, begin_blk, end_blk,
+                                                            begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
+                                                            SBLOCK)
+        nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+        idx_row = idx_ptr + req.to(gl.int64) * stride_ib + si64 * stride_is
+        i0, v = _g_load_idx(idx_row, t_lo, t_end, num_tok, LT)
+        rec = _g_rows(i0, v, page, stride_kb, 528, PAGE_SHIFT)
+        r0, e0 = _w_load_chunk41(kv_ptr, rec, v, 0, L3)
+        r1, e1 = _w_load_chunk41(kv_ptr, rec, v, 1, L3)
+        r2, e2 = _w_load_chunk41(kv_ptr, rec, v, 2, L3)
+        r3, e3 = _w_load_chunk41(kv_ptr, rec, v, 3, L3)
+        for j in range(nblocks):
+            slot = it % 2
+            t0 = t_lo + j * 64
+            vc = v                                   # block j's validity
+            i1, v = _g_load_idx(idx_row, t0 + 64, t_end, num_tok, LT)          # block j+1 (may be all invalid)
+            rec = _g_rows(i1, v, page, stride_kb, 528, PAGE_SHIFT)
+            mbarrier.wait(empty.index(slot), ((it // 2) & 1) ^ 1)              # a fresh barrier passes phase 1
+            vmask.index(slot).store(vc.to(gl.int8))
+            dst = kv_n.index(slot)
+            _w_dequant_store41(r0, e0, dst.slice(0, 128, dim=1))
+            r0, e0 = _w_load_chunk41(kv_ptr, rec, v, 0, L3)
+            _w_dequant_store41(r1, e1, dst.slice(128, 128, dim=1))
+            r1, e1 = _w_load_chunk41(kv_ptr, rec, v, 1, L3)
+            _w_dequant_store41(r2, e2, dst.slice(256, 128, dim=1))
+            r2, e2 = _w_load_chunk41(kv_ptr, rec, v, 2, L3)
+            _w_dequant_store41(r3, e3, dst.slice(384, 128, dim=1))
+            r3, e3 = _w_load_chunk41(kv_ptr, rec, v, 3, L3)
+            if PRODUCER_FENCE:
+                fence_async_shared()
+            mbarrier.arrive(ready.index(slot))
+            it += 1
+
+
+@_jit
 def _w_consumer(q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr,
                 nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh, num_tok,
                 stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2,
-                HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr):
-    """Default partition (8 warps): the single-partition kernel's compute and epilogue, V3.2, no extra cache."""
+                HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr, FMT: gl.constexpr):
+    """Default partition (8 warps): the single-partition kernel's compute and epilogue, V3.2 (FMT 0) or V4.1 (FMT 2:
+    no RoPE tiles, row sum kept per column and reduced once per request, as its PSUM), no extra cache."""
     D_V: gl.constexpr = 512
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
@@ -240,7 +345,8 @@ def _w_consumer(q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_pt
         q_rows = q_ptr + req64 * stride_qb + si64 * stride_qs + hq.to(gl.int64)[:, None] * stride_qh
         for c in gl.static_range(8):
             q_n.slice(c * 64, 64, dim=1).store(gl.load(q_rows + (c * 64 + dq)[None, :]))
-        q_p.store(gl.load(q_rows + (D_V + dq)[None, :]))
+        if FMT == 0:
+            q_p.store(gl.load(q_rows + (D_V + dq)[None, :]))
         fence_async_shared()
         gl.thread_barrier()
         n, base_row, nsp, split, t_lo, t_end = _w_req_range(req, begin_req, end_req, begin_blk, end_blk,
@@ -248,26 +354,33 @@ def _w_consumer(q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_pt
                                                             SBLOCK)
         nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
         m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))   # running max of raw q.k
-        l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
+        if FMT == 2:     # PSUM: per-column partial row sums, reduced after the token loop
+            l_i = gl.zeros([64, 64], gl.float32, S_L)
+        else:
+            l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
         acc = gl.zeros([64, D_V], gl.float32, O_L)
         for j in range(nblocks):
             slot = it % 2
             mbarrier.wait(ready.index(slot), (it // 2) & 1)
             fence_async_shared()       # the producer's shared stores (generic proxy) before the wgmma reads
             tok = warpgroup_mma(q_n, kv_n.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            tok = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok, is_async=True)
+            if FMT == 0:
+                tok = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok, is_async=True)
             # block j's validity (position < t_end, 0 <= idx < num_tok), written by the producer next to the slot:
             # no global load in this loop (a load in flight at the fence above would stall its MEMBAR.ALL.CTA,
             # and one issued under S is scheduled by ptxas after the wait, exposed)
             valid = vmask.index(slot).load(LS) != 0
             s = warpgroup_mma_wait(0, deps=(tok, ))
-            # online softmax step, exactly as _gluon_sparse_decode._g_attend (PSUM off for V3.2)
+            # online softmax step, exactly as _gluon_sparse_decode._g_attend (PSUM off for V3.2, on for V4.1)
             s = gl.where(valid[None, :], s, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(s, 1))
             m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
             p = gl.exp2((s - m_safe[:, None]) * sm_scale_log2)
-            l_i = l_i * alpha + gl.sum(p, 1)
+            if FMT == 2:
+                l_i = l_i * alpha[:, None] + p
+            else:
+                l_i = l_i * alpha + gl.sum(p, 1)
             m_i = m_new
             p_smem.store(p.to(gl.bfloat16))
             fence_async_shared()
@@ -278,6 +391,8 @@ def _w_consumer(q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_pt
             mbarrier.arrive(empty.index(slot))   # 8-warp barrier + one arrive: slot and P tile free
             it += 1
 
+        if FMT == 2:
+            l_i = gl.sum(l_i, 1)
         # epilogue (as the single-partition kernel)
         empty_row = (l_i == 0.0) | (l_i != l_i)
         l_safe = gl.where(empty_row, 1.0, l_i)
@@ -318,7 +433,7 @@ def _sparse_decode_gluon_ws_kernel(
     stride_qb, stride_qs, stride_qh, stride_kb, page, num_tok, stride_ib, stride_is,
     b, s_q, h_q, topk, acc_rows, sm_scale_log2,
     PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, PRODUCER_FENCE: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, PRODUCER_FENCE: gl.constexpr, FMT: gl.constexpr,
 ):
     D_V: gl.constexpr = 512
     SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, D_V], gl.bfloat16)
@@ -326,8 +441,12 @@ def _sparse_decode_gluon_ws_kernel(
     q_n = gl.allocate_shared_memory(gl.bfloat16, [64, D_V], SH_N)
     kv_n = gl.allocate_shared_memory(gl.bfloat16, [2, 64, D_V], SH_N)
     p_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
-    q_p = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
-    kv_p = gl.allocate_shared_memory(gl.bfloat16, [2, 64, 64], SH_P)
+    if FMT == 0:
+        q_p = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
+        kv_p = gl.allocate_shared_memory(gl.bfloat16, [2, 64, 64], SH_P)
+    else:           # V4.1: no RoPE tiles (never read: stand-ins)
+        q_p = p_smem
+        kv_p = p_smem
     # per slot: the 64 tokens' validity (int8), written by the producer, read by the consumers' softmax
     vmask = gl.allocate_shared_memory(gl.int8, [2, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -335,23 +454,35 @@ def _sparse_decode_gluon_ws_kernel(
     for i in gl.static_range(2):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-    gl.warp_specialize([
-        (_w_consumer, (q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr,
-                       meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh, num_tok,
-                       stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN, HAS_SINK,
-                       SBLOCK)),
-        (_w_producer, (kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr, stride_kb,
-                       page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, PAGE_SHIFT, HAS_LEN, SBLOCK,
-                       PRODUCER_FENCE)),
-    ], [4], [PRODUCER_REGS])
+    if FMT == 0:
+        gl.warp_specialize([
+            (_w_consumer, (q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr,
+                           meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh,
+                           num_tok, stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN, HAS_SINK,
+                           SBLOCK, FMT)),
+            (_w_producer, (kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
+                           stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, PAGE_SHIFT, HAS_LEN,
+                           SBLOCK, PRODUCER_FENCE)),
+        ], [4], [PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_w_consumer, (q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr,
+                           meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh,
+                           num_tok, stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN, HAS_SINK,
+                           SBLOCK, FMT)),
+            (_w_producer41, (kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
+                             stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, PAGE_SHIFT, HAS_LEN,
+                             SBLOCK, PRODUCER_FENCE)),
+        ], [4], [PRODUCER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------- host code
 
 def supported_ws(q: torch.Tensor, k_cache: torch.Tensor, fmt: str, extra_k_cache=None, config=None) -> bool:
     """Whether the WS kernel takes this call: everything :func:`_gluon_sparse_decode.supported` requires, plus main
-    format V3.2 and no extra cache (V4.1, FP4 and extra caches: False, not implemented in this version)."""
-    if fmt != "v32" or extra_k_cache is not None:
+    format V3.2 or V4.1 (:data:`WS_FMTS`) and no extra cache (extra caches -- V3.2 + V3.2, V4.1 + V4.1, V4.1 + FP4:
+    False, not implemented). Whether sparse_decode.py sends a format here is :data:`DISPATCH_FMTS`."""
+    if fmt not in WS_FMTS or extra_k_cache is not None:
         return False
     return supported(q, k_cache, fmt, None, config)
 
@@ -369,8 +500,8 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
     from .combine import combine_splits_
     from .metadata import SCHED_BLOCK
 
-    if fmt != "v32" or extra_k_cache is not None:
-        raise ValueError("launch_sparse_decode_gluon_ws: V3.2 main cache without extra cache only")
+    if fmt not in WS_FMTS or extra_k_cache is not None:
+        raise ValueError("launch_sparse_decode_gluon_ws: V3.2 or V4.1 main cache without extra cache only")
     b, s_q, h_q, _ = q.shape
     parts = sched.shape[0]
     acc_rows = b + parts
@@ -393,8 +524,8 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
         spec = (_spec, acc_rows < 2 ** 31, sched.dtype, sched.data_ptr() & 15 == 0, num_splits.dtype,
                 num_splits.data_ptr() & 15 == 0)
     constexprs = (_page_shift(kv.shape[1]), topk_length is not None, attn_sink is not None, SCHED_BLOCK,
-                  producer_regs or WS_PRODUCER_REGS,
-                  WS_PRODUCER_FENCE if producer_fence is None else bool(producer_fence))
+                  producer_regs or _producer_regs(fmt),
+                  WS_PRODUCER_FENCE if producer_fence is None else bool(producer_fence), GLUON_FMTS[fmt])
     opts = (NUM_WARPS, maxnreg or WS_MAXNREG)
     launcher = cached_launcher(_LAUNCHERS, _sparse_decode_gluon_ws_kernel, (constexprs, opts, spec),
                                lambda: dict(zip(_CONSTEXPRS, constexprs), num_warps=opts[0], maxnreg=opts[1]),
@@ -404,14 +535,19 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
                     lengths=topk_length, topk=topk, extra_lengths=None, extra_topk=None, rne=False, _spec=_spec)
 
 
-_CONSTEXPRS = ("PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS", "PRODUCER_FENCE")
+def _producer_regs(fmt: str) -> int:
+    return WS_PRODUCER_REGS_V41 if fmt == "v41" else WS_PRODUCER_REGS
+
+
+_CONSTEXPRS = ("PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS", "PRODUCER_FENCE", "FMT")
 _LAUNCHERS: dict = {}   # (kernel, (constexprs, options, specialisation)) -> KernelLauncher
 _LAUNCHER_LIMIT = 1024
 
 
 def compile_sm90_ws(page_shift: int = 6, has_len: bool = True, has_sink: bool = True, producer_regs=None,
-                    maxnreg=None, producer_fence=None):
-    """Cross-compile the WS kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch.
+                    maxnreg=None, producer_fence=None, fmt: str = "v32"):
+    """Cross-compile the WS kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch;
+    ``fmt``: main-cache format ("v32" / "v41").
     Returns the CompiledKernel (``.asm['ptx']``, ``.metadata.shared``)."""
     fn = _sparse_decode_gluon_ws_kernel
     sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", sink_ptr="*fp32", meta_ptr="*i32",
@@ -420,8 +556,9 @@ def compile_sm90_ws(page_shift: int = 6, has_len: bool = True, has_sink: bool = 
                stride_ib="i32", stride_is="i32", b="i32", s_q="i32", h_q="i32", topk="i32", acc_rows="i32",
                sm_scale_log2="fp32")
     consts = dict(PAGE_SHIFT=page_shift, HAS_LEN=has_len, HAS_SINK=has_sink, SBLOCK=64,
-                  PRODUCER_REGS=producer_regs or WS_PRODUCER_REGS,
-                  PRODUCER_FENCE=WS_PRODUCER_FENCE if producer_fence is None else bool(producer_fence))
+                  PRODUCER_REGS=producer_regs or _producer_regs(fmt),
+                  PRODUCER_FENCE=WS_PRODUCER_FENCE if producer_fence is None else bool(producer_fence),
+                  FMT=GLUON_FMTS[fmt])
     hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
                                                                   "stride_ib", "stride_is"]
     return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)

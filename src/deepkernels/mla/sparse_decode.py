@@ -414,7 +414,7 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
     if use_gluon:
         # V3.2 without an extra cache: the warp-specialised kernel (producer warps gather + dequantise), bit-identical
         # to the single-partition one and 1.20-1.30x it on the H200 (results/mla_sparse_decode_ws-h200-2026-11-29.json)
-        ws = _gsdw.DISPATCH and _gsdw.supported_ws(q, k_cache, plan.fmt, extra_k_cache)
+        ws = _gsdw.DISPATCH and plan.fmt in _gsdw.DISPATCH_FMTS and _gsdw.supported_ws(q, k_cache, plan.fmt, extra_k_cache)
         launch = _gsdw.launch_sparse_decode_gluon_ws if ws else _gsd.launch_sparse_decode_gluon
     config, batch_invariant = plan.config, _BATCH_INVARIANT
     topk, xtopk = cfg.topk, cfg.extra_topk
