@@ -344,21 +344,20 @@ def test_gluon_sparse_decode_ws_public_op_takes_the_fast_path(bind_on_cpu, monke
     launcher = next(iter(gsdw._LAUNCHERS.values()))
     assert launcher.fast_calls == 2 and launcher.meta["maxnreg"] == gsdw.WS_MAXNREG
     assert launcher.meta["FMT"] == 0 and launcher.meta["PRODUCER_REGS"] == gsdw.WS_PRODUCER_REGS
-    # V4.1 (main cache only): implemented by the WS kernel but not dispatched there (gsdw.DISPATCH_FMTS) -- with the
-    # single-partition Gluon dispatch forced for it, the public op launches the single-partition kernel
-    assert gsdw.supported_ws(kw["q"], kw["k_cache"], "v41") and gsdw.DISPATCH_FMTS == frozenset({"v32"})
-    monkeypatch.setattr(gsd, "DISPATCH_FMTS", frozenset({"v32", "v41"}))
+    # V4.1 (main cache only) is dispatched to the WS kernel too: a second WS launcher (FMT constexpr, V4.1 producer
+    # registers); with the WS dispatch closed for it and the single-partition one opened, that kernel takes it
+    assert gsdw.supported_ws(kw["q"], kw["k_cache"], "v41") and "v41" in gsdw.DISPATCH_FMTS
     kw41 = make_case(2, 1, 64, "v41", 64, 80, 16, with_len=True, sink=True)
-    _public(kw41)
-    assert [e[0] for e in single.log] == ["slow"] and len(fn.log) == 3
-    assert single.log[0][3]["FMT"] == gsd.GLUON_FMTS["v41"]
-    # ... and with the WS dispatch opened for V4.1: a second WS launcher (FMT constexpr, V4.1 producer registers)
-    monkeypatch.setattr(gsdw, "DISPATCH_FMTS", frozenset({"v32", "v41"}))
-    monkeypatch.setattr(sd, "_PLANS", {})
     for _ in range(2):
         _public(kw41)
-    assert [e[0] for e in fn.log] == ["slow", "fast", "fast", "slow", "fast"] and len(single.log) == 1
+    assert [e[0] for e in fn.log] == ["slow", "fast", "fast", "slow", "fast"] and not single.log
     assert fn.log[3][3]["FMT"] == 2 and fn.log[3][3]["PRODUCER_REGS"] == gsdw.WS_PRODUCER_REGS_V41
+    monkeypatch.setattr(gsdw, "DISPATCH_FMTS", frozenset({"v32"}))
+    monkeypatch.setattr(gsd, "DISPATCH_FMTS", frozenset({"v32", "v41"}))
+    monkeypatch.setattr(sd, "_PLANS", {})
+    _public(kw41)
+    assert [e[0] for e in single.log] == ["slow"] and len(fn.log) == 5
+    assert single.log[0][3]["FMT"] == gsd.GLUON_FMTS["v41"]
     assert len(gsdw._LAUNCHERS) == 2
 
 

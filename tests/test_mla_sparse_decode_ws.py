@@ -155,8 +155,8 @@ def test_supported_ws_gate_on_cpu(monkeypatch):
     for fmt, x in (("v41", c), ("v32", c), ("fp4", None)):
         with pytest.raises(ValueError):
             W.launch_sparse_decode_gluon_ws(None, None, q, c, None, None, None, 1.0, fmt, extra_k_cache=x)
-    # V4.1 stays off the WS kernel until measured; the public op checks the format set
-    assert W.DISPATCH_FMTS == frozenset({"v32"}) and set(W.WS_FMTS) == {"v32", "v41"}
+    # both formats are dispatched (V4.1 since its first device run); the public op checks the format set
+    assert W.DISPATCH_FMTS == frozenset({"v32", "v41"}) and set(W.WS_FMTS) == {"v32", "v41"}
     assert "plan.fmt in _gsdw.DISPATCH_FMTS" in inspect.getsource(sd)
 
 

@@ -122,10 +122,12 @@ WS_PRODUCER_FENCE = False     # also fence.proxy.async in the producer before ``
 # 9385c63fe481: GPU tests passed, bit-identical to the single-partition kernel, 1.20-1.30x it -- 229-266 TFLOPS at
 # h_q 128, topk 2048; results/mla_sparse_decode_ws-h200-2026-11-29.json)
 DISPATCH = True
-# main-cache formats the kernel implements (no extra cache in either) and those sparse_decode.py may send here (V4.1:
-# implemented, not measured on a GPU yet -> off until the device run shows it faster and bit-identical)
+# main-cache formats the kernel implements (no extra cache in either) and those sparse_decode.py sends here. V4.1 since
+# its first device run (2026-11-29, git 33b781d74e9c, results/mla_sparse_decode_ws-h200-2026-11-29-v41.json): 36/36
+# GPU tests, bit-identical to the single-partition kernel, 219-257 TFLOPS at h_q 128 (1.40-1.44x it, 1.35-1.41x the
+# Triton kernel that served V4.1 before), 153-230 at h_q 64 (1.17-1.35x)
 WS_FMTS = ("v32", "v41")
-DISPATCH_FMTS = frozenset({"v32"})
+DISPATCH_FMTS = frozenset({"v32", "v41"})
 _LOG2E = 1.4426950408889634
 
 

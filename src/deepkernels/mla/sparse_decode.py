@@ -406,16 +406,19 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
     if plan.empty:
         return (torch.zeros(b, s_q, h_q, 512, dtype=q.dtype, device=dev),
                 torch.full((b, s_q, h_q), float("inf"), device=dev).transpose(1, 2))
-    # Gluon sm90 kernel for the main-cache formats where it measured faster (_gsd.DISPATCH_FMTS: V3.2), h_q % 64 == 0,
-    # unless a Triton config is forced (DEEPKERNELS_DISABLE_GLUON=sparse_decode keeps Triton)
-    use_gluon = config is None and plan.fmt in _gsd.DISPATCH_FMTS and _gsd.supported(q, k_cache, plan.fmt,
-                                                                                       extra_k_cache)
+    # sm90 Gluon kernels, unless a Triton config is forced (DEEPKERNELS_DISABLE_GLUON=sparse_decode keeps Triton):
+    # 1. the warp-specialised kernel (producer warps gather + dequantise) for its formats without an extra cache
+    #    (_gsdw.DISPATCH_FMTS: V3.2 and V4.1; bit-identical to the single-partition kernel, 1.20-1.30x it for V3.2 and
+    #    1.17-1.44x for V4.1 on the H200, results/mla_sparse_decode_ws-h200-2026-11-29*.json);
+    # 2. the single-partition kernel for the formats where it measured faster than Triton (_gsd.DISPATCH_FMTS: V3.2,
+    #    i.e. V3.2 with an extra cache); 3. everything else: the Triton kernel
     launch = _launch_sparse_decode
-    if use_gluon:
-        # V3.2 without an extra cache: the warp-specialised kernel (producer warps gather + dequantise), bit-identical
-        # to the single-partition one and 1.20-1.30x it on the H200 (results/mla_sparse_decode_ws-h200-2026-11-29.json)
-        ws = _gsdw.DISPATCH and plan.fmt in _gsdw.DISPATCH_FMTS and _gsdw.supported_ws(q, k_cache, plan.fmt, extra_k_cache)
-        launch = _gsdw.launch_sparse_decode_gluon_ws if ws else _gsd.launch_sparse_decode_gluon
+    if config is None:
+        if _gsdw.DISPATCH and plan.fmt in _gsdw.DISPATCH_FMTS and _gsdw.supported_ws(q, k_cache, plan.fmt,
+                                                                                   extra_k_cache):
+            launch = _gsdw.launch_sparse_decode_gluon_ws
+        elif plan.fmt in _gsd.DISPATCH_FMTS and _gsd.supported(q, k_cache, plan.fmt, extra_k_cache):
+            launch = _gsd.launch_sparse_decode_gluon
     config, batch_invariant = plan.config, _BATCH_INVARIANT
     topk, xtopk = cfg.topk, cfg.extra_topk
 
