@@ -1,8 +1,8 @@
 """Dense MHA-mode varlen prefill on Hopper: ``flash_attn_varlen_func`` & co.
 
 Upstream FlashMLA offers this surface only on SM100 (CUTLASS FMHA, ``csrc/sm100/prefill/dense``). On sm90 the
-calls :func:`deepkernels.mla._gluon_dense_prefill.supported` takes (bf16/fp16, d_qk 192/128, d_v 128, TMA-aligned
-K/V) run the Gluon warp-specialised kernel of that module; everything else (and the interpreter) runs this module's
+bf16 calls :func:`deepkernels.mla._gluon_dense_prefill.supported` takes (d_qk 192/128, d_v 128, TMA-aligned K/V) run
+the Gluon warp-specialised kernel of that module (fp16 compiles for it but has not run on a GPU, so it stays here); everything else (and the interpreter) runs this module's
 FlashAttention-2-style Triton forward: one program per (128-row query block, sequence, head),
 K/V streamed in ``BLOCK_N`` tiles with software pipelining, online softmax in base 2 with the running max in
 raw-score units (the max element always gives ``exp2(0) = 1``), causal (bottom-right aligned) blocks
@@ -183,8 +183,8 @@ def _launch_dense_prefill(out, lse_hm, q, k, v, cu_q, cu_k, max_seqlen_q, softma
     b = cu_q.shape[0] - 1
     if total_q == 0 or b == 0 or max_seqlen_q == 0:
         return
-    if config is None and _gdp.supported(q, k, v):
-        # sm90: the Gluon warp-specialised kernel (TMA producer, two 64-row consumer warpgroups, 128-key tiles, S_j
+    if config is None and q.dtype == torch.bfloat16 and _gdp.supported(q, k, v):
+        # sm90, bf16 (fp16 compiles but has not run on a GPU: it stays on the Triton kernel): the Gluon warp-specialised kernel (TMA producer, two 64-row consumer warpgroups, 128-key tiles, S_j
         # issued before softmax_{j-1} finishes). H200, b 2, h 128, s 4096/8192, d 192/128, causal and not: 509-653
         # TFLOPS = 0.86-1.10x torch SDPA vs 0.78-0.84x for this Triton kernel in the same run
         # (results/mla_prefill_dense_gluon_v2-h200-2026-11-29.json). Explicit configs and
