@@ -5,11 +5,15 @@ For b = 1..128 at h_q 128, s_q 1, s_k 4096 (every request at full length, page 6
 per call (perf_counter over back-to-back calls, no sync), the whole call (do_bench median: host + GPU), the
 CUDA-graph replay of the same call (kernels only; median, L2 flushed), the number of fast (direct
 ``CompiledKernel``) launches per call, and the submit time with every ``KernelLauncher`` forced onto Triton's own
-launcher (``fn[grid](...)``, what a launch hook does): the before/after of the launcher path in one run. JSON rows
-``op = "mla_dense_decode_host"`` with provenance (GPU, torch/triton versions, $GIT_SHA).
+launcher (``fn[grid](...)``, what a launch hook does): the before/after of the launcher path in one run. The Gluon
+kernel's two TMA descriptors go through the launcher's descriptor cache (``deepkernels._launch``); ``--desc-cache``
+sets it for the main timing and every row also times the other setting (``desc_cache_other_host_submit_us``), with
+the cache hits / misses per call. JSON rows ``op = "mla_dense_decode_host"`` with provenance (GPU, torch/triton
+versions, $GIT_SHA).
 
 Usage:
     python benchmarks/host_overhead.py [--b 1,2,4,8,16,32,64,128] [--hq 128] [--sk 4096] [--json out.json]
+        [--desc-cache on|off]   # descriptor cache for the main timing (default on; the other setting is timed too)
         [--warmup]   # compile only (two calls per case), no timing
 """
 from __future__ import annotations
@@ -43,6 +47,12 @@ def _fast() -> int:
     return sum(x.fast_calls for c in _caches() for x in c.values())
 
 
+def _desc_counts():
+    ls = [x for c in _caches() for x in c.values()]
+    return sum(x.desc_hits for x in ls), sum(x.desc_misses for x in ls), sorted({x.desc_state for x in ls
+                                                                                 if x.cache_descriptors})
+
+
 def _submit_us(call, n: int) -> float:
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -72,8 +82,17 @@ def dense_host(b: int, h_q: int, s_k: int, do_bench, n: int = 200, warmup_only: 
         return None
     kernel = "gluon" if _dec._gluon_ok(q, k_cache, h_q) else "triton"
     fast0 = _fast()
+    dh0, dm0, _ = _desc_counts()
     host_us = _submit_us(call, n)
     fast = (_fast() - fast0) / n
+    dh1, dm1, desc_states = _desc_counts()
+    on = _launch.descriptor_cache_enabled()
+    _launch.set_descriptor_cache(not on)
+    try:
+        call()
+        other_us = _submit_us(call, n)
+    finally:
+        _launch.set_descriptor_cache(on)
     hooked = _launch._hooked
     _launch._hooked = lambda hook: True         # every KernelLauncher takes Triton's own launcher
     try:
@@ -88,9 +107,13 @@ def dense_host(b: int, h_q: int, s_k: int, do_bench, n: int = 200, warmup_only: 
     row = dict(op="mla_dense_decode_host", kernel=kernel, b=b, s_q=1, h_q=h_q, h_kv=1, s_k=s_k, page=PAGE,
                dtype="bf16", parts=int(meta.tile_scheduler_metadata.shape[0]), host_submit_us=host_us,
                slow_launch_host_submit_us=slow_us, whole_call_us=whole_ms * 1e3, graph_replay_us=g_us,
-               fast_launches_per_call=fast)
+               fast_launches_per_call=fast, desc_cache="on" if on else "off", desc_states=desc_states,
+               desc_hits_per_call=(dh1 - dh0) / n, desc_misses_per_call=(dm1 - dm0) / n,
+               desc_cache_other_host_submit_us=other_us)
     print(f"HOST dense {kernel:6s} h_q={h_q:3d} b={b:3d} s_k={s_k}: submit {host_us:6.1f} us/call (Triton's launcher: "
-          f"{slow_us:6.1f}), whole call {whole_ms * 1e3:6.1f} us, graph replay "
+          f"{slow_us:6.1f}; desc cache {'off' if on else 'on'}: {other_us:6.1f}), desc hits/misses per call "
+          f"{(dh1 - dh0) / n:.1f}/{(dm1 - dm0) / n:.2f} {desc_states}, whole call {whole_ms * 1e3:6.1f} us, "
+          f"graph replay "
           f"{'-' if g_us is None else f'{g_us:6.1f}'} us, fast launches/call {fast:.1f}", flush=True)
     del q, k_cache, bt, seqlens
     return row
@@ -105,7 +128,10 @@ def main(argv=None):
     ap.add_argument("--n", type=int, default=200, help="calls per submit timing")
     ap.add_argument("--json", default=None)
     ap.add_argument("--warmup", action="store_true", help="compile only (two calls per case)")
+    ap.add_argument("--desc-cache", choices=["on", "off"], default="on",
+                    help="TMA descriptor cache of the fast launch path for the main timing")
     args = ap.parse_args(argv)
+    _launch.set_descriptor_cache(args.desc_cache == "on")
     if not torch.cuda.is_available():
         print("host_overhead needs a CUDA device")
         return 0
@@ -138,7 +164,8 @@ def main(argv=None):
     dump()
     for r in rows:
         print(f"SUMMARY host dense {r['kernel']:6s} h_q={r['h_q']:3d} b={r['b']:3d}: "
-              f"submit {r['host_submit_us']:.1f} us "
+              f"submit {r['host_submit_us']:.1f} us (desc cache {r['desc_cache']}; "
+              f"other {r['desc_cache_other_host_submit_us']:.1f}) "
               f"(Triton's launcher {r['slow_launch_host_submit_us']:.1f}), whole {r['whole_call_us']:.1f} us, graph "
               f"{r['graph_replay_us'] if r['graph_replay_us'] is None else round(r['graph_replay_us'], 1)} us, "
               f"fast/call {r['fast_launches_per_call']:.1f}")

@@ -177,3 +177,108 @@ def test_bf16_plan(recorded):
     dense.bf16_gemm_nt(a, b.T.contiguous().T, d)  # MN-major B: another signature, another kernel
     dense.bf16_gemm_nt(a, b, d)
     assert len(dense._BF16_PLANS) == 2 and len(recorded) == 3 and recorded[0][0] is recorded[2][0]
+
+
+# ----------------------------------------------------------------------------------------------- GPU tier
+def _sm90_gluon():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        return False
+    from deepkernels.gemm import _gluon_fp8
+    return _gluon_fp8.available()
+
+
+def _gluon_launcher(plans):
+    """The descriptor-caching KernelLauncher of the (single) Gluon plan in a plan cache."""
+    found = []
+    for p in plans.values():
+        for obj in (p, getattr(p, "plan", None)):
+            ln = getattr(obj, "launcher", None) if obj is not None else None
+            if isinstance(ln, _launch.KernelLauncher) and ln.cache_descriptors:
+                found.append(ln)
+    assert len(found) == 1, f"expected one Gluon plan launcher, found {len(found)} in {list(plans.values())}"
+    return found[0]
+
+
+def _gemm_case(path):
+    """(call(a, b) -> d, d, (a, b) inputs, clone of the inputs at new addresses, plan cache) of one Gluon GEMM path."""
+    import deepkernels as dk
+    from deepkernels.gemm import grouped
+    dev = "cuda"
+    torch.manual_seed(0)
+    if path == "dense":
+        m, n, k = 1024, 2112, 7168
+        A = per_token_cast_to_fp8(torch.randn(m, k, device=dev).bfloat16(), use_ue8m0=False)
+        B = per_block_cast_to_fp8(torch.randn(n, k, device=dev).bfloat16(), use_ue8m0=False)
+        d = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+        return (lambda a, b: dk.fp8_gemm_nt(a, b, d)), d, (A, B), dense._FP8_PLANS
+    g, m_max, n, k, expected_m = 3, 384, 4096, 2048, 256
+    qa = [per_token_cast_to_fp8(torch.randn(m_max, k, device=dev).bfloat16(), use_ue8m0=False) for _ in range(g)]
+    qb = [per_block_cast_to_fp8(torch.randn(n, k, device=dev).bfloat16(), use_ue8m0=False) for _ in range(g)]
+    A = (torch.stack([x[0] for x in qa]), torch.stack([x[1] for x in qa]))
+    B = (torch.stack([x[0] for x in qb]), torch.stack([x[1] for x in qb]))
+    mm = torch.tensor([384, 200, 0], dtype=torch.int32, device=dev)
+    d = torch.empty(g, m_max, n, dtype=torch.bfloat16, device=dev)
+    return (lambda a, b: dk.m_grouped_fp8_gemm_nt_masked(a, b, d, mm, expected_m)), d, (A, B), grouped._PLANS
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90_gluon(), reason="needs an sm90 GPU and Gluon")
+@pytest.mark.parametrize("path", ["dense", "masked"])
+def test_gpu_gluon_gemm_descriptor_cache(path, monkeypatch):
+    """Public Gluon GEMM paths with the descriptor cache: hits from the third call on, outputs bit-identical to the
+    uncached launch (set_descriptor_cache(False)), inputs at new addresses re-encode and stay correct, CUDA-graph
+    capture and replay give the same result."""
+    for var in ("DEEPKERNELS_DISABLE_GLUON", "DEEPKERNELS_GROUPED_GLUON", "DEEPKERNELS_FORCE_REFERENCE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(_launch, "_DESC_ON", [True])
+    call, d, (A, B), plans = _gemm_case(path)
+    plans.clear()
+
+    def run(a=A, b=B):
+        d.zero_()
+        call(a, b)
+        torch.cuda.synchronize()
+        return d.clone()
+
+    ref = run()                         # slow: checks, compiles, binds
+    launcher = _gluon_launcher(plans)
+    assert launcher.desc_state == "on", launcher.desc_state
+    run()                               # first fast launch: encodes both descriptors
+    h0, m0 = launcher.desc_hits, launcher.desc_misses
+    assert m0 == 2
+    out = run()
+    assert (launcher.desc_hits - h0, launcher.desc_misses) == (2, 2), "same tensors: both descriptors reused"
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    prev = _launch.set_descriptor_cache(False)
+    try:
+        h1 = launcher.desc_hits
+        f1 = launcher.fast_calls
+        off = run()
+        assert launcher.desc_hits == h1 and launcher.fast_calls == f1 + 1
+    finally:
+        _launch.set_descriptor_cache(prev)
+    torch.testing.assert_close(off, out, rtol=0, atol=0)
+    A2 = (A[0].clone(), A[1].clone())   # second copies at new addresses
+    B2 = (B[0].clone(), B[1].clone())
+    assert A2[0].data_ptr() != A[0].data_ptr() and B2[0].data_ptr() != B[0].data_ptr()
+    m1 = launcher.desc_misses
+    new = run(A2, B2)
+    assert launcher.desc_misses == m1 + 2
+    torch.testing.assert_close(new, out, rtol=0, atol=0)
+    Bz = (torch.zeros_like(B[0]), B[1].clone())   # different data at a new address: no stale map
+    zero = run(A, Bz)
+    assert not zero.abs().any() and launcher.desc_misses == m1 + 3
+    torch.testing.assert_close(run(), out, rtol=0, atol=0)      # original tensors: still hits
+    # CUDA graph: capture one launch (encodings from the cache), replay after clobbering d
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call(A, B)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(A, B)
+    d.fill_(float("nan")) if path == "dense" else d.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(d, out, rtol=0, atol=0)

@@ -279,6 +279,7 @@ def test_gluon_dense_decode_launch_goes_through_kernel_launcher(bind_on_cpu, mon
     G.gluon_dense_launch(*c1, _spec=("plan",))        # a caller's key
     G.gluon_dense_launch(*c2, _spec=("plan",))
     assert [e[0] for e in fn.log] == ["slow", "fast", "slow", "slow", "slow", "fast"] and len(G._LAUNCHERS) == 4
+    assert all(x.cache_descriptors for x in G._LAUNCHERS.values())    # descriptor cache opted in
 
 
 @needs_gluon
@@ -392,6 +393,347 @@ def test_gluon_sparse_prefill_launch_goes_through_kernel_launcher(bind_on_cpu, m
     assert len(G._LAUNCHERS) == 4
 
 
+# ----------------------------------------------------------------------------------------------- descriptor cache
+# A real triton CudaLauncher object (built without compiling: its attributes set by hand) whose ``launch`` is Triton's
+# own wrap_handle_tensordesc closure around a recording stand-in for the compiled ``mod.launch``, and a stand-in for
+# the active driver's ``utils.fill_tma_descriptor`` (a deterministic "map" + a call counter). The uncached path is
+# Triton's code end to end (CudaLauncher.__call__ -> inner -> make_tensordesc_arg), so comparing the argument lists
+# the stand-in mod.launch receives checks the cached path's ordering against Triton's.
+_FAKE_LAY = "NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)"
+
+
+def _meta(block=(128, 128), elem_type=0, elem_size=1, swizzle=3, fp4=False):
+    return {"swizzle": swizzle, "elem_size": elem_size, "elem_type": elem_type, "block_size": list(block),
+            "fp4_padded": fp4}
+
+
+class _FakeUtils:
+    def __init__(self):
+        self.calls = []
+
+    def fill_tma_descriptor(self, ptr, swizzle, elem_size, elem_type, block, shape, strides, padding):
+        self.calls.append(ptr)
+        return ("MAP", ptr, swizzle, elem_size, elem_type, tuple(block), tuple(shape), tuple(strides), padding)
+
+
+@pytest.fixture
+def fake_tma(monkeypatch):
+    """The active Triton driver replaced by one whose utils.fill_tma_descriptor records calls (CPU)."""
+    import types
+
+    import triton
+    utils = _FakeUtils()
+    monkeypatch.setattr(triton.runtime.driver, "_active", types.SimpleNamespace(utils=utils))
+    monkeypatch.setattr(_launch, "_DESC_ON", [True])
+    return utils
+
+
+def _cuda_launcher(signature, metas, log, scratch=0):
+    from triton.backends.nvidia import driver as drv
+    r = drv.CudaLauncher.__new__(drv.CudaLauncher)
+
+    def mod_launch(*args):
+        log.append(args)
+
+    r.launch = drv.wrap_handle_tensordesc(mod_launch, signature, metas)
+    r.num_ctas, r.global_scratch_size, r.global_scratch_align = 1, scratch, 1
+    r.profile_scratch_size, r.profile_scratch_align = 0, 1
+    r.launch_cooperative_grid, r.launch_pdl = False, True
+    return r
+
+
+class _CompiledTD:
+    function, packed_metadata = "fn-handle", "packed"
+
+    def __init__(self, runner):
+        self.run = runner
+
+
+class _StandInTD(_StandIn):
+    """A stand-in JIT function whose compiled kernel's ``run`` is a (fake-built) real CudaLauncher."""
+
+    def __init__(self, params, runner):
+        super().__init__(params=params)
+        self.compiled = _CompiledTD(runner)
+
+
+_SIG = {"a_desc": f"tensordesc<fp8e4nv[128, 128],{_FAKE_LAY}>", "x_ptr": "*bf16",
+        "b_desc": f"tensordesc<fp8e4nv[64, 128],{_FAKE_LAY}>", "n": "i32", "BLOCK": "constexpr"}
+
+
+def _td_launcher(metas=None, scratch=0, cache=True, sig=_SIG):
+    log = []
+    metas = [_meta(), _meta((64, 128))] if metas is None else metas
+    runner = _cuda_launcher(sig, metas, log, scratch)
+    fn = _StandInTD([_P(n) for n in sig], runner)
+    return _launch.KernelLauncher(fn, dict(BLOCK=128), cache_descriptors=cache), runner, log
+
+
+def _descs(t=None, rows=256, pad="zero"):
+    from triton.tools.tensor_descriptor import TensorDescriptor as TD
+    t = torch.zeros(512, 256, dtype=torch.uint8) if t is None else t
+    return (TD(t, [rows, 256], [t.stride(0), 1], [128, 128], pad), TD(t, [rows, 256], [t.stride(0), 1], [64, 128]))
+
+
+def _plain(xs):
+    return [("T", x.data_ptr()) if isinstance(x, torch.Tensor) else x for x in xs]
+
+
+def test_desc_cache_argument_order_matches_tritons_wrapper(bind_on_cpu, fake_tma):
+    launcher, runner, log = _td_launcher()
+    x = torch.zeros(8, dtype=torch.bfloat16)
+    a, b = _descs()
+    launcher((4, 2), a, x, b, 7)                 # slow: binds
+    assert launcher.desc_state == "on" and not log
+    launcher((4, 2), a, x, b, 7)                 # fast, cached path (2 misses)
+    launcher((4, 2), a, x, b, 7)                 # 2 hits
+    assert (launcher.desc_misses, launcher.desc_hits) == (2, 2) and len(fake_tma.calls) == 2
+    runner(4, 2, 1, 0, "fn-handle", "packed", None, None, None, a, x, b, 7, 128)   # Triton's own path
+    assert len(fake_tma.calls) == 4 and len(log) == 3   # Triton's path encoded both descriptors again
+    assert _plain(log[0]) == _plain(log[1]) == _plain(log[2])
+    # base args: grid, stream, function, coop, pdl, scratches, packed, launch metadata, hooks; then expanded params
+    assert log[1][:13] == (4, 2, 1, 0, "fn-handle", False, True, None, None, "packed", None, None, None)
+    exp = log[1][13:]
+    assert exp[0][0] == "MAP" and exp[0][5] == (128, 128) and exp[1:5] == (256, 256, 256, 1) and exp[5] is x
+    assert exp[6][5] == (64, 128) and exp[7:11] == (256, 256, 256, 1) and exp[11:] == (7, 128)
+    assert log[0][13] is log[1][13]              # the cached map object itself is reused (kept alive by the cache)
+
+
+def test_desc_cache_mixed_and_fp4_meta_match_tritons_wrapper(bind_on_cpu, fake_tma):
+    """A descriptor not lowered to TMA (meta None: base, shape, strides, padding flag, shape, strides) next to an
+    fp4-padded one (shape[-1] doubled): same expansion as Triton's."""
+    launcher, runner, log = _td_launcher(metas=[None, _meta(fp4=True)])
+    x = torch.zeros(8, dtype=torch.bfloat16)
+    a, b = _descs(torch.zeros(512, 256, dtype=torch.bfloat16), pad="nan")[0], _descs()[1]
+    for _ in range(3):
+        launcher((1,), a, x, b, 3)
+    runner(1, 1, 1, 0, "fn-handle", "packed", None, None, None, a, x, b, 3, 128)
+    assert launcher.desc_state == "on" and (launcher.desc_misses, launcher.desc_hits) == (1, 1)
+    assert len(log) == 3 and _plain(log[0]) == _plain(log[1]) == _plain(log[2])
+    exp = log[0][13:]
+    assert exp[0] is a.base and exp[1:6] == (256, 256, 256, 1, True) and exp[6:10] == (256, 256, 256, 1)
+    assert exp[11][6] == (256, 512) and exp[12:16] == (256, 512, 256, 1)
+
+
+def test_desc_cache_reencodes_on_any_changed_fact(bind_on_cpu, fake_tma):
+    launcher, runner, log = _td_launcher(metas=[_meta(), _meta()])
+    x = torch.zeros(8, dtype=torch.bfloat16)
+    t = torch.zeros(512, 512, dtype=torch.uint8)
+    from triton.tools.tensor_descriptor import TensorDescriptor as TD
+
+    def go(d):
+        n0 = len(fake_tma.calls)
+        launcher((1,), d, x, d, 1)
+        return len(fake_tma.calls) - n0
+
+    launcher((1,), TD(t, [256, 256], [512, 1], [128, 128]), x, TD(t, [256, 256], [512, 1], [128, 128]), 1)  # bind
+    base = TD(t, [256, 256], [512, 1], [128, 128])
+    assert go(base) == 1                          # same meta at both positions: one encoding serves both
+    assert go(TD(t, [256, 256], [512, 1], [128, 128])) == 0       # a new descriptor object, same facts: hit
+    assert go(TD(t[16:], [256, 256], [512, 1], [128, 128])) == 1  # base pointer
+    assert go(TD(t.clone(), [256, 256], [512, 1], [128, 128])) == 1
+    assert go(TD(t, [255, 256], [512, 1], [128, 128])) == 1       # shape
+    assert go(TD(t, [256, 256], [256, 1], [128, 128])) == 1       # strides
+    assert go(base) == 0
+    # different kernel meta (block size, elem type/size, swizzle) for the same descriptor: distinct keys
+    l2, _, log2 = _td_launcher(metas=[_meta((128, 128)), _meta((64, 128))])
+    l3, _, _ = _td_launcher(metas=[_meta(elem_type=5, elem_size=2), _meta(swizzle=2)])
+    for lx in (l2, l3):
+        for _ in range(3):
+            lx((1,), base, x, base, 1)
+        assert (lx.desc_misses, lx.desc_hits) == (2, 2)
+    assert log2[-1][13][5] == (128, 128) and log2[-1][19][5] == (64, 128)
+
+
+def test_desc_cache_padding_and_dtype_facts(bind_on_cpu, fake_tma):
+    from triton.tools.tensor_descriptor import TensorDescriptor as TD
+    launcher, _, log = _td_launcher()
+    x = torch.zeros(8, dtype=torch.bfloat16)
+    t = torch.zeros(256, 256, dtype=torch.bfloat16)
+    z = (TD(t, [256, 256], [256, 1], [128, 128]), x, TD(t, [256, 256], [256, 1], [64, 128]), 1)
+    nan = (TD(t, [256, 256], [256, 1], [128, 128], "nan"), x, TD(t, [256, 256], [256, 1], [64, 128], "nan"), 1)
+    launcher((1,), *z)
+    for args in (z, z, nan, nan, z):
+        launcher((1,), *args)
+    assert (launcher.desc_misses, launcher.desc_hits) == (4, 6)
+    assert log[0][13][8] == 0 and log[2][13][8] == 1 and log[4][13][8] == 0
+
+
+def test_desc_cache_is_bounded_lru(bind_on_cpu, fake_tma, monkeypatch):
+    monkeypatch.setattr(_launch, "DESC_CACHE_LIMIT", 4)
+    launcher, _, _ = _td_launcher()
+    x = torch.zeros(8, dtype=torch.bfloat16)
+    bufs = [torch.zeros(512, 256, dtype=torch.uint8) for _ in range(4)]
+    a0, b0 = _descs(bufs[0])
+    launcher((1,), a0, x, b0, 1)                  # bind
+    for buf in bufs[:2]:                           # 4 entries (2 per call)
+        launcher((1,), *_descs(buf)[:1], x, _descs(buf)[1], 1)
+    desc = launcher._desc
+    assert len(desc.cache) == 4 and launcher.desc_misses == 4
+    launcher((1,), *_descs(bufs[0])[:1], x, _descs(bufs[0])[1], 1)   # bufs[0]: hits, most recently used
+    launcher((1,), *_descs(bufs[2])[:1], x, _descs(bufs[2])[1], 1)   # evicts bufs[1]'s two entries
+    assert len(desc.cache) == 4 and (launcher.desc_misses, launcher.desc_hits) == (6, 2)
+    launcher((1,), *_descs(bufs[0])[:1], x, _descs(bufs[0])[1], 1)
+    assert (launcher.desc_misses, launcher.desc_hits) == (6, 4)
+    launcher((1,), *_descs(bufs[1])[:1], x, _descs(bufs[1])[1], 1)
+    assert (launcher.desc_misses, launcher.desc_hits) == (8, 4) and len(desc.cache) == 4
+    for i in range(20):
+        launcher((1,), *_descs(bufs[i % 4])[:1], x, _descs(bufs[i % 4])[1], 1)
+        assert len(desc.cache) <= 4
+
+
+def _assert_uncached(launcher, log, fake_tma, state_prefix):
+    x = torch.zeros(8, dtype=torch.bfloat16)
+    a, b = _descs()
+    for _ in range(3):
+        launcher((1,), a, x, b, 1)
+    assert launcher.desc_state.startswith(state_prefix), launcher.desc_state
+    assert launcher._desc is None and launcher.desc_hits == 0 and launcher.fast_calls == 2
+    assert len(fake_tma.calls) == 4 and len(log) == 2      # Triton's path: two encodings per fast launch
+
+
+def test_desc_cache_falls_back_on_unexpected_structure(bind_on_cpu, fake_tma, monkeypatch):
+    import triton
+    launcher, _, log = _td_launcher(cache=False)           # not asked for
+    _assert_uncached(launcher, log, fake_tma, "off")
+    fake_tma.calls.clear()
+    import types
+
+    from triton.runtime import _allocation
+    monkeypatch.setattr(_allocation, "_allocator", types.SimpleNamespace(get=lambda: (lambda size, al, st: None)))
+    launcher, _, log = _td_launcher(scratch=256)           # scratch buffers (CudaLauncher.__call__ allocates)
+    _assert_uncached(launcher, log, fake_tma, "fallback: kernel needs scratch")
+    fake_tma.calls.clear()
+    launcher, runner, log = _td_launcher()                 # launch is not wrap_handle_tensordesc's closure
+    inner = runner.launch
+    runner.launch = lambda *a: inner(*a)
+    _assert_uncached(launcher, log, fake_tma, "fallback: launch is not")
+    fake_tma.calls.clear()
+    launcher, runner, log = _td_launcher()
+    monkeypatch.setattr(triton, "__version__", "3.7.0")    # another Triton
+    _assert_uncached(launcher, log, fake_tma, "fallback: triton 3.7.0")
+    monkeypatch.setattr(triton, "__version__", _launch._TRITON_VERSION)
+    fake_tma.calls.clear()
+    cpu = _launch.KernelLauncher(_StandIn(params=[_P("d"), _P("x"), _P("e"), _P("n"), _P("BLOCK")]),
+                                 dict(BLOCK=1), cache_descriptors=True)
+    a, b = _descs()
+    cpu((1,), a, torch.zeros(1), b, 1)                     # run is a plain method, not a CudaLauncher
+    assert cpu.desc_state.startswith("fallback: launcher is") and cpu._desc is None
+    from triton.backends.nvidia import driver as drv        # a kernel without descriptor arguments
+    log = []
+    r = _cuda_launcher({"x_ptr": "*bf16", "n": "i32"}, None, log)
+    assert r.launch.__qualname__ != "wrap_handle_tensordesc.<locals>.inner"    # Triton returns mod.launch as is
+    plain = _launch.KernelLauncher(_StandInTD([_P("x"), _P("n")], r), {}, cache_descriptors=True)
+    plain((1,), torch.zeros(1), 1)
+    plain((1,), torch.zeros(1), 1)
+    assert plain.desc_state.startswith("fallback") and len(log) == 1 and plain.fast_calls == 1
+    assert drv._BASE_ARGS_FORMAT_LEN == 13
+    # descriptors none of which is lowered to TMA: nothing to cache
+    launcher2, _, log2 = _td_launcher(metas=[None, None])
+    x = torch.zeros(8, dtype=torch.bfloat16)
+    a, b = _descs()
+    launcher2((1,), a, x, b, 1)
+    launcher2((1,), a, x, b, 1)
+    assert launcher2.desc_state.startswith("fallback: no descriptor lowered") and len(log2) == 1
+
+
+def test_desc_cache_global_switch_and_slow_paths(bind_on_cpu, fake_tma):
+    launcher, runner, log = _td_launcher()
+    x = torch.zeros(8, dtype=torch.bfloat16)
+    a, b = _descs()
+    launcher((1,), a, x, b, 1)
+    launcher((1,), a, x, b, 1)
+    assert len(fake_tma.calls) == 2
+    prev = _launch.set_descriptor_cache(False)
+    try:
+        assert prev is True and not _launch.descriptor_cache_enabled()
+        launcher((1,), a, x, b, 1)                 # Triton's per-call encoding
+        assert len(fake_tma.calls) == 4 and launcher.desc_hits == 0
+    finally:
+        _launch.set_descriptor_cache(prev)
+    launcher((1,), a, x, b, 1)
+    assert len(fake_tma.calls) == 4 and launcher.desc_hits == 2
+    assert _plain(log[0]) == _plain(log[1]) == _plain(log[2])
+
+
+def test_desc_cache_never_raises_at_bind(bind_on_cpu, fake_tma, monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("inspection failed")
+    monkeypatch.setattr(_launch._DescriptorLaunch, "_build", staticmethod(boom))
+    launcher, _, log = _td_launcher()
+    _assert_uncached(launcher, log, fake_tma, "fallback: RuntimeError: inspection failed")
+
+
+def test_gluon_call_sites_opt_in(monkeypatch):
+    """The Gluon GEMM plans (dense WS, m-grouped masked / contiguous) and the dense MLA decode launch create their
+    KernelLaunchers with the descriptor cache on."""
+    from deepkernels.gemm import _gluon_fp8 as GF
+    from deepkernels.gemm import dense, grouped
+    seen = []
+    rec = lambda *a, **k: seen.append(k.get("launcher", a[-1] if a else None))  # noqa: E731
+    monkeypatch.setattr(GF, "_launch_fp8_gluon", rec)
+    monkeypatch.setattr(GF, "_launch_fp8_gluon_m_masked", rec)
+    monkeypatch.setattr(GF, "_launch_fp8_gluon_m_contiguous", rec)
+    z = torch.zeros(1, 1)
+    p = dense._GluonPlan()
+    p.config = GF.GLUON_DEFAULT if GF.GLUON_DEFAULT.warp_spec else GF.GLUON_WS_128_S4
+    p(z, z, z, z, z, None)
+    grouped._GluonPlan(GF.GLUON_WS_128_S4, True)(z, z, z, z, z, z)
+    grouped._GluonPlan(GF.GLUON_WS_128_S6, False)(z, z, z, z, z, z)
+    assert len(seen) == 3 and all(isinstance(l, _launch.KernelLauncher) and l.cache_descriptors for l in seen)
+    assert [l.fn for l in seen] == [GF._fp8_gluon_ws_kernel, GF._fp8_gluon_m_masked_kernel,
+                                    GF._fp8_gluon_m_contiguous_kernel]
+
+
+def _real_signature_case(compiled, fn, args, tail_meta):
+    """Fast launches of ``fn`` (stand-in with the real params) whose launcher is a CudaLauncher shell built from a
+    real cross-compiled kernel's signature and tensordesc_meta: cached expansion == Triton's."""
+    log = []
+    runner = _cuda_launcher(dict(compiled.src.signature), compiled.metadata.tensordesc_meta, log)
+    stand = _StandInTD(fn.params, runner)
+    launcher = _launch.KernelLauncher(stand, tail_meta, cache_descriptors=True)
+    for _ in range(3):
+        launcher((3,), *args)
+    assert launcher.desc_state == "on", launcher.desc_state
+    runner(3, 1, 1, 0, "fn-handle", "packed", None, None, None, *args, *launcher._tail)
+    assert len(log) == 3 and _plain(log[0]) == _plain(log[1]) == _plain(log[2])
+    return launcher, log
+
+
+@pytest.mark.compile
+@needs_gluon
+def test_desc_cache_order_with_real_gluon_signatures(bind_on_cpu, fake_tma):
+    """The dense MLA decode kernel (two descriptors over one k_cache, one encoding) and the dense / masked Gluon
+    GEMM kernels: signatures and tensordesc_meta from a real sm90 cross-compile."""
+    from deepkernels._gluon import TensorDescriptor as GTD
+    from deepkernels.gemm import _gluon_fp8 as GF
+    from deepkernels.mla import _gluon_dense_decode as G
+    c = G._compile_sm90()
+    k = torch.zeros(6, 64, 1, 576, dtype=torch.bfloat16)
+    lay = G._smem_layout()
+    kn = GTD(k, [384, 576], [576, 1], [64, 512], lay)
+    kp = GTD(k, [384, 576], [576, 1], [64, 64], lay)
+    t = torch.zeros(4, dtype=torch.int32)
+    args = (torch.zeros(2, 1, 128, 576, dtype=torch.bfloat16), kn, kp, t, t, t, t, t, t, t, t,
+            *range(14), 0.5, 0.7)
+    launcher, log = _real_signature_case(c, G._mla_decode_gluon_kernel, args,
+                                         dict(zip(G._CONSTEXPRS, (False, *G.GLUON_DEFAULT)), num_warps=4))
+    assert (launcher.desc_misses, launcher.desc_hits) == (1, 3)     # kn / kp encode the same map (meta block 64x64)
+    cfg = GF.GLUON_WS_128_S4
+    glay = GF._smem_layout()
+    a = torch.zeros(256, 512, dtype=torch.float8_e4m3fn)
+    b = torch.zeros(384, 512, dtype=torch.float8_e4m3fn)
+    ad = GTD(a, [256, 512], [512, 1], [cfg.block_m, GF.BLOCK_K], glay)
+    bd = GTD(b, [384, 512], [512, 1], [cfg.block_n, GF.BLOCK_K], glay)
+    f = torch.zeros(4)
+    launcher, _ = _real_signature_case(GF._compile_sm90(cfg), GF._fp8_gluon_ws_kernel,
+                                       (ad, bd, f, f, f, *range(1, 9), 7), GF.ws_meta(cfg))
+    assert (launcher.desc_misses, launcher.desc_hits) == (2, 2)
+    launcher, _ = _real_signature_case(GF._compile_sm90_m_masked(cfg), GF._fp8_gluon_m_masked_kernel,
+                                       (ad, bd, f, f, f, t, *range(1, 13), 7), GF.m_masked_meta(cfg))
+    assert (launcher.desc_misses, launcher.desc_hits) == (2, 2)
+
+
 # ----------------------------------------------------------------------------------------------- GPU tier
 def _sm90():
     return torch.cuda.is_available() and gluon_available() and torch.cuda.get_device_capability()[0] == 9
@@ -447,3 +789,68 @@ def test_gpu_gluon_path_second_call_is_fast_and_identical(path, monkeypatch):
     for a, b, c in zip(first, second, slow):
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
         torch.testing.assert_close(a, c, rtol=0, atol=0, equal_nan=True)
+
+
+def _desc_launchers(cache):
+    return [x for x in cache.values() if x.cache_descriptors]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sm90(), reason="needs an sm90 GPU and Gluon")
+def test_gpu_dense_decode_descriptor_cache(monkeypatch):
+    """Dense MLA decode on the Gluon kernel with the descriptor cache (two descriptors over k_cache, one encoding):
+    repeated calls hit and equal the uncached launch bit for bit, a k_cache copy at a new address re-encodes and is
+    still correct, CUDA-graph capture + replay gives the same result."""
+    import deepkernels as dk
+    from deepkernels.mla import _gluon_dense_decode as G
+    from test_mla_decode_reference import make_case
+    monkeypatch.delenv("DEEPKERNELS_DISABLE_GLUON", raising=False)
+    monkeypatch.setattr(_launch, "_DESC_ON", [True])
+    monkeypatch.setattr(G, "_LAUNCHERS", {})
+    q, k, bt, sl = make_case(4, 1, 128, 1, [300, 1, 4096, 64], device="cuda")
+    meta = dk.get_mla_metadata()[0]
+
+    def call(kc=k):
+        o, lse = dk.flash_mla_with_kvcache(q, kc, bt, sl, 512, meta)
+        torch.cuda.synchronize()
+        return o.clone(), lse.clone()
+
+    first = call()                                # slow: binds
+    launchers = _desc_launchers(G._LAUNCHERS)
+    assert len(launchers) == 1, "the Gluon dense decode kernel was not dispatched"
+    ln = launchers[0]
+    assert ln.desc_state == "on", ln.desc_state
+    call()
+    h0, m0 = ln.desc_hits, ln.desc_misses
+    assert m0 >= 1 and h0 + m0 == 2
+    out = call()
+    assert (ln.desc_hits - h0, ln.desc_misses) == (2, m0)
+    prev = _launch.set_descriptor_cache(False)
+    try:
+        f0, h1 = ln.fast_calls, ln.desc_hits
+        off = call()
+        assert ln.fast_calls == f0 + 1 and ln.desc_hits == h1
+    finally:
+        _launch.set_descriptor_cache(prev)
+    k2 = k.clone()                                # second copy at a new address
+    m1 = ln.desc_misses
+    new = call(k2)
+    assert ln.desc_misses > m1
+    for a, b, c, e in zip(first, out, off, new):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(c, b, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(e, b, rtol=0, atol=0, equal_nan=True)
+    k2.zero_()                                     # same address, new data: the map is still right (no stale data)
+    zero_o, _ = call(k2)
+    assert not torch.equal(zero_o, out[0]) and torch.count_nonzero(torch.nan_to_num(zero_o, nan=1.0)) == 0
+    meta2 = dk.get_mla_metadata()[0]
+    dk.flash_mla_with_kvcache(q, k, bt, sl, 512, meta2)   # warm the schedule path
+    torch.cuda.synchronize()
+    meta3 = dk.get_mla_metadata()[0]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        go, gl_ = dk.flash_mla_with_kvcache(q, k, bt, sl, 512, meta3)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(go, out[0], rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(gl_, out[1], rtol=0, atol=0, equal_nan=True)

@@ -239,11 +239,13 @@ class _GluonPlan:
         from .._launch import KernelLauncher
         from . import _gluon_fp8 as G
         if self.masked:
-            self.launcher = KernelLauncher(G._fp8_gluon_m_masked_kernel, G.m_masked_meta(self.config))
+            self.launcher = KernelLauncher(G._fp8_gluon_m_masked_kernel, G.m_masked_meta(self.config),
+                                           cache_descriptors=True)
             G._launch_fp8_gluon_m_masked(a, sfa, b, sfb, d, rows, self.config, get_num_sms(), self.launcher)
             self.go = G._go_m_masked
         else:
-            self.launcher = KernelLauncher(G._fp8_gluon_m_contiguous_kernel, G.m_contiguous_meta(self.config))
+            self.launcher = KernelLauncher(G._fp8_gluon_m_contiguous_kernel, G.m_contiguous_meta(self.config),
+                                           cache_descriptors=True)
             G._launch_fp8_gluon_m_contiguous(a, sfa, b, sfb, d, rows, self.config, get_num_sms(), self.launcher)
             self.go = G._go_m_contiguous
 

@@ -430,7 +430,8 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     constexprs = (bool(causal and s_q > 1), stages, pv_regs, prod_regs)
     launcher = cached_launcher(_LAUNCHERS, _mla_decode_gluon_kernel,
                                (constexprs, spec_key(*args) if _spec is None else _spec),
-                               lambda: dict(zip(_CONSTEXPRS, constexprs), num_warps=4), _LAUNCHER_LIMIT)
+                               lambda: dict(zip(_CONSTEXPRS, constexprs), num_warps=4), _LAUNCHER_LIMIT,
+                               cache_descriptors=True)
     launcher((parts * h_kv * m_blocks, ), *args, scale, scale * _LOG2E)
     return out, lse
 
