@@ -13,6 +13,15 @@ import torch
 from deepkernels import _launch
 from deepkernels._gluon import available as gluon_available
 
+
+@pytest.fixture(autouse=True)
+def _descriptor_cache_on():
+    """The TMA descriptor cache is off by default until it has run on a GPU; this module tests it, so it is on here
+    (tests that compare against the uncached launch switch it off themselves)."""
+    prev = _launch.set_descriptor_cache(True)
+    yield
+    _launch.set_descriptor_cache(prev)
+
 needs_gluon = pytest.mark.skipif(not gluon_available(), reason="Gluon not importable")
 
 

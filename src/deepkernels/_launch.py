@@ -37,7 +37,8 @@ taking each descriptor's encoding from a bounded per-launcher LRU keyed by those
 A miss calls Triton's own ``make_tensordesc_arg`` (same result as today). The cache holds the returned
 ``PyCUtensorMap`` objects (a Python object owning the 128-B aligned map; the C launcher copies it into the kernel
 parameters at launch, so CUDA graphs capture the value). Any other structure/version: today's path, never an error.
-``set_descriptor_cache(False)`` (or ``DEEPKERNELS_DESC_CACHE=0`` at import) turns every launcher back to it.
+Off by default until it has run on a GPU: ``set_descriptor_cache(True)`` (or ``DEEPKERNELS_DESC_CACHE=1`` at import)
+turns it on for every opted-in launcher, ``set_descriptor_cache(False)`` back off.
 
 Pure bookkeeping; no device needed to import or to unit-test (tests use a stand-in JIT function).
 """
@@ -51,7 +52,9 @@ import torch
 __all__ = ["KernelLauncher", "spec_key", "cached_launcher", "set_descriptor_cache", "descriptor_cache_enabled"]
 
 # Global switch of the descriptor cache (read on every fast launch): benchmarks and tests compare on/off with it.
-_DESC_ON = [os.environ.get("DEEPKERNELS_DESC_CACHE", "1") not in ("0", "", "off", "false")]
+# OFF by default until it has run on a GPU (written 2026-11-29 after the session's last device call):
+# DEEPKERNELS_DESC_CACHE=1 or set_descriptor_cache(True) turns it on.
+_DESC_ON = [os.environ.get("DEEPKERNELS_DESC_CACHE", "0") not in ("0", "", "off", "false")]
 DESC_CACHE_LIMIT = 32          # encodings kept per launcher (LRU)
 _TRITON_VERSION = "3.6.0"      # the launcher structure _DescriptorLaunch.build relies on
 
