@@ -1,5 +1,6 @@
-"""Warp-specialised Gluon sparse MLA decode kernel, V3.2 and V4.1 main caches (deepkernels.mla._gluon_sparse_decode_ws;
-V4.1 implemented, not dispatched: DISPATCH_FMTS): compile tier on
+"""Warp-specialised Gluon sparse MLA decode kernel, V3.2 and V4.1 main caches, optionally with an extra cache (V3.2 +
+V3.2, V4.1 + V4.1, V4.1 + FP4: implemented, not dispatched, DISPATCH_EXTRA) (deepkernels.mla._gluon_sparse_decode_ws):
+compile tier on
 any machine (sm90 cross-compile: wgmma, mbarrier ring, setmaxnreg, shared memory, ptxas spills per partition loop),
 GPU tier through the public op with the Gluon launcher swapped for a wrapper that runs BOTH the dispatched
 single-partition Gluon kernel and the WS kernel on the same schedule: the WS output is what the op returns (checked
@@ -134,6 +135,143 @@ def test_compile_sm90_ws_v41(page_shift, has_len, has_sink):
     assert int(spill.group(1)) <= 256 and int(spill.group(2)) <= 256, rep.log
 
 
+_WGMMA_S = {"v32": 36, "v41": 32}                 # S k-steps: 576 / 16 (NoPE + RoPE), 512 / 16
+_SMEM = {"v32": 230052, "v41": 205476}           # the no-extra kernel's (the extra blocks reuse its ring)
+# measured spill instructions (Triton 3.6 ptxas) in the producer's main / extra block loops, bound here with slack
+_PROD_SPILLS = {("v32", "v32"): (5, 7), ("v41", "v41"): (14, 14), ("v41", "fp4"): (14, 6)}
+EXTRA_PAIRS = [("v41", "fp4"), ("v32", "v32"), ("v41", "v41")]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("fmt,xfmt", EXTRA_PAIRS)
+@pytest.mark.parametrize("page_shift,xpage_shift,has_len,has_xlen,has_sink", [(6, 6, True, True, True),
+                                                                             (-1, 1, False, True, False),
+                                                                             (6, -1, True, False, True)])
+def test_compile_sm90_ws_extra(fmt, xfmt, page_shift, xpage_shift, has_len, has_xlen, has_sink):
+    """The extra-cache kernel (_sparse_decode_gluon_ws_x_kernel): the same consumers (same wgmma shapes and counts,
+    PSUM for V4.1, no global load in their token loop), the producer's main block loop then its extra block loop
+    (FP4: 8-byte e2m1 vectors + 4-byte scale loads, no RoPE), the same ring and shared memory as without."""
+    from deepkernels.testing.compile import SM90_SMEM_LIMIT, ptxas_sm90
+    k = W.compile_sm90_ws(page_shift, has_len, has_sink, fmt=fmt, xfmt=xfmt, xpage_shift=xpage_shift,
+                          has_xlen=has_xlen)
+    ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n32k16") == _WGMMA_S[fmt]
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16") == 4
+    assert k.metadata.shared == _SMEM[fmt] and k.metadata.shared <= SM90_SMEM_LIMIT
+    assert ptx.count("mbarrier.init.shared") == 4
+    # one ready wait (consumers), one empty wait per producer block loop (main, extra); one ready arrive per
+    # producer loop + the consumers' empty arrive
+    assert ptx.count("mbarrier.try_wait.parity") == 3
+    assert ptx.count("mbarrier.arrive.shared::cta") == 3
+    if fmt == "v32":     # RoPE rows of the main and the extra records by cp.async
+        assert ptx.count("cp.async.cg.shared.global") == 8 and ptx.count("cp.async.mbarrier.arrive") == 2
+    else:
+        assert "cp.async" not in ptx
+    if xfmt == "fp4":    # 4 chunks x 4 8-byte e2m1 vectors, prologue + loop
+        assert ptx.count("ld.global.v2.b32") + ptx.count("ld.global.v2.u32") >= 32
+    regs = dict((d, int(n)) for d, n in re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
+                if int(n) not in (24, 240))
+    pr = W.WS_PRODUCER_REGS_X[(fmt, xfmt)]
+    assert regs.get("inc") == pr, regs
+    assert regs.get("dec") == (W.WS_MAXNREG * (8 + W.WS_PRODUCER_WARPS) * 32 - pr * W.WS_PRODUCER_WARPS * 32) \
+        // 256 // 8 * 8, regs
+    assert "fence.proxy.async" in ptx
+    assert not re.search(r"ttg.convert_layout %\S+ : tensor<[0-9x]+xbf16", ttgir)
+    rep = ptxas_sm90(ptx, sass=True)
+    if rep is None:
+        pytest.skip("ptxas not available")
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep.log)
+    assert spill, rep.log
+    loops = _sass_loops(rep.sass)
+    cons = [lp for lp in loops if any("HGMMA" in t for t in lp)]
+    prod = [lp for lp in loops if not any("HGMMA" in t for t in lp)
+            and sum(1 for t in lp if re.match(r"(@!?P\w+\s+)?LDG", t)) >= 16]
+    assert len(cons) == 1 and len(prod) == 2, (len(cons), len(prod))
+    n_spill = lambda lp: sum(1 for t in lp if re.search(r"\b(STL|LDL)\b", t))   # noqa: E731
+    assert n_spill(cons[0]) == 0, "spills in the consumers' token loop"
+    assert not any(re.match(r"(@!?P\w+\s+)?LDG", t) for t in cons[0]), "global load in the consumers' token loop"
+    lim = _PROD_SPILLS[(fmt, xfmt)]
+    got = sorted(n_spill(lp) for lp in prod)
+    assert got[0] <= min(lim) + 4 and got[1] <= max(lim) + 4, f"producer block loops spill {got}, measured {lim}"
+    assert int(spill.group(1)) <= 320 and int(spill.group(2)) <= 320, rep.log
+
+
+def test_extra_launch_goes_to_the_extra_kernel(monkeypatch):
+    """CPU, kernels stubbed: the launcher takes the extra-cache arguments to the x kernel (the single-partition
+    kernel's argument list: every non-constexpr parameter filled, the constexprs of the pair) and the combine gets
+    the extra lengths; without an extra cache it is the no-extra kernel, as before; bad pairs raise."""
+    import deepkernels.mla.combine as comb
+    from deepkernels.mla.metadata import SCHED_BLOCK
+    calls, combines = [], []
+
+    def fake_cached(cache, fn, key, meta, limit):
+        m = meta()
+
+        def launch(grid, *args):
+            calls.append((fn, m, args))
+        return launch
+    monkeypatch.setattr(W, "cached_launcher", fake_cached)
+    monkeypatch.setattr(comb, "combine_splits_", lambda *a, **k: combines.append(k))
+    for fmt, xfmt in EXTRA_PAIRS:
+        kw = make_case(3, 2, 64, fmt, 100, 200, 64, xfmt=xfmt, xtopk=70, xpage=16, with_len=True, with_xlen=True,
+                       sink=True)
+        b, s_q, h_q = kw["q"].shape[:3]
+        out, lse = torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16), torch.empty(b, s_q, h_q)
+        sched, ns = torch.zeros(5, 8, dtype=torch.int32), torch.zeros(b + 1, dtype=torch.int32)
+        W.launch_sparse_decode_gluon_ws(out, lse, kw["q"], kw["k_cache"], kw["indices"], sched, ns, 0.1, fmt,
+                                        kw["attn_sink"], kw["extra_k_cache"], kw["extra_indices_in_kvcache"], xfmt,
+                                        kw["topk_length"], kw["extra_topk_length"])
+        fn, meta, args = calls[-1]
+        assert fn is W._sparse_decode_gluon_ws_x_kernel
+        params = fn.params
+        assert len(args) == sum(1 for p in params if not p.is_constexpr)
+        assert set(meta) - {"num_warps", "maxnreg"} == {p.name for p in params if p.is_constexpr}
+        assert meta["FMT"] == G.GLUON_FMTS[fmt] and meta["XFMT"] == {"v32": 0, "v41": 2, "fp4": 3}[xfmt]
+        assert meta["HAS_XLEN"] and meta["HAS_LEN"] and meta["HAS_SINK"] and meta["SBLOCK"] == SCHED_BLOCK
+        assert meta["XPAGE_SHIFT"] == 4 and meta["PAGE_SHIFT"] == 6
+        assert meta["PRODUCER_REGS"] == W.WS_PRODUCER_REGS_X[(fmt, xfmt)]
+        names = [p.name for p in params if not p.is_constexpr]
+        a = dict(zip(names, args))
+        assert a["xkv_ptr"].data_ptr() == kw["extra_k_cache"].data_ptr() and a["xtopk"] == 70
+        assert a["xidx_ptr"] is kw["extra_indices_in_kvcache"] and a["xlen_ptr"] is kw["extra_topk_length"]
+        assert a["xpage"] == 16 and a["stride_xkb"] == kw["extra_k_cache"].view(torch.uint8).stride(0)
+        assert combines[-1]["extra_lengths"] is kw["extra_topk_length"] and combines[-1]["extra_topk"] == 70
+        # no extra cache: the no-extra kernel (its argument list unchanged)
+        W.launch_sparse_decode_gluon_ws(out, lse, kw["q"], kw["k_cache"], kw["indices"], sched, ns, 0.1, fmt)
+        fn, meta, args = calls[-1]
+        assert fn is W._sparse_decode_gluon_ws_kernel and "XFMT" not in meta
+        assert len(args) == sum(1 for p in fn.params if not p.is_constexpr)
+        assert combines[-1]["extra_lengths"] is None and combines[-1]["extra_topk"] is None
+    kw = make_case(2, 1, 64, "v32", 64, 80, 16, xfmt="v32", xtopk=64)
+    with pytest.raises(ValueError):
+        W.launch_sparse_decode_gluon_ws(None, None, kw["q"], kw["k_cache"], None, None, None, 1.0, "v32",
+                                        extra_k_cache=kw["extra_k_cache"], xfmt="fp4")
+
+
+def test_extra_calls_keep_their_kernels_until_dispatch_extra(monkeypatch):
+    """CPU, launches stubbed: with an extra cache the public op sends V3.2 to the single-partition kernel and V4.1 to
+    Triton while DISPATCH_EXTRA is False (the WS kernel takes them only once it is set); no extra cache: WS."""
+    took = []
+    for name, mod, attr in (("ws", W, "launch_sparse_decode_gluon_ws"), ("single", G, "launch_sparse_decode_gluon"),
+                            ("triton", sd, "_launch_sparse_decode")):
+        monkeypatch.setattr(mod, attr, lambda *a, _n=name, **k: took.append(_n))
+    monkeypatch.setattr(W, "supported", lambda *a, **k: True)
+    monkeypatch.setattr(G, "supported", lambda *a, **k: True)
+    monkeypatch.setattr(sd, "use_kernels", lambda *t: True)
+    monkeypatch.setattr(sd, "_PLANS", {})
+    assert W.DISPATCH_EXTRA is False
+    cases = {p: make_case(2, 1, 64, p[0], 64, 80, 16, xfmt=p[1], xtopk=64, with_xlen=True) for p in EXTRA_PAIRS}
+    for p, kw in cases.items():
+        _public(kw)
+    assert took == ["triton", "single", "triton"], took
+    _public(make_case(2, 1, 64, "v41", 64, 80, 16))
+    assert took[-1] == "ws"
+    monkeypatch.setattr(W, "DISPATCH_EXTRA", True)
+    for p, kw in cases.items():
+        _public(kw)
+    assert took[-3:] == ["ws", "ws", "ws"], took
+
+
 def test_launcher_has_the_gluon_launch_contract():
     """Drop-in for launch_sparse_decode_gluon: same parameters, defaults and order (the WS launcher only adds
     keyword-only tuning knobs after them)."""
@@ -148,30 +286,39 @@ def test_supported_ws_gate_on_cpu(monkeypatch):
     c = torch.zeros(4, 64, 1, 656, dtype=torch.uint8)
     assert not W.supported_ws(q, c, "v32")                          # CPU tensors
     assert not W.supported_ws(q, c, "v41") and not W.supported_ws(q, c, "v32", extra_k_cache=c)
-    # past the single-partition gate: V3.2 and V4.1 main caches, no extra cache (FP4 / extra caches not implemented)
+    # past the single-partition gate: V3.2 and V4.1 main caches, no extra cache or the single-partition kernel's
+    # pairs V3.2 + V3.2, V4.1 + V4.1, V4.1 + FP4 (the extra format from the record size)
     monkeypatch.setattr(W, "supported", lambda *a, **k: True)
+    c41 = torch.zeros(4, 64, 1, 528, dtype=torch.uint8)
+    c4 = torch.zeros(4, 64, 1, 288, dtype=torch.uint8)
     assert W.supported_ws(q, c, "v32") and W.supported_ws(q, c, "v41")
-    assert not W.supported_ws(q, c, "v41", extra_k_cache=c) and not W.supported_ws(q, c, "fp4")
-    for fmt, x in (("v41", c), ("v32", c), ("fp4", None)):
+    assert W.supported_ws(q, c, "v32", extra_k_cache=c) and not W.supported_ws(q, c, "v32", extra_k_cache=c4)
+    assert W.supported_ws(q, c41, "v41", extra_k_cache=c4) and W.supported_ws(q, c41, "v41", extra_k_cache=c41)
+    assert not W.supported_ws(q, c41, "v41", extra_k_cache=c) and not W.supported_ws(q, c, "fp4")
+    for fmt, x in (("v41", c), ("v32", c4), ("fp4", None)):
         with pytest.raises(ValueError):
             W.launch_sparse_decode_gluon_ws(None, None, q, c, None, None, None, 1.0, fmt, extra_k_cache=x)
-    # both formats are dispatched (V4.1 since its first device run); the public op checks the format set
+    # both formats are dispatched (V4.1 since its first device run); the public op checks the format set; extra
+    # caches: implemented, not dispatched (DISPATCH_EXTRA, checked by the public op)
     assert W.DISPATCH_FMTS == frozenset({"v32", "v41"}) and set(W.WS_FMTS) == {"v32", "v41"}
     assert "plan.fmt in _gsdw.DISPATCH_FMTS" in inspect.getsource(sd)
+    assert W.DISPATCH_EXTRA is False and "_gsdw.DISPATCH_EXTRA" in inspect.getsource(sd)
+    assert W.WS_EXTRA_PAIRS == {"v32": ("v32", ), "v41": ("v41", "fp4")} == G._EXTRA_PAIRS
 
 
 # ------------------------------------------------------------------ GPU tier
 @pytest.fixture
 def ws_pair(monkeypatch):
-    """The public op's Gluon launch (V3.2 dispatches there; V4.1 too, forced here) becomes: the single-partition
-    kernel into fresh buffers, then the WS kernel into the op's own buffers (so the op returns the WS result); each
-    pair is recorded."""
+    """The public op's Gluon launch (V3.2 dispatches there; V4.1 too, forced here; with or without an extra cache:
+    every argument goes to both) becomes: the single-partition kernel into fresh buffers, then the WS kernel into
+    the op's own buffers (so the op returns the WS result); each pair is recorded."""
     pairs = []
     gluon_launch = G.launch_sparse_decode_gluon
 
     def both(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None, extra_k_cache=None,
              extra_indices=None, xfmt=None, topk_length=None, extra_topk_length=None, config=None, _spec=None):
         assert W.supported_ws(q, k_cache, fmt, extra_k_cache)
+        assert extra_k_cache is None or extra_indices is not None
         args = (q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink, extra_k_cache, extra_indices, xfmt,
                 topk_length, extra_topk_length, config, _spec)
         out_g, lse_g = torch.empty_like(out), torch.empty_like(lse_buf)
@@ -321,3 +468,112 @@ def test_gpu_ws_knobs_same_bits(producer_fence, fmt, ws_pair, monkeypatch):
     kw = make_case(16, 2, 128, fmt, 2048, 4096, 64, with_len=True, sink=True, device="cuda")
     run_and_check(kw)
     _bit_identical(ws_pair)
+
+
+# ------------------------------------------------------------------ GPU tier: extra cache (V4.1 + FP4, V3.2 + V3.2)
+# (h_q, b, s_q, topk, s_k, page, xtopk, xs_k, xpage, with_len, with_xlen, sink): main and extra lengths, pages with
+# shift (64, 16) and division (53, 69) addressing on either cache, extra topk a multiple of 64 and not
+_XGRID = [(128, 4, 1, 2048, 2046, 64, 512, 1024, 64, True, True, True),
+          (64, 16, 2, 576, 1024, 53, 100, 300, 64, False, True, False),
+          (128, 8, 1, 100, 650, 64, 650, 700, 69, True, False, True),
+          (64, 74, 3, 192, 256, 64, 64, 128, 16, True, True, True)]
+XPAIRS = [("v41", "fp4"), ("v32", "v32")]
+
+
+def _xcase(fmt, xfmt, h_q, b, s_q, topk, s_k, page, xtopk, xs_k, xpage, with_len, with_xlen, sink, **kw):
+    return make_case(b, s_q, h_q, fmt, topk, s_k, page, xfmt=xfmt, xtopk=xtopk, xs_k=xs_k, xpage=xpage,
+                     with_len=with_len, with_xlen=with_xlen, sink=sink, device="cuda", **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,xfmt", XPAIRS)
+@pytest.mark.parametrize("shape", _XGRID)
+def test_gpu_ws_extra_grid(shape, fmt, xfmt, poison, ws_pair):
+    kw = _xcase(fmt, xfmt, *shape)
+    run_and_check(kw)
+    _bit_identical(ws_pair)
+
+
+@pytest.mark.gpu
+def test_gpu_ws_extra_v41_v41(poison, ws_pair):
+    """V4.1 + V4.1 (the third pair the single-partition kernel takes; same producer loop as the V4.1 main cache)."""
+    kw = _xcase("v41", "v41", 128, 8, 2, 576, 1024, 64, 192, 512, 53, True, True, True)
+    run_and_check(kw)
+    _bit_identical(ws_pair)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,xfmt", XPAIRS)
+@pytest.mark.parametrize("corner", ["extra_all_invalid", "main_len_zero", "zero_len", "all_invalid"])
+def test_gpu_ws_extra_corner_cases(corner, fmt, xfmt, poison, ws_pair):
+    """All extra indices invalid (-1 / junk), main length 0 with extra tokens (the line is the extra part only), half
+    the rows of both lists empty, everything invalid."""
+    b = 16
+    flags = dict(zero_len=corner == "zero_len", all_invalid=corner == "all_invalid")
+    if corner == "main_len_zero":
+        flags["lengths"] = [0] * b
+    kw = _xcase(fmt, xfmt, 128, b, 2, 576, 650, 53, 192, 400, 64, True, True, True, **flags)
+    if corner == "extra_all_invalid":
+        x = kw["extra_indices_in_kvcache"]
+        x.copy_(torch.where(torch.rand(x.shape, device=x.device) < 0.5, -1, 2 ** 31 - 1).to(x.dtype))
+    o, l_, _ = run_and_check(kw)
+    if corner == "all_invalid":
+        assert (o == 0).all() and torch.isposinf(l_).all()
+    _bit_identical(ws_pair)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,xfmt", XPAIRS)
+@pytest.mark.parametrize("n_sms", [3, 264, 1000])
+def test_gpu_ws_extra_split_counts(n_sms, fmt, xfmt, poison, sms, ws_pair):
+    """Few parts (a CTA walks several requests: main + extra blocks, the ring counters running on) and many (splits of
+    1-2 blocks: split boundaries inside the main part, at its padded end 64 * ceil(n / 64), and inside the extra
+    part; main lengths not multiples of 64)."""
+    sms(n_sms)
+    kw = _xcase(fmt, xfmt, 128, 16, 2, 2048, 4096, 64, 512, 2048, 64, True, True, True)
+    run_and_check(kw)
+    _bit_identical(ws_pair)
+    if n_sms >= 264:
+        assert int(ws_pair[0][4][-1]) > 16                                     # split-KV + combine really ran
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,xfmt", XPAIRS)
+def test_gpu_ws_extra_dequant_exact(fmt, xfmt, ws_pair):
+    """Main length 0, one valid extra token per row: p = exp2(0) = 1, so out = the dequantised extra record bit for
+    bit (FP4: e2m1 x e4m3 scale, exact in bf16; V3.2: bf16(fp32(e4m3) * fp32 scale))."""
+    from deepkernels.quant.kvcache import dequantize_kv_cache
+    b, s_q, h_q = 8, 2, 64
+    kw = make_case(b, s_q, h_q, fmt, 64, 256, 64, xfmt=xfmt, xtopk=64, xs_k=4096, xpage=64, lengths=[0] * b,
+                   xlengths=[1] * b, device="cuda")
+    kw["attn_sink"] = torch.full((h_q, ), float("-inf"), device="cuda")
+    o, _ = _public(kw)
+    cache, ind = kw["extra_k_cache"], kw["extra_indices_in_kvcache"]
+    deq = dequantize_kv_cache(cache, xfmt).view(cache.shape[0] * cache.shape[1], -1)[:, :512]
+    i0 = ind[:, :, 0].long()
+    ok = (i0 >= 0) & (i0 < deq.shape[0])
+    want = torch.where(ok[..., None], deq[i0.clamp(0, deq.shape[0] - 1)], torch.zeros_like(deq[:1]))
+    assert torch.equal(o, want[:, :, None, :].expand_as(o).to(o.dtype))
+    _bit_identical(ws_pair)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,xfmt", XPAIRS)
+def test_gpu_ws_extra_deterministic_and_graph_capture(fmt, xfmt, ws_pair):
+    kw = _xcase(fmt, xfmt, 128, 16, 2, 512, 1024, 64, 128, 512, 64, True, True, True)
+    meta = dk.get_mla_metadata()[0]
+    o_ref, l_ref = _public(kw, meta)
+    o2, l2 = _public(kw, meta)
+    assert torch.equal(o_ref, o2) and torch.equal(l_ref, l2)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        _public(kw, meta)
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        o_g, l_g = _public(kw, meta)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(o_g, o_ref) and torch.equal(l_g, l_ref)
+    _bit_identical(ws_pair, 4)

@@ -1,8 +1,9 @@
 """Warp-specialised Gluon sparse MLA decode for the V3.2 and V4.1 FP8 main caches (sm90; issue #6). Dispatched for V3.2
-without an extra cache (:data:`DISPATCH`, :data:`DISPATCH_FMTS`); measured 229-266 TFLOPS at h_q 128, topk 2048 on the
-H200, 1.20-1.30x the single-partition kernel, bit-identical to it (prediction below: 300-380, missed by ~1.3x).
-V4.1 (FMT constexpr, section "V4.1" below): implemented, NOT dispatched (not in :data:`DISPATCH_FMTS`) until a device
-run shows it bit-identical and faster.
+and V4.1 without an extra cache (:data:`DISPATCH`, :data:`DISPATCH_FMTS`); measured 229-266 TFLOPS at h_q 128, topk
+2048 on the H200 for V3.2, 1.20-1.30x the single-partition kernel, bit-identical to it (prediction below: 300-380,
+missed by ~1.3x); V4.1 219-257 (section "V4.1"). With an extra cache (V3.2 + V3.2, V4.1 + V4.1, V4.1 + FP4; section
+"Extra cache" at the end): implemented, NOT dispatched (:data:`DISPATCH_EXTRA` False) until a device run shows it
+bit-identical to the single-partition kernel and faster.
 
 Same contract as :mod:`deepkernels.mla._gluon_sparse_decode` (the dispatched single-partition kernel; read its
 docstring) and, by construction, the same output bit for bit: one CTA per (scheduler part, query position,
@@ -13,7 +14,7 @@ requests write ``out``/``lse`` (sink applied), split requests write ``O/L`` and 
 ``num_splits[req] + split`` for the unchanged ``combine_splits_``. Launcher :func:`launch_sparse_decode_gluon_ws`
 has the signature of ``launch_sparse_decode_gluon`` (drop-in). Scope (:func:`supported_ws`): main cache V3.2
 (656 B/token: 512 e4m3, 4 fp32 scales, 64 bf16 RoPE; d_qk 576) or V4.1 (528 B/token: 512 e4m3 incl. RoPE, 16 UE8M0
-exponents; d_qk 512), no extra cache (V3.2 + V3.2, V4.1 + V4.1 and V4.1 + FP4 stay on the single-partition kernel).
+exponents; d_qk 512), no extra cache or one of :data:`WS_EXTRA_PAIRS` (the single-partition kernel's pairs).
 
 Structure (``gl.warp_specialize``, modelled on ``_gluon_sparse_prefill._sparse_prefill_gluon_ws_kernel``):
 
@@ -95,6 +96,41 @@ page shift 6/-1 x has_len x has_sink identical before/after, .loc/.file/debug/la
   0.94 (512 + 512 vs 576 + 512), so at the V3.2 WS block time the TFLOPS would be ~0.94x of V3.2's; the consumer
   being ~0.9x cheaper gives some back: 210-260 TFLOPS at h_q 128, 1.2-1.4x the single-partition V4.1 kernel
   (measured 167-187), bit-identical to it. Untested on a GPU when written.
+
+Extra cache (FlashMLA's second token list, ``extra_k_cache`` / ``extra_indices_in_kvcache`` / ``extra_topk_length``,
+attended in the same softmax; :func:`_sparse_decode_gluon_ws_x_kernel`, a separate entry with the single-partition
+kernel's argument list, so the no-extra kernel's parameters and PTX are untouched):
+
+* The token line of a request is the single-partition kernel's virtual line: main positions [0, n), then extra
+  positions from ``off = 64 * ceil(n / 64)``; a CTA's slice [t_lo, t_hi) of it (split boundaries anywhere, in either
+  part) is main positions [t_lo, min(t_hi, n)) then extra positions [max(t_lo - off, 0), min(t_hi - off, n_x))
+  (:func:`_w_xrange`, the same expressions as the single-partition kernel's second ``_g_attend`` call).
+* Producer: per request the main block loop, then the extra block loop of the extra format, the ring counter running
+  on (the block loops are helpers shared by both: :func:`_w_blocks32` for V3.2 records incl. the RoPE cp.async,
+  :func:`_w_blocks41` for V4.1, :func:`_w_blocks_fp4` for FP4). FP4 records (288 B: 256 B of e2m1 pairs + 32 e4m3
+  scales, one per 16 elements) go in 4 chunks of 64 B per record ([64 tokens, 8 scale groups, 2 words], 2 threads per
+  token: 4 x 8-byte e2m1 vectors + one 4-byte scale load per thread per chunk, 4 chunks of the next block in flight =
+  48 data registers), dequantised with the single-partition kernel's ``_g_nib`` (e2m1 magnitude bits to fp32, x
+  2^126, x fp32(e4m3 scale): exact, so bf16 equals the product) into the same bf16 ring tile [64, 512] (FP4 extra is
+  d_qk 512 beside V4.1, no RoPE tile; a V3.2 extra cache fills the RoPE tile as the main one does). The extra blocks'
+  validity (position < extra end, 0 <= idx < extra blocks x extra page) goes to the same mask.
+* Consumers: unchanged per block (the pairs keep the main format's tile shapes); only their block count per request
+  is main + extra blocks. The single-partition kernel runs the same per-block expressions on the same (m_i, l_i,
+  acc) in its second token loop (PSUM for V4.1 main caches, over main and extra blocks alike), so out / lse are
+  expected bit-identical to it.
+* Shared memory as without (the extra blocks use the same ring): 230,052 B (V3.2 + V3.2), 205,476 B (V4.1 + *).
+* Registers (:data:`WS_PRODUCER_REGS_X`: the main formats' splits): consumers 0 spill instructions in their token loop
+  and no global load in it; producer block loops main / extra: V3.2 + V3.2 (136) 5 / 7, V4.1 + V4.1 (120) 14 / 14,
+  V4.1 + FP4 (120) 14 / 6 (112: 19 / 7; 128 gives the consumers 184: 5 spills in their loop); spill stores in all
+  116 / 192 / 176 B. The FP4 extra loop is ~2,040 SASS instructions per block (V4.1's ~1,380): ``_g_nib`` costs ~8
+  instructions per element (shifts/masks, 2 FMUL, half a pack) against ~5 for e4m3 (paired F2FP conversions) -- still
+  far under the consumer's per-block time (V4.1 measured ~4.3 us per block at 219-257 TFLOPS, ~8,000 clk; the
+  producer warp issues ~2,000).
+* Prediction (h_q 128, topk 2048 + extra 512, FlashMLA FLOPs counting the extra tokens): the extra blocks cost what
+  main blocks of the main format cost (consumer-bound; their records are 288 B instead of 528 B for FP4), one more
+  producer prologue per request is covered by the 2-slot ring: V4.1 + FP4 at about the V4.1 WS rate, 210-255 TFLOPS
+  (b 64 s_q 1 lowest), 1.15-1.4x the Triton kernel that serves it (176-195 in ``deepkernels bench``); V3.2 + V3.2
+  225-265, 1.2-1.35x the single-partition kernel; h_q 64: 150-230. Untested on a GPU when written.
 """
 from __future__ import annotations
 
@@ -104,10 +140,12 @@ from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy, 
                       warpgroup_mma, warpgroup_mma_wait)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 from .._launch import cached_launcher, spec_key
-from ._gluon_sparse_decode import GLUON_FMTS, _g_byte, _g_load_idx, _g_rows, _g_ue8m0, _page_shift, supported
+from ._gluon_sparse_decode import (GLUON_FMTS, _XFMT_CODES, _g_byte, _g_load_idx, _g_nib, _g_rows, _g_ue8m0,
+                                   _page_shift, _xfmt, supported)
 
 __all__ = ["available", "supported_ws", "launch_sparse_decode_gluon_ws", "compile_sm90_ws", "WS_PRODUCER_WARPS",
-           "WS_PRODUCER_REGS", "WS_PRODUCER_REGS_V41", "WS_MAXNREG", "WS_FMTS", "DISPATCH_FMTS"]
+           "WS_PRODUCER_REGS", "WS_PRODUCER_REGS_V41", "WS_PRODUCER_REGS_X", "WS_MAXNREG", "WS_FMTS", "DISPATCH_FMTS",
+           "WS_EXTRA_PAIRS", "DISPATCH_EXTRA"]
 
 BLOCK_H = 64
 NUM_WARPS = 8                 # the default (consumer) partition: 2 warpgroups
@@ -128,6 +166,14 @@ DISPATCH = True
 # Triton kernel that served V4.1 before), 153-230 at h_q 64 (1.17-1.35x)
 WS_FMTS = ("v32", "v41")
 DISPATCH_FMTS = frozenset({"v32", "v41"})
+# extra caches the kernel implements beside each main format (the single-partition kernel's pairs) and whether
+# sparse_decode.py sends calls with an extra cache here: False until a device run shows them bit-identical to the
+# single-partition kernel and faster (until then V3.2 + extra -> single-partition kernel, V4.1 + extra -> Triton)
+WS_EXTRA_PAIRS = {"v32": ("v32", ), "v41": ("v41", "fp4")}
+DISPATCH_EXTRA = False
+# producer setmaxnreg per (main, extra) pair: the main producers' values (the consumers' budget is the same)
+WS_PRODUCER_REGS_X = {("v32", "v32"): WS_PRODUCER_REGS, ("v41", "v41"): WS_PRODUCER_REGS_V41,
+                      ("v41", "fp4"): WS_PRODUCER_REGS_V41}
 _LOG2E = 1.4426950408889634
 
 
@@ -147,6 +193,21 @@ def _w_req_range(req, begin_req, end_req, begin_blk, end_blk, begin_split, len_p
     t_hi = gl.minimum(gl.where((req == end_req) & (split < nsp - 1), end_blk, 1 << 24), 1 << 24) * SBLOCK
     t_end = gl.minimum(t_hi, n)
     return n, base_row, nsp, split, t_lo, t_end
+
+
+@_jit
+def _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN: gl.constexpr,
+              SBLOCK: gl.constexpr):
+    """The extra cache's part of this CTA's slice of the request's virtual line (the single-partition kernel's
+    arithmetic): extra positions [x_lo, x_end) of the extra index row, the extra part starting at 64 * ceil(n / 64)
+    of the line (``n``: the main length); x_lo a multiple of 64, the range empty when the split ends in the main
+    part, the main range empty when it starts in the extra part."""
+    t_hi = gl.minimum(gl.where((req == end_req) & (split < nsp - 1), end_blk, 1 << 24), 1 << 24) * SBLOCK
+    nx = xtopk + req * 0
+    if HAS_XLEN:
+        nx = gl.minimum(gl.maximum(gl.load(xlen_ptr + req), 0), xtopk)
+    off = (n + SBLOCK - 1) // SBLOCK * SBLOCK
+    return gl.maximum(t_lo - off, 0), gl.minimum(t_hi - off, nx)
 
 
 @_jit
@@ -194,61 +255,81 @@ def _w_dequant_store(raw, sc, dst):
 
 
 @_jit
-def _w_producer(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
-                stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk,
-                PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr,
-                PRODUCER_FENCE: gl.constexpr):
-    """Worker partition (4 warps): gather + dequantise every 64-token block of this CTA's (request, block) line
-    into ring slot ``it % 2`` (``it`` counts blocks over the requests, as the consumers do)."""
+def _w_blocks32(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
+                num_tok, page, stride_kb, it, dr, PAGE_SHIFT: gl.constexpr, PRODUCER_FENCE: gl.constexpr):
+    """The producer's block loop over positions [t_lo, t_end) of the index row of (req, query si64) of a V3.2 cache
+    (the main cache, then the extra one if any), ring counter ``it`` in and out; ``dr``: the RoPE columns (made by
+    the caller, before its request loop, as before this was a helper: same instruction order)."""
     # one token per thread: a scale group of a record (128 B = 32 words) is 2 threads x 4 16-byte vectors, so a
     # thread carries 1 scale and 1 record address per chunk (not 4, as with 8 lanes per token)
     LW: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])   # [64, 32] words
     LT: gl.constexpr = gl.SliceLayout(1, LW)
     LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1], [1, 0])  # [64, 64] bf16 RoPE: 4 x 16-B cp.async
     LTP: gl.constexpr = gl.SliceLayout(1, LP4)
+    nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+    idx_row = idx_ptr + req.to(gl.int64) * stride_ib + si64 * stride_is
+    # prologue: block 0's raw records (4 scale groups) in flight
+    i0, v = _g_load_idx(idx_row, t_lo, t_end, num_tok, LT)
+    rec = _g_rows(i0, v, page, stride_kb, 656, PAGE_SHIFT)
+    r0, s0 = _w_load_chunk(kv_ptr, rec, v, 0, LW)
+    r1, s1 = _w_load_chunk(kv_ptr, rec, v, 1, LW)
+    r2, s2 = _w_load_chunk(kv_ptr, rec, v, 2, LW)
+    r3, s3 = _w_load_chunk(kv_ptr, rec, v, 3, LW)
+    for j in range(nblocks):
+        slot = it % 2
+        t0 = t_lo + j * 64
+        recp = gl.convert_layout(rec, LTP)      # block j's records and validity for the RoPE copy
+        vp = gl.convert_layout(v, LTP)
+        i1, v = _g_load_idx(idx_row, t0 + 64, t_end, num_tok, LT)          # block j+1 (may be all invalid)
+        rec = _g_rows(i1, v, page, stride_kb, 656, PAGE_SHIFT)
+        mbarrier.wait(empty.index(slot), ((it // 2) & 1) ^ 1)              # a fresh barrier passes phase 1
+        pp = (kv_ptr + recp + 528).to(gl.pointer_type(gl.bfloat16))
+        async_copy.async_copy_global_to_shared(kv_p.index(slot), pp[:, None] + dr[None, :],
+                                               mask=vp[:, None] & (dr >= 0)[None, :])
+        vmask.index(slot).store(vp.to(gl.int8))
+        dst = kv_n.index(slot)
+        _w_dequant_store(r0, s0, dst.slice(0, 128, dim=1))
+        r0, s0 = _w_load_chunk(kv_ptr, rec, v, 0, LW)
+        _w_dequant_store(r1, s1, dst.slice(128, 128, dim=1))
+        r1, s1 = _w_load_chunk(kv_ptr, rec, v, 1, LW)
+        _w_dequant_store(r2, s2, dst.slice(256, 128, dim=1))
+        r2, s2 = _w_load_chunk(kv_ptr, rec, v, 2, LW)
+        _w_dequant_store(r3, s3, dst.slice(384, 128, dim=1))
+        r3, s3 = _w_load_chunk(kv_ptr, rec, v, 3, LW)
+        if PRODUCER_FENCE:
+            fence_async_shared()
+        async_copy.mbarrier_arrive(ready.index(slot))
+        mbarrier.arrive(ready.index(slot))
+        it += 1
+    return it
+
+
+@_jit
+def _w_producer(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
+                stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk,
+                xkv_ptr, xidx_ptr, xlen_ptr, stride_xkb, xpage, xnum_tok, stride_xib, stride_xis, xtopk,
+                PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr,
+                PRODUCER_FENCE: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_XLEN: gl.constexpr,
+                XPAGE_SHIFT: gl.constexpr, XFMT: gl.constexpr):
+    """Worker partition (4 warps): gather + dequantise every 64-token block of this CTA's (request, block) line
+    into ring slot ``it % 2`` (``it`` counts blocks over the requests, as the consumers do). HAS_EXTRA (the ``x*``
+    arguments; constexpr None placeholders without): after a request's main blocks, its blocks of the V3.2 extra
+    cache (:func:`_w_blocks32`), the same ring counter running on."""
+    LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1], [1, 0])  # [64, 64] bf16 RoPE: 4 x 16-B cp.async
     hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _w_part(meta_ptr, b, s_q, h_q)
     si64 = si.to(gl.int64)
-    dr = gl.arange(0, 64, gl.SliceLayout(0, LP4))
+    dr = gl.arange(0, 64, gl.SliceLayout(0, LP4))    # (made here, outside the request loop, as before)
     it = 0
     for req in range(begin_req, end_req + 1):
         n, base_row, nsp, split, t_lo, t_end = _w_req_range(req, begin_req, end_req, begin_blk, end_blk,
                                                             begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
                                                             SBLOCK)
-        nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
-        idx_row = idx_ptr + req.to(gl.int64) * stride_ib + si64 * stride_is
-        # prologue: block 0's raw records (4 scale groups) in flight
-        i0, v = _g_load_idx(idx_row, t_lo, t_end, num_tok, LT)
-        rec = _g_rows(i0, v, page, stride_kb, 656, PAGE_SHIFT)
-        r0, s0 = _w_load_chunk(kv_ptr, rec, v, 0, LW)
-        r1, s1 = _w_load_chunk(kv_ptr, rec, v, 1, LW)
-        r2, s2 = _w_load_chunk(kv_ptr, rec, v, 2, LW)
-        r3, s3 = _w_load_chunk(kv_ptr, rec, v, 3, LW)
-        for j in range(nblocks):
-            slot = it % 2
-            t0 = t_lo + j * 64
-            recp = gl.convert_layout(rec, LTP)      # block j's records and validity for the RoPE copy
-            vp = gl.convert_layout(v, LTP)
-            i1, v = _g_load_idx(idx_row, t0 + 64, t_end, num_tok, LT)          # block j+1 (may be all invalid)
-            rec = _g_rows(i1, v, page, stride_kb, 656, PAGE_SHIFT)
-            mbarrier.wait(empty.index(slot), ((it // 2) & 1) ^ 1)              # a fresh barrier passes phase 1
-            pp = (kv_ptr + recp + 528).to(gl.pointer_type(gl.bfloat16))
-            async_copy.async_copy_global_to_shared(kv_p.index(slot), pp[:, None] + dr[None, :],
-                                                   mask=vp[:, None] & (dr >= 0)[None, :])
-            vmask.index(slot).store(vp.to(gl.int8))
-            dst = kv_n.index(slot)
-            _w_dequant_store(r0, s0, dst.slice(0, 128, dim=1))
-            r0, s0 = _w_load_chunk(kv_ptr, rec, v, 0, LW)
-            _w_dequant_store(r1, s1, dst.slice(128, 128, dim=1))
-            r1, s1 = _w_load_chunk(kv_ptr, rec, v, 1, LW)
-            _w_dequant_store(r2, s2, dst.slice(256, 128, dim=1))
-            r2, s2 = _w_load_chunk(kv_ptr, rec, v, 2, LW)
-            _w_dequant_store(r3, s3, dst.slice(384, 128, dim=1))
-            r3, s3 = _w_load_chunk(kv_ptr, rec, v, 3, LW)
-            if PRODUCER_FENCE:
-                fence_async_shared()
-            async_copy.mbarrier_arrive(ready.index(slot))
-            mbarrier.arrive(ready.index(slot))
-            it += 1
+        it = _w_blocks32(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo,
+                         t_end, num_tok, page, stride_kb, it, dr, PAGE_SHIFT, PRODUCER_FENCE)
+        if HAS_EXTRA:
+            x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
+            it = _w_blocks32(kv_n, kv_p, vmask, ready, empty, xkv_ptr, xidx_ptr, req, si64, stride_xib, stride_xis,
+                             x_lo, x_end, xnum_tok, xpage, stride_xkb, it, dr, XPAGE_SHIFT, PRODUCER_FENCE)
 
 
 @_jit
@@ -276,15 +357,56 @@ def _w_dequant_store41(raw, eb, dst):
 
 
 @_jit
-def _w_producer41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
-                  stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk,
-                  PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr,
-                  PRODUCER_FENCE: gl.constexpr):
-    """Worker partition (4 warps), V4.1 main cache (528 B/token: 512 e4m3 incl. RoPE, 16 UE8M0 exponents): as
-    :func:`_w_producer` without the RoPE copy; a chunk is 128 B of a record = 4 scale groups (2 per thread)."""
+def _w_blocks41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
+                num_tok, page, stride_kb, it, PAGE_SHIFT: gl.constexpr, PRODUCER_FENCE: gl.constexpr):
+    """:func:`_w_blocks32` for a V4.1 cache (the main cache, then a V4.1 extra one if any): no RoPE copy; a chunk is
+    128 B of a record = 4 scale groups (2 per thread)."""
     # one token per 2 threads; a thread holds 2 scale groups x 8 words = 64 contiguous bytes (4 x 16-B vectors)
     L3: gl.constexpr = gl.BlockedLayout([1, 2, 8], [16, 2, 1], [4, 1, 1], [2, 1, 0])   # [64, 4, 8] words
     LT: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, L3))
+    nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+    idx_row = idx_ptr + req.to(gl.int64) * stride_ib + si64 * stride_is
+    i0, v = _g_load_idx(idx_row, t_lo, t_end, num_tok, LT)
+    rec = _g_rows(i0, v, page, stride_kb, 528, PAGE_SHIFT)
+    r0, e0 = _w_load_chunk41(kv_ptr, rec, v, 0, L3)
+    r1, e1 = _w_load_chunk41(kv_ptr, rec, v, 1, L3)
+    r2, e2 = _w_load_chunk41(kv_ptr, rec, v, 2, L3)
+    r3, e3 = _w_load_chunk41(kv_ptr, rec, v, 3, L3)
+    for j in range(nblocks):
+        slot = it % 2
+        t0 = t_lo + j * 64
+        vc = v                                   # block j's validity
+        i1, v = _g_load_idx(idx_row, t0 + 64, t_end, num_tok, LT)          # block j+1 (may be all invalid)
+        rec = _g_rows(i1, v, page, stride_kb, 528, PAGE_SHIFT)
+        mbarrier.wait(empty.index(slot), ((it // 2) & 1) ^ 1)              # a fresh barrier passes phase 1
+        vmask.index(slot).store(vc.to(gl.int8))
+        dst = kv_n.index(slot)
+        _w_dequant_store41(r0, e0, dst.slice(0, 128, dim=1))
+        r0, e0 = _w_load_chunk41(kv_ptr, rec, v, 0, L3)
+        _w_dequant_store41(r1, e1, dst.slice(128, 128, dim=1))
+        r1, e1 = _w_load_chunk41(kv_ptr, rec, v, 1, L3)
+        _w_dequant_store41(r2, e2, dst.slice(256, 128, dim=1))
+        r2, e2 = _w_load_chunk41(kv_ptr, rec, v, 2, L3)
+        _w_dequant_store41(r3, e3, dst.slice(384, 128, dim=1))
+        r3, e3 = _w_load_chunk41(kv_ptr, rec, v, 3, L3)
+        if PRODUCER_FENCE:
+            fence_async_shared()
+        mbarrier.arrive(ready.index(slot))
+        it += 1
+    return it
+
+
+@_jit
+def _w_producer41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
+                  stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk,
+                  xkv_ptr, xidx_ptr, xlen_ptr, stride_xkb, xpage, xnum_tok, stride_xib, stride_xis, xtopk,
+                  PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr,
+                  PRODUCER_FENCE: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_XLEN: gl.constexpr,
+                XPAGE_SHIFT: gl.constexpr, XFMT: gl.constexpr):
+    """Worker partition (4 warps), V4.1 main cache (528 B/token: 512 e4m3 incl. RoPE, 16 UE8M0 exponents): as
+    :func:`_w_producer` without the RoPE copy; a chunk is 128 B of a record = 4 scale groups (2 per thread).
+    HAS_EXTRA: then the request's extra-cache blocks, V4.1 (XFMT 2, :func:`_w_blocks41`) or FP4 (XFMT 3,
+    :func:`_w_blocks_fp4`)."""
     hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _w_part(meta_ptr, b, s_q, h_q)
     si64 = si.to(gl.int64)
     it = 0
@@ -292,44 +414,101 @@ def _w_producer41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr,
         n, base_row, nsp, split, t_lo, t_end = _w_req_range(req, begin_req, end_req, begin_blk, end_blk,
                                                             begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
                                                             SBLOCK)
-        nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
-        idx_row = idx_ptr + req.to(gl.int64) * stride_ib + si64 * stride_is
-        i0, v = _g_load_idx(idx_row, t_lo, t_end, num_tok, LT)
-        rec = _g_rows(i0, v, page, stride_kb, 528, PAGE_SHIFT)
-        r0, e0 = _w_load_chunk41(kv_ptr, rec, v, 0, L3)
-        r1, e1 = _w_load_chunk41(kv_ptr, rec, v, 1, L3)
-        r2, e2 = _w_load_chunk41(kv_ptr, rec, v, 2, L3)
-        r3, e3 = _w_load_chunk41(kv_ptr, rec, v, 3, L3)
-        for j in range(nblocks):
-            slot = it % 2
-            t0 = t_lo + j * 64
-            vc = v                                   # block j's validity
-            i1, v = _g_load_idx(idx_row, t0 + 64, t_end, num_tok, LT)          # block j+1 (may be all invalid)
-            rec = _g_rows(i1, v, page, stride_kb, 528, PAGE_SHIFT)
-            mbarrier.wait(empty.index(slot), ((it // 2) & 1) ^ 1)              # a fresh barrier passes phase 1
-            vmask.index(slot).store(vc.to(gl.int8))
-            dst = kv_n.index(slot)
-            _w_dequant_store41(r0, e0, dst.slice(0, 128, dim=1))
-            r0, e0 = _w_load_chunk41(kv_ptr, rec, v, 0, L3)
-            _w_dequant_store41(r1, e1, dst.slice(128, 128, dim=1))
-            r1, e1 = _w_load_chunk41(kv_ptr, rec, v, 1, L3)
-            _w_dequant_store41(r2, e2, dst.slice(256, 128, dim=1))
-            r2, e2 = _w_load_chunk41(kv_ptr, rec, v, 2, L3)
-            _w_dequant_store41(r3, e3, dst.slice(384, 128, dim=1))
-            r3, e3 = _w_load_chunk41(kv_ptr, rec, v, 3, L3)
-            if PRODUCER_FENCE:
-                fence_async_shared()
-            mbarrier.arrive(ready.index(slot))
-            it += 1
+        it = _w_blocks41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
+                         num_tok, page, stride_kb, it, PAGE_SHIFT, PRODUCER_FENCE)
+        if HAS_EXTRA:
+            x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
+            if XFMT == 3:
+                it = _w_blocks_fp4(kv_n, vmask, ready, empty, xkv_ptr, xidx_ptr, req, si64, stride_xib, stride_xis,
+                                   x_lo, x_end, xnum_tok, xpage, stride_xkb, it, XPAGE_SHIFT, PRODUCER_FENCE)
+            else:
+                it = _w_blocks41(kv_n, vmask, ready, empty, xkv_ptr, xidx_ptr, req, si64, stride_xib, stride_xis,
+                                 x_lo, x_end, xnum_tok, xpage, stride_xkb, it, XPAGE_SHIFT, PRODUCER_FENCE)
+
+
+# ---------------------------------------------------------------- FP4 extra cache (beside V4.1)
+
+@_jit
+def _w_load_chunk_fp4(kv_ptr, rec, valid, C: gl.constexpr, L3: gl.constexpr):
+    """Masked loads of bytes [64 C, 64 C + 64) of 64 FP4 records (288 B: 256 B of e2m1 pairs, then 32 e4m3 scales,
+    one per 8 bytes = 16 elements): 8 scale groups of 2 packed int32 words ([64, 8, 2], 8-byte vectors) and their
+    e4m3 scale bytes ([64, 8] uint8 from byte 256 + 8 C: one 4-byte load per thread); invalid tokens load zeros
+    (other 0, as ``_gluon_sparse_decode._g_gather``)."""
+    g = gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+    w = gl.arange(0, 2, gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    vm2 = valid[:, None] & (g >= 0)[None, :]
+    wp = (kv_ptr + rec).to(gl.pointer_type(gl.int32))
+    raw = gl.load((wp[:, None] + (C * 16 + g * 2)[None, :])[:, :, None] + w[None, None, :], mask=vm2[:, :, None],
+                  other=0)
+    eb = gl.load(kv_ptr + (rec + (256 + 8 * C))[:, None] + g[None, :], mask=vm2, other=0)
+    return raw, eb
+
+
+@_jit
+def _w_dequant_store_fp4(raw, eb, dst):
+    """8 FP4 scale groups: [64, 8, 2] words -> [64, 128] bf16 -> ``dst``, with the single-partition kernel's ops and
+    element order (``_g_nib``: e2m1 magnitude to fp32 bits x 2^126, x fp32(e4m3 scale), exact in bf16; element
+    16 g + 8 w + 2 k + c = nibble c of byte k of word w of group g, the joins of ``_g_dequant_store``)."""
+    sc = eb.to(gl.float8e4nv, bitcast=True).to(gl.float32)
+    x = gl.join(gl.join(gl.join(_g_nib(raw, sc, 0, 0), _g_nib(raw, sc, 2, 0)),
+                        gl.join(_g_nib(raw, sc, 1, 0), _g_nib(raw, sc, 3, 0))),
+                gl.join(gl.join(_g_nib(raw, sc, 0, 1), _g_nib(raw, sc, 2, 1)),
+                        gl.join(_g_nib(raw, sc, 1, 1), _g_nib(raw, sc, 3, 1))))
+    dst.store(gl.reshape(x, [64, 128]))
+
+
+@_jit
+def _w_blocks_fp4(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
+                  num_tok, page, stride_kb, it,
+                  PAGE_SHIFT: gl.constexpr, PRODUCER_FENCE: gl.constexpr):
+    """The FP4 extra cache's blocks (beside V4.1): :func:`_w_blocks41`'s loop (4 chunks of the next block in flight,
+    validity mask, ``ready`` arrive) with 288-B records, a chunk = 64 B of each record = 8 scale groups, 2 threads
+    per token (4 groups x 2 words + 4 scale bytes each)."""
+    L3: gl.constexpr = gl.BlockedLayout([1, 4, 2], [16, 2, 1], [4, 1, 1], [2, 1, 0])   # [64, 8, 2] words
+    LT: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, L3))
+    nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+    idx_row = idx_ptr + req.to(gl.int64) * stride_ib + si64 * stride_is
+    i0, v = _g_load_idx(idx_row, t_lo, t_end, num_tok, LT)
+    rec = _g_rows(i0, v, page, stride_kb, 288, PAGE_SHIFT)
+    r0, e0 = _w_load_chunk_fp4(kv_ptr, rec, v, 0, L3)
+    r1, e1 = _w_load_chunk_fp4(kv_ptr, rec, v, 1, L3)
+    r2, e2 = _w_load_chunk_fp4(kv_ptr, rec, v, 2, L3)
+    r3, e3 = _w_load_chunk_fp4(kv_ptr, rec, v, 3, L3)
+    for j in range(nblocks):
+        slot = it % 2
+        t0 = t_lo + j * 64
+        vc = v
+        i1, v = _g_load_idx(idx_row, t0 + 64, t_end, num_tok, LT)
+        rec = _g_rows(i1, v, page, stride_kb, 288, PAGE_SHIFT)
+        mbarrier.wait(empty.index(slot), ((it // 2) & 1) ^ 1)
+        vmask.index(slot).store(vc.to(gl.int8))
+        dst = kv_n.index(slot)
+        _w_dequant_store_fp4(r0, e0, dst.slice(0, 128, dim=1))
+        r0, e0 = _w_load_chunk_fp4(kv_ptr, rec, v, 0, L3)
+        _w_dequant_store_fp4(r1, e1, dst.slice(128, 128, dim=1))
+        r1, e1 = _w_load_chunk_fp4(kv_ptr, rec, v, 1, L3)
+        _w_dequant_store_fp4(r2, e2, dst.slice(256, 128, dim=1))
+        r2, e2 = _w_load_chunk_fp4(kv_ptr, rec, v, 2, L3)
+        _w_dequant_store_fp4(r3, e3, dst.slice(384, 128, dim=1))
+        r3, e3 = _w_load_chunk_fp4(kv_ptr, rec, v, 3, L3)
+        if PRODUCER_FENCE:
+            fence_async_shared()
+        mbarrier.arrive(ready.index(slot))
+        it += 1
+    return it
 
 
 @_jit
 def _w_consumer(q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr,
                 nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh, num_tok,
-                stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2,
-                HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr, FMT: gl.constexpr):
+                stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2, xlen_ptr, xtopk,
+                HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr, FMT: gl.constexpr,
+                HAS_EXTRA: gl.constexpr, HAS_XLEN: gl.constexpr):
     """Default partition (8 warps): the single-partition kernel's compute and epilogue, V3.2 (FMT 0) or V4.1 (FMT 2:
-    no RoPE tiles, row sum kept per column and reduced once per request, as its PSUM), no extra cache."""
+    no RoPE tiles, row sum kept per column and reduced once per request, as its PSUM). HAS_EXTRA: a request's
+    extra-cache blocks follow its main blocks in the same loop (the producer dequantised them into the same ring in
+    the main format's tile shapes, and wrote their validity), so only the block count changes: the single-partition
+    kernel's second ``_g_attend`` runs the same per-block expressions on the same (m_i, l_i, acc)."""
     D_V: gl.constexpr = 512
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
@@ -355,6 +534,9 @@ def _w_consumer(q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_pt
                                                             begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
                                                             SBLOCK)
         nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+        if HAS_EXTRA:
+            x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
+            nblocks += gl.maximum(x_end - x_lo + 63, 0) // 64
         m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))   # running max of raw q.k
         if FMT == 2:     # PSUM: per-column partial row sums, reduced after the token loop
             l_i = gl.zeros([64, 64], gl.float32, S_L)
@@ -460,33 +642,97 @@ def _sparse_decode_gluon_ws_kernel(
         gl.warp_specialize([
             (_w_consumer, (q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr,
                            meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh,
-                           num_tok, stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN, HAS_SINK,
-                           SBLOCK, FMT)),
+                           num_tok, stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2, None, None,
+                           HAS_LEN, HAS_SINK, SBLOCK, FMT, False, False)),
             (_w_producer, (kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
-                           stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, PAGE_SHIFT, HAS_LEN,
-                           SBLOCK, PRODUCER_FENCE)),
+                           stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, None, None, None, None,
+                           None, None, None, None, None, PAGE_SHIFT, HAS_LEN, SBLOCK, PRODUCER_FENCE, False, False, 0,
+                           0)),
         ], [4], [PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_w_consumer, (q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr,
                            meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh,
-                           num_tok, stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN, HAS_SINK,
-                           SBLOCK, FMT)),
+                           num_tok, stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2, None, None,
+                           HAS_LEN, HAS_SINK, SBLOCK, FMT, False, False)),
             (_w_producer41, (kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
-                             stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, PAGE_SHIFT, HAS_LEN,
-                             SBLOCK, PRODUCER_FENCE)),
+                             stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, None, None, None,
+                             None, None, None, None, None, None, PAGE_SHIFT, HAS_LEN, SBLOCK, PRODUCER_FENCE, False,
+                             False, 0, 0)),
+        ], [4], [PRODUCER_REGS])
+
+
+_NO_SPEC_X = _NO_SPEC + ["xpage", "xnum_tok", "xtopk"]
+
+
+@_jit(do_not_specialize=_NO_SPEC_X)
+def _sparse_decode_gluon_ws_x_kernel(
+    q_ptr, kv_ptr, idx_ptr, len_ptr, xkv_ptr, xidx_ptr, xlen_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr,
+    oacc_ptr, lacc_ptr,
+    stride_qb, stride_qs, stride_qh, stride_kb, page, num_tok, stride_ib, stride_is,
+    stride_xkb, xpage, xnum_tok, stride_xib, stride_xis,
+    b, s_q, h_q, topk, xtopk, acc_rows, sm_scale_log2,
+    PAGE_SHIFT: gl.constexpr, XPAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_XLEN: gl.constexpr,
+    HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr, PRODUCER_REGS: gl.constexpr, PRODUCER_FENCE: gl.constexpr,
+    FMT: gl.constexpr, XFMT: gl.constexpr,
+):
+    """With an extra cache (arguments as the single-partition kernel's): :func:`_sparse_decode_gluon_ws_kernel`'s
+    shared memory and partitions, HAS_EXTRA on (a separate entry so that the no-extra kernel's parameter list, and
+    so its PTX, stay as they were). Pairs: V3.2 + V3.2 (FMT 0, XFMT 0), V4.1 + V4.1 (2, 2), V4.1 + FP4 (2, 3)."""
+    D_V: gl.constexpr = 512
+    SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, D_V], gl.bfloat16)
+    SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
+    q_n = gl.allocate_shared_memory(gl.bfloat16, [64, D_V], SH_N)
+    kv_n = gl.allocate_shared_memory(gl.bfloat16, [2, 64, D_V], SH_N)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
+    if FMT == 0:
+        q_p = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
+        kv_p = gl.allocate_shared_memory(gl.bfloat16, [2, 64, 64], SH_P)
+    else:
+        q_p = p_smem
+        kv_p = p_smem
+    vmask = gl.allocate_shared_memory(gl.int8, [2, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    if FMT == 0:
+        gl.warp_specialize([
+            (_w_consumer, (q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr,
+                           meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh,
+                           num_tok, stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2, xlen_ptr, xtopk,
+                           HAS_LEN, HAS_SINK, SBLOCK, FMT, True, HAS_XLEN)),
+            (_w_producer, (kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
+                           stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, xkv_ptr, xidx_ptr,
+                           xlen_ptr, stride_xkb, xpage, xnum_tok, stride_xib, stride_xis, xtopk, PAGE_SHIFT, HAS_LEN,
+                           SBLOCK, PRODUCER_FENCE, True, HAS_XLEN, XPAGE_SHIFT, XFMT)),
+        ], [4], [PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_w_consumer, (q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr,
+                           meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh,
+                           num_tok, stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2, xlen_ptr, xtopk,
+                           HAS_LEN, HAS_SINK, SBLOCK, FMT, True, HAS_XLEN)),
+            (_w_producer41, (kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
+                             stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, xkv_ptr, xidx_ptr,
+                             xlen_ptr, stride_xkb, xpage, xnum_tok, stride_xib, stride_xis, xtopk, PAGE_SHIFT, HAS_LEN,
+                             SBLOCK, PRODUCER_FENCE, True, HAS_XLEN, XPAGE_SHIFT, XFMT)),
         ], [4], [PRODUCER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------- host code
 
 def supported_ws(q: torch.Tensor, k_cache: torch.Tensor, fmt: str, extra_k_cache=None, config=None) -> bool:
-    """Whether the WS kernel takes this call: everything :func:`_gluon_sparse_decode.supported` requires, plus main
-    format V3.2 or V4.1 (:data:`WS_FMTS`) and no extra cache (extra caches -- V3.2 + V3.2, V4.1 + V4.1, V4.1 + FP4:
-    False, not implemented). Whether sparse_decode.py sends a format here is :data:`DISPATCH_FMTS`."""
-    if fmt not in WS_FMTS or extra_k_cache is not None:
+    """Whether the WS kernel can take this call: everything :func:`_gluon_sparse_decode.supported` requires, plus
+    main format V3.2 or V4.1 (:data:`WS_FMTS`) and no extra cache or one of :data:`WS_EXTRA_PAIRS` (V3.2 + V3.2,
+    V4.1 + V4.1, V4.1 + FP4; the extra format follows from the record size). Whether sparse_decode.py sends a call
+    here is :data:`DISPATCH_FMTS` and, with an extra cache, :data:`DISPATCH_EXTRA`."""
+    if fmt not in WS_FMTS:
         return False
-    return supported(q, k_cache, fmt, None, config)
+    if extra_k_cache is not None and _xfmt(extra_k_cache) not in WS_EXTRA_PAIRS[fmt]:
+        return False
+    return supported(q, k_cache, fmt, extra_k_cache, config)
 
 
 def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None,
@@ -502,8 +748,11 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
     from .combine import combine_splits_
     from .metadata import SCHED_BLOCK
 
-    if fmt not in WS_FMTS or extra_k_cache is not None:
-        raise ValueError("launch_sparse_decode_gluon_ws: V3.2 or V4.1 main cache without extra cache only")
+    has_x = extra_k_cache is not None
+    xf = (xfmt or _xfmt(extra_k_cache)) if has_x else None
+    if fmt not in WS_FMTS or (has_x and xf not in WS_EXTRA_PAIRS[fmt]):
+        raise ValueError(f"launch_sparse_decode_gluon_ws: main cache {fmt!r}, extra cache {xf!r}: V3.2 or V4.1 main "
+                         f"cache, no extra cache or {WS_EXTRA_PAIRS} only")
     b, s_q, h_q, _ = q.shape
     parts = sched.shape[0]
     acc_rows = b + parts
@@ -516,41 +765,69 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
     kv = k_cache.view(torch.uint8)
     topk = indices.shape[2]
     dummy = l_acc
-    ptrs = (q, kv, indices, topk_length if topk_length is not None else dummy,
-            attn_sink if attn_sink is not None else dummy, sched, num_splits, out, lse_buf, o_acc, l_acc)
-    ints = (q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1],
-            indices.stride(0), indices.stride(1), b, s_q, h_q, topk, acc_rows)
+    if has_x:      # the single-partition kernel's argument list (extra cache, indices, lengths after the main ones)
+        xkv = extra_k_cache.view(torch.uint8)
+        xtopk = extra_indices.shape[2]
+        ptrs = (q, kv, indices, topk_length if topk_length is not None else dummy, xkv, extra_indices,
+                extra_topk_length if extra_topk_length is not None else dummy,
+                attn_sink if attn_sink is not None else dummy, sched, num_splits, out, lse_buf, o_acc, l_acc)
+        ints = (q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1],
+                indices.stride(0), indices.stride(1), xkv.stride(0), xkv.shape[1], xkv.shape[0] * xkv.shape[1],
+                extra_indices.stride(0), extra_indices.stride(1), b, s_q, h_q, topk, xtopk, acc_rows)
+    else:
+        ptrs = (q, kv, indices, topk_length if topk_length is not None else dummy,
+                attn_sink if attn_sink is not None else dummy, sched, num_splits, out, lse_buf, o_acc, l_acc)
+        ints = (q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1],
+                indices.stride(0), indices.stride(1), b, s_q, h_q, topk, acc_rows)
     if _spec is None:
         spec = spec_key(*ptrs, *ints)
     else:   # sched/num_splits/acc_rows are the only launch facts the public op's signature does not fix
         spec = (_spec, acc_rows < 2 ** 31, sched.dtype, sched.data_ptr() & 15 == 0, num_splits.dtype,
                 num_splits.data_ptr() & 15 == 0)
-    constexprs = (_page_shift(kv.shape[1]), topk_length is not None, attn_sink is not None, SCHED_BLOCK,
-                  producer_regs or _producer_regs(fmt),
-                  WS_PRODUCER_FENCE if producer_fence is None else bool(producer_fence), GLUON_FMTS[fmt])
+    fence = WS_PRODUCER_FENCE if producer_fence is None else bool(producer_fence)
     opts = (NUM_WARPS, maxnreg or WS_MAXNREG)
-    launcher = cached_launcher(_LAUNCHERS, _sparse_decode_gluon_ws_kernel, (constexprs, opts, spec),
-                               lambda: dict(zip(_CONSTEXPRS, constexprs), num_warps=opts[0], maxnreg=opts[1]),
+    if has_x:
+        kernel, names = _sparse_decode_gluon_ws_x_kernel, _CONSTEXPRS_X
+        constexprs = (_page_shift(kv.shape[1]), _page_shift(xkv.shape[1]), topk_length is not None,
+                      extra_topk_length is not None, attn_sink is not None, SCHED_BLOCK,
+                      producer_regs or _producer_regs(fmt, xf), fence, GLUON_FMTS[fmt], _XFMT_CODES[xf])
+    else:
+        kernel, names = _sparse_decode_gluon_ws_kernel, _CONSTEXPRS
+        constexprs = (_page_shift(kv.shape[1]), topk_length is not None, attn_sink is not None, SCHED_BLOCK,
+                      producer_regs or _producer_regs(fmt), fence, GLUON_FMTS[fmt])
+    launcher = cached_launcher(_LAUNCHERS, kernel, (constexprs, opts, spec),
+                               lambda: dict(zip(names, constexprs), num_warps=opts[0], maxnreg=opts[1]),
                                _LAUNCHER_LIMIT)
     launcher((parts * s_q * (h_q // BLOCK_H), ), *ptrs, *ints, scale * _LOG2E)
     combine_splits_(out, lse_buf.transpose(1, 2), o_acc, l_acc, num_splits, attn_sink=attn_sink,
-                    lengths=topk_length, topk=topk, extra_lengths=None, extra_topk=None, rne=False, _spec=_spec)
+                    lengths=topk_length, topk=topk, extra_lengths=extra_topk_length if has_x else None,
+                    extra_topk=xtopk if has_x else None, rne=False, _spec=_spec)
 
 
-def _producer_regs(fmt: str) -> int:
+def _producer_regs(fmt: str, xfmt=None) -> int:
+    """The producer's setmaxnreg for a (main, extra) format pair (:data:`WS_PRODUCER_REGS_X` with an extra cache)."""
+    if xfmt is not None:
+        return WS_PRODUCER_REGS_X[(fmt, xfmt)]
     return WS_PRODUCER_REGS_V41 if fmt == "v41" else WS_PRODUCER_REGS
 
 
 _CONSTEXPRS = ("PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS", "PRODUCER_FENCE", "FMT")
+_CONSTEXPRS_X = ("PAGE_SHIFT", "XPAGE_SHIFT", "HAS_LEN", "HAS_XLEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS",
+                 "PRODUCER_FENCE", "FMT", "XFMT")
 _LAUNCHERS: dict = {}   # (kernel, (constexprs, options, specialisation)) -> KernelLauncher
 _LAUNCHER_LIMIT = 1024
 
 
 def compile_sm90_ws(page_shift: int = 6, has_len: bool = True, has_sink: bool = True, producer_regs=None,
-                    maxnreg=None, producer_fence=None, fmt: str = "v32"):
+                    maxnreg=None, producer_fence=None, fmt: str = "v32", xfmt: str | None = None,
+                    xpage_shift: int = 6, has_xlen: bool = True):
     """Cross-compile the WS kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch;
-    ``fmt``: main-cache format ("v32" / "v41").
+    ``fmt``: main-cache format ("v32" / "v41"); ``xfmt``: extra-cache format (None: no extra cache, the
+    no-extra kernel; "v32" / "v41" / "fp4": the extra-cache kernel, with ``xpage_shift`` / ``has_xlen``).
     Returns the CompiledKernel (``.asm['ptx']``, ``.metadata.shared``)."""
+    if xfmt is not None:
+        return _compile_sm90_ws_x(page_shift, has_len, has_sink, producer_regs, maxnreg, producer_fence, fmt, xfmt,
+                                  xpage_shift, has_xlen)
     fn = _sparse_decode_gluon_ws_kernel
     sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", sink_ptr="*fp32", meta_ptr="*i32",
                nsplits_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32", oacc_ptr="*fp32", lacc_ptr="*fp32",
@@ -563,4 +840,26 @@ def compile_sm90_ws(page_shift: int = 6, has_len: bool = True, has_sink: bool = 
                   FMT=GLUON_FMTS[fmt])
     hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
                                                                   "stride_ib", "stride_is"]
+    return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)
+
+
+def _compile_sm90_ws_x(page_shift, has_len, has_sink, producer_regs, maxnreg, producer_fence, fmt, xfmt,
+                       xpage_shift, has_xlen):
+    if xfmt not in WS_EXTRA_PAIRS.get(fmt, ()):
+        raise ValueError(f"no WS kernel for main cache {fmt!r} + extra cache {xfmt!r}")
+    fn = _sparse_decode_gluon_ws_x_kernel
+    sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", xkv_ptr="*u8", xidx_ptr="*i32",
+               xlen_ptr="*i32", sink_ptr="*fp32", meta_ptr="*i32", nsplits_ptr="*i32", out_ptr="*bf16",
+               lse_ptr="*fp32", oacc_ptr="*fp32", lacc_ptr="*fp32",
+               stride_qb="i32", stride_qs="i32", stride_qh="i32", stride_kb="i32", page="i32", num_tok="i32",
+               stride_ib="i32", stride_is="i32", stride_xkb="i32", xpage="i32", xnum_tok="i32", stride_xib="i32",
+               stride_xis="i32", b="i32", s_q="i32", h_q="i32", topk="i32", xtopk="i32", acc_rows="i32",
+               sm_scale_log2="fp32")
+    consts = dict(PAGE_SHIFT=page_shift, XPAGE_SHIFT=xpage_shift, HAS_LEN=has_len, HAS_XLEN=has_xlen,
+                  HAS_SINK=has_sink, SBLOCK=64, PRODUCER_REGS=producer_regs or _producer_regs(fmt, xfmt),
+                  PRODUCER_FENCE=WS_PRODUCER_FENCE if producer_fence is None else bool(producer_fence),
+                  FMT=GLUON_FMTS[fmt], XFMT=_XFMT_CODES[xfmt])
+    hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
+                                                                  "stride_ib", "stride_is", "stride_xkb",
+                                                                  "stride_xib", "stride_xis"]
     return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)

@@ -409,13 +409,14 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
     # sm90 Gluon kernels, unless a Triton config is forced (DEEPKERNELS_DISABLE_GLUON=sparse_decode keeps Triton):
     # 1. the warp-specialised kernel (producer warps gather + dequantise) for its formats without an extra cache
     #    (_gsdw.DISPATCH_FMTS: V3.2 and V4.1; bit-identical to the single-partition kernel, 1.20-1.30x it for V3.2 and
-    #    1.17-1.44x for V4.1 on the H200, results/mla_sparse_decode_ws-h200-2026-11-29*.json);
+    #    1.17-1.44x for V4.1 on the H200, results/mla_sparse_decode_ws-h200-2026-11-29*.json); with an extra cache
+    #    only once _gsdw.DISPATCH_EXTRA is set (implemented, not yet measured on a GPU);
     # 2. the single-partition kernel for the formats where it measured faster than Triton (_gsd.DISPATCH_FMTS: V3.2,
     #    i.e. V3.2 with an extra cache); 3. everything else: the Triton kernel
     launch = _launch_sparse_decode
     if config is None:
-        if _gsdw.DISPATCH and plan.fmt in _gsdw.DISPATCH_FMTS and _gsdw.supported_ws(q, k_cache, plan.fmt,
-                                                                                   extra_k_cache):
+        if (_gsdw.DISPATCH and plan.fmt in _gsdw.DISPATCH_FMTS and (not has_x or _gsdw.DISPATCH_EXTRA)
+                and _gsdw.supported_ws(q, k_cache, plan.fmt, extra_k_cache)):
             launch = _gsdw.launch_sparse_decode_gluon_ws
         elif plan.fmt in _gsd.DISPATCH_FMTS and _gsd.supported(q, k_cache, plan.fmt, extra_k_cache):
             launch = _gsd.launch_sparse_decode_gluon
