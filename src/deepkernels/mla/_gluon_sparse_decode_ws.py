@@ -119,10 +119,12 @@ kernel's argument list, so the no-extra kernel's parameters and PTX are untouche
   acc) in its second token loop (PSUM for V4.1 main caches, over main and extra blocks alike), so out / lse are
   expected bit-identical to it.
 * Shared memory as without (the extra blocks use the same ring): 230,052 B (V3.2 + V3.2), 205,476 B (V4.1 + *).
-* Registers (:data:`WS_PRODUCER_REGS_X`: the main formats' splits): consumers 0 spill instructions in their token loop
-  and no global load in it; producer block loops main / extra: V3.2 + V3.2 (136) 5 / 7, V4.1 + V4.1 (120) 14 / 14,
-  V4.1 + FP4 (120) 14 / 6 (112: 19 / 7; 128 gives the consumers 184: 5 spills in their loop); spill stores in all
-  116 / 192 / 176 B. The FP4 extra loop is ~2,040 SASS instructions per block (V4.1's ~1,380): ``_g_nib`` costs ~8
+* Registers (:data:`WS_PRODUCER_REGS_X`: the main formats' splits; ptxas of the Triton 3.6 wheel, 9 configurations
+  page shift x lengths x sink): consumers 0 spill instructions in their token loop (504 / 447 instructions for
+  V3.2 / V4.1 main) and no global load in it; spill instructions in the producer's two block loops: V3.2 + V3.2
+  (136) 5-7 each (~1,320 instructions), V4.1 + V4.1 (120) 12-14 each (~1,380), V4.1 + FP4 (120) 12-14 in the V4.1
+  loop and 6 in the FP4 loop (~2,040; producer 112: 19 / 7; 128 gives the consumers 184: 5 spills in their loop);
+  spill stores in all 116-128 / 184-192 / 168-176 B. The FP4 extra loop is ~2,040 SASS instructions per block (V4.1's ~1,380): ``_g_nib`` costs ~8
   instructions per element (shifts/masks, 2 FMUL, half a pack) against ~5 for e4m3 (paired F2FP conversions) -- still
   far under the consumer's per-block time (V4.1 measured ~4.3 us per block at 219-257 TFLOPS, ~8,000 clk; the
   producer warp issues ~2,000).
