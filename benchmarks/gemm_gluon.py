@@ -4,6 +4,9 @@
 Whole call: triton.testing.do_bench median (L2 flushed). Graph: do_bench_cudagraph (host overhead removed).
 Every measurement is wrapped: a failing config is recorded with its error and the run goes on.
 Usage: PYTHONPATH=src python benchmarks/gemm_gluon.py --out $OUT/gemm_gluon.json
+       ... --ab [--epi] [--all-shapes]: interleaved A/B (``--epi``: the issue #3 TMA-store-epilogue configs vs the
+       register-epilogue WS configs vs the public op with DEEPKERNELS_DISABLE_GLUON=gemm vs cuBLAS, at all 6 shapes
+       with ``--all-shapes``)
 """
 from __future__ import annotations
 
@@ -43,31 +46,59 @@ def _time(fn):
     return out
 
 
-def run_ab(out_path, rounds=3):
-    """Drift-robust A/B at the K >= 7168 shapes: the Triton table config, the Gluon configs the dispatch may pick and
-    cuBLAS, each checked once (poisoned d, calc_diff < 1e-3 vs the dequantized product), then timed once per round in
-    every one of ``rounds`` rounds (whole call, do_bench median); per-variant median over rounds + one graph time."""
+def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None):
+    """Drift-robust A/B at the K >= 7168 shapes (``all_shapes``: all 6): the Triton table config, the Gluon configs
+    the dispatch may pick and cuBLAS, each checked once (poisoned d, calc_diff < 1e-3 vs the dequantized product),
+    then timed once per round in every one of ``rounds`` rounds (whole call, do_bench median); per-variant median
+    over rounds + one graph time (do_bench_cudagraph).
+
+    ``epi`` (issue #3): the Triton side is the public op with ``DEEPKERNELS_DISABLE_GLUON=gemm`` (set here for the
+    whole process; the direct Gluon launches ignore it), the Gluon side the register-epilogue WS configs s4/s6 and
+    the TMA-store-epilogue configs ``G.GLUON_EPI``; no prefetch configs; the shapes with the fewest K blocks first
+    (where the epilogue is the largest share of a tile). ``budget_s``: shapes not started by then are skipped."""
+    t0 = time.time()
+    import triton
     import triton.testing
     from deepkernels.gemm import _gluon_fp8 as G
     from deepkernels.gemm import dense
     from deepkernels.gemm._configs import select_fp8_config
     from deepkernels.testing import calc_diff
-    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "git_sha": os.environ.get("GIT_SHA", ""),
-           "mode": "ab", "rounds": rounds, "rows": []}
-    for m, n, k in [s for s in SHAPES if s[2] >= 7168]:
+    import deepkernels as dk
+    if epi:
+        os.environ["DEEPKERNELS_DISABLE_GLUON"] = "gemm"
+        dense._FP8_PLANS.clear()
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "triton": triton.__version__, "git_sha": os.environ.get("GIT_SHA", ""),
+           "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "mode": "ab_epi" if epi else "ab", "rounds": rounds,
+           "env_DEEPKERNELS_DISABLE_GLUON": os.environ.get("DEEPKERNELS_DISABLE_GLUON", ""),
+           "timing": "us = median over rounds of do_bench median (whole call, L2 flushed); graph_us = "
+                     "do_bench_cudagraph (replay)", "rows": []}
+    gluon_cfgs = ([G.GLUON_WS_128_S4, G.GLUON_WS_128_S6] + list(G.GLUON_EPI) if epi else
+                  [G.GLUON_WS_128_S4, G.GLUON_WS_128_S6, G.GLUON_WS_128_S4_PF, G.GLUON_WS_128_S6_PF])
+    shapes = [s for s in SHAPES if all_shapes or s[2] >= 7168]
+    if epi:
+        shapes.sort(key=lambda s: s[2])
+    for m, n, k in shapes:
+        if budget_s is not None and time.time() - t0 > budget_s:
+            res["rows"].append({"shape": [m, n, k], "skipped": "time budget", "impls": {}})
+            continue
         A, B = _inputs(m, n, k)
         sa = A[1].repeat_interleave(128, 1)[:, :k]
         sb = B[1].repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
         ref = (A[0].float() * sa) @ (B[0].float() * sb).T
         del sa, sb
         d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        tcfg = select_fp8_config(m, n, k, dense.get_num_sms())
-        impls = {"triton_table": lambda: dense.fp8_gemm_nt(A, B, d, _config=tcfg)}
+        if epi:
+            impls = {"triton_public_disable_gluon": lambda: dk.fp8_gemm_nt(A, B, d)}
+        else:
+            tcfg = select_fp8_config(m, n, k, dense.get_num_sms())
+            impls = {"triton_table": lambda: dense.fp8_gemm_nt(A, B, d, _config=tcfg)}
         if n % 128 == 0:
             sfa_c, sfb_c = A[1].T.contiguous().T, B[1].contiguous().T
             impls["cublas_blockwise"] = lambda: d.copy_(torch._scaled_mm(A[0], B[0].T, scale_a=sfa_c, scale_b=sfb_c,
                                                                          out_dtype=torch.bfloat16))
-        for cfg in (G.GLUON_WS_128_S4, G.GLUON_WS_128_S6, G.GLUON_WS_128_S4_PF, G.GLUON_WS_128_S6_PF):
+        for cfg in gluon_cfgs:
             impls[cfg.name()] = (lambda c=cfg: G._launch_fp8_gluon(A[0], A[1], B[0], B[1], d, c))
         row = {"shape": [m, n, k], "flops": 2 * m * n * k, "impls": {}}
         ok = []
@@ -104,6 +135,32 @@ def run_ab(out_path, rounds=3):
             json.dump(res, f, indent=1)
         del A, B, d, ref
         torch.cuda.empty_cache()
+    if epi:  # ratio table: each variant vs cuBLAS and the best register-epilogue Gluon config, per timing mode
+        print("\nspeed-ups (> 1 = faster): us whole call | graph")
+        for row in res["rows"]:
+            if "skipped" in row:
+                print("x".join(map(str, row["shape"])) + "  skipped (time budget)")
+                continue
+            ims = row["impls"]
+            def t(nm, key):
+                return ims.get(nm, {}).get(key)
+            for key in ("us", "graph_us"):
+                base = [t(c.name(), key) for c in (G.GLUON_WS_128_S4, G.GLUON_WS_128_S6) if t(c.name(), key)]
+                row[f"best_register_epi_{key}"] = min(base) if base else None
+            cells = []
+            for c in G.GLUON_EPI:
+                for key in ("us", "graph_us"):
+                    x, b, cb = t(c.name(), key), row[f"best_register_epi_{key}"], t("cublas_blockwise", key)
+                    if x:
+                        row["impls"][c.name()][f"{key}_vs_best_register_epi"] = b / x if b else None
+                        row["impls"][c.name()][f"{key}_vs_cublas"] = cb / x if cb else None
+                cells.append(f"{c.name()}: vs reg-epi {row['impls'][c.name()].get('us_vs_best_register_epi') or 0:.3f}|"
+                             f"{row['impls'][c.name()].get('graph_us_vs_best_register_epi') or 0:.3f} vs cuBLAS "
+                             f"{row['impls'][c.name()].get('us_vs_cublas') or 0:.3f}|"
+                             f"{row['impls'][c.name()].get('graph_us_vs_cublas') or 0:.3f}")
+            print("x".join(map(str, row["shape"])) + "  " + "  ".join(cells), flush=True)
+        with open(out_path, "w") as f:
+            json.dump(res, f, indent=1)
     return 0
 
 
@@ -112,9 +169,13 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gemm_gluon.json"))
     ap.add_argument("--budget-s", type=float, default=60.0)
     ap.add_argument("--ab", action="store_true", help="interleaved A/B at the K >= 7168 shapes")
+    ap.add_argument("--epi", action="store_true", help="with --ab: the TMA-store epilogue configs (issue #3)")
+    ap.add_argument("--all-shapes", action="store_true", help="with --ab: all 6 M = 4096 shapes")
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     if args.ab:
-        return run_ab(args.out)
+        return run_ab(args.out, rounds=args.rounds, epi=args.epi, all_shapes=args.all_shapes,
+                      budget_s=args.budget_s if args.epi else None)
     t0 = time.time()
     from deepkernels.gemm import _gluon_fp8 as G
     from deepkernels.gemm import dense

@@ -81,14 +81,19 @@ def _ref64(A, B, k):
     return (A[0].double() * sa) @ (B[0].double() * sb).T
 
 
-def _run_and_check(m, n, k, cfg, sfa_mn_major=False):
+def _run_and_check(m, n, k, cfg, sfa_mn_major=False, num_sms=None, d_width=None):
+    """Poisoned d, launch, calc_diff < 1e-3 vs the float64 product. ``d_width``: d is the first n columns of a
+    poisoned [m, d_width] buffer (a strided D); the columns >= n must stay untouched."""
     from deepkernels.testing import calc_diff
     A, B = _inputs(m, n, k)
     sfa = A[1].T.contiguous().T if sfa_mn_major else A[1]
-    d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)  # poisoned
-    G._launch_fp8_gluon(A[0], sfa, B[0], B[1], d, cfg)
+    full = torch.full((m, d_width or n), float("nan"), device="cuda", dtype=torch.bfloat16)  # poisoned
+    d = full[:, :n]
+    G._launch_fp8_gluon(A[0], sfa, B[0], B[1], d, cfg, num_sms=num_sms)
     torch.cuda.synchronize()
     assert not torch.isnan(d).any(), "unwritten output elements"
+    if d_width:
+        assert torch.isnan(full[:, n:]).all(), "wrote outside D"
     diff = float(calc_diff(d.double(), _ref64(A, B, k)))
     assert diff < 1e-3, f"{cfg.name()} {m}x{n}x{k}: calc_diff {diff}"
 
@@ -188,3 +193,144 @@ def test_gluon_m_masked_compiles_for_sm90(cfg):
     assert int(c.metadata.shared) <= SM90_SMEM_LIMIT
     rep = _ptxas(ptx)
     assert rep.spill_bytes == 0, rep.log
+
+
+# ------------------------------------------------- issue #3: TMA-store epilogue variant (EPI_TMA), not dispatched
+
+@pytest.mark.compile
+@needs_gluon
+@pytest.mark.parametrize("cfg", G.GLUON_EPI, ids=lambda c: c.name())
+def test_gluon_epi_tma_compiles_for_sm90(cfg):
+    """The TMA-store epilogue: a bulk tensor store global <- shared (plus the load direction), bulk-group waits,
+    the async-proxy fence, shared memory = ring + 2 x 16 KB epilogue buffers <= 227 KB, no spills, no C7514."""
+    c = G._compile_sm90(cfg)
+    ptx, ttgir = c.asm["ptx"], c.asm["ttgir"]
+    assert "wgmma.mma_async" in ptx
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx        # TMA store (global destination)
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx    # TMA loads
+    assert "cp.async.bulk.wait_group.read" in ptx and "fence.proxy.async" in ptx
+    assert "st.global" not in ptx                                     # no register epilogue left
+    assert "ttg.warp_specialize" in ttgir and "setmaxnreg" in ptx
+    shared = int(c.metadata.shared)
+    assert cfg.smem_bytes() <= shared <= SM90_SMEM_LIMIT
+    assert shared - G.GluonConfig(128, 128, cfg.num_stages, overlap=False).smem_bytes() >= 2 * 64 * 128 * 2
+    assert ".local" not in ptx
+    rep = _ptxas(ptx)
+    assert rep.spill_bytes == 0, rep.log
+    assert "C7514" not in rep.log, "ptxas serialised the wgmmas"
+
+
+def test_gluon_epi_host_rules():
+    """Names, smem accounting, launch meta (existing configs' meta has no EPI_TMA key: their launches are unchanged),
+    the TMA-ability test of D, and refusal of EPI_TMA on overlap/prefetch/pipe configs (before any CUDA check)."""
+    if not G.available():
+        pytest.skip("gluon not importable")
+    assert G.GLUON_WS_128_S6_EPI.name() == "gluon_ws_128x128x128_s6_epi"
+    assert G.GLUON_WS_128_S6_EPI.smem_bytes() == G.GLUON_WS_128_S6.smem_bytes() + 32768 <= SM90_SMEM_LIMIT
+    for cfg in G.GLUON_CANDIDATES + G.GLUON_RETIRED:
+        assert "EPI_TMA" not in G.ws_meta(cfg)
+    assert G.ws_meta(G.GLUON_WS_128_S4_EPI)["EPI_TMA"] is True
+    assert G.d_tma_ok(torch.empty(8, 1000, dtype=torch.bfloat16))
+    assert not G.d_tma_ok(torch.empty(8, 1001, dtype=torch.bfloat16))
+    assert not G.d_tma_ok(torch.empty(8, 1001, dtype=torch.bfloat16)[:, 1:])
+    assert G.d_tma_ok(torch.empty(8, 1024, dtype=torch.bfloat16)[:, :1000])
+    a = torch.zeros(128, 128).to(torch.float8_e4m3fn)
+    d = torch.empty(128, 128, dtype=torch.bfloat16)
+    for bad in (G.GluonConfig(128, 128, 4, overlap=True, epi_tma=True),
+                G.GluonConfig(128, 128, 4, overlap=False, prefetch=True, epi_tma=True),
+                G.GluonConfig(128, 128, 4, warp_spec=False, epi_tma=True)):
+        with pytest.raises(ValueError, match="TMA-store epilogue"):
+            G._launch_fp8_gluon(a, torch.ones(128, 1), a, torch.ones(1, 1), d, bad)
+    # the grouped kernels have no TMA-store epilogue: refused, not silently ignored
+    with pytest.raises(ValueError, match="register epilogue"):
+        G._launch_fp8_gluon_m_contiguous(a, torch.ones(128, 1), a[None], torch.ones(1, 1, 1), d,
+                                         torch.zeros(128, dtype=torch.int32), G.GLUON_WS_128_S6_EPI)
+    with pytest.raises(ValueError, match="register epilogue"):
+        G._launch_fp8_gluon_m_masked(a[None], torch.ones(1, 128, 1), a[None], torch.ones(1, 1, 1), d[None],
+                                     torch.zeros(1, dtype=torch.int32), G.GLUON_WS_128_S4_EPI)
+
+
+@pytest.mark.parametrize("n, width, tma", [(1000, 1000, True), (1000, 1024, True), (1001, 1001, False),
+                                           (203, 203, False)])
+def test_gluon_epi_launch_args(monkeypatch, n, width, tma):
+    """The launch _go_dense makes (kernel replaced by a recorder, CPU tensors): a TMA-able D goes in as a bf16
+    TensorDescriptor (shape [M, N], row stride of D, block [64, 128], the kernel's signature string) with
+    EPI_TMA=True; any other D as the tensor itself, without EPI_TMA (= the register-epilogue kernel of the same
+    config) and without the caller's launcher (built for the TMA variant)."""
+    if not G.available():
+        pytest.skip("gluon not importable")
+    calls = []
+
+    class _Rec:
+        def __getitem__(self, grid):
+            return lambda *args, **meta: calls.append(("kernel", grid, args, meta))
+
+    monkeypatch.setattr(G, "_fp8_gluon_ws_kernel", _Rec())
+    m, k = 300, 256
+    a = torch.zeros(m, k).to(torch.float8_e4m3fn)
+    b = torch.zeros(n, k).to(torch.float8_e4m3fn)
+    sfa, sfb = torch.ones(m, 2), torch.ones((n + 127) // 128, 2)
+    d = torch.empty(m, width, dtype=torch.bfloat16)[:, :n]
+    launcher = lambda grid, *args: calls.append(("launcher", grid, args, {}))  # noqa: E731
+    for cfg in G.GLUON_EPI:
+        calls.clear()
+        G._go_dense(a, sfa, b, sfb, d, cfg, 3, launcher)
+        ((kind, grid, args, meta),) = calls
+        assert grid == (3, )
+        if tma:
+            assert kind == "launcher"
+            desc = args[2]
+            assert isinstance(desc, G.TensorDescriptor) and desc.base is d
+            assert list(desc.shape) == [m, n] and list(desc.strides) == [width, 1]
+            assert list(desc.block_shape) == [64, 128]
+            from triton._C.libtriton import native_specialize_impl
+            from triton.backends.compiler import BaseBackend
+            ty = native_specialize_impl(BaseBackend, desc, False, True, True)[0]
+            assert ty == f"tensordesc<bf16[64, 128],{G._d_smem_layout()!r}>"
+        else:
+            assert kind == "kernel" and args[2] is d
+            assert "EPI_TMA" not in meta and meta["NUM_STAGES"] == cfg.num_stages
+        calls.clear()
+        G._go_dense(a, sfa, b, sfb, d, cfg, 3, None)
+        ((kind, grid, args, meta),) = calls
+        assert kind == "kernel" and (meta.get("EPI_TMA", False) is tma)
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("cfg", G.GLUON_EPI, ids=lambda c: c.name())
+@pytest.mark.parametrize("shape", SHAPES_4096, ids=lambda s: "x".join(map(str, s)))
+def test_gluon_epi_m4096(shape, cfg):
+    _run_and_check(*shape, cfg)
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("cfg", G.GLUON_EPI, ids=lambda c: c.name())
+@pytest.mark.parametrize("shape", [(300, 1000, 576), (1, 128, 128), (129, 200, 256), (64, 64, 384),
+                                   (300, 1001, 576), (129, 203, 256)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gluon_epi_partial_tiles(shape, cfg):
+    """Partial tiles clipped by the TMA unit (M 300 / 129 / 1: whole 64-row halves outside D; N 1000 / 200 / 64);
+    N 1001 / 203 (N % 8 != 0, no descriptor possible): the register-epilogue fallback of the same config."""
+    _run_and_check(*shape, cfg, sfa_mn_major=True)
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("cfg", G.GLUON_EPI, ids=lambda c: c.name())
+def test_gluon_epi_strided_d(cfg):
+    """D = the first 1000 columns of a [300, 1024] buffer (TMA-able, row stride 1024): the descriptor's shape clips
+    the last N tile at column 1000, so the 24 columns after it stay poisoned."""
+    _run_and_check(300, 1000, 576, cfg, d_width=1024)
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("cfg", G.GLUON_EPI, ids=lambda c: c.name())
+@pytest.mark.parametrize("shape", [(1024, 1024, 1280), (1000, 1000, 256)], ids=lambda s: "x".join(map(str, s)))
+def test_gluon_epi_small_grid_persistent(shape, cfg):
+    """3 programs for 64 / 64 tiles: every warpgroup's epilogue buffer is rewritten ~21 times, the store_wait(0)
+    before each rewrite is what keeps the previous tile's TMA store from reading a half-written buffer (K 256: only
+    two K blocks between consecutive stores, the tightest case)."""
+    _run_and_check(*shape, cfg, num_sms=3)

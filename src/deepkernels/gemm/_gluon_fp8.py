@@ -15,7 +15,14 @@ Two kernels (both sm90-only, no interpreter support in Triton 3.6):
   so the promotion of kb runs while the tensor cores work on kb+1 (3 accumulator-sized register sets per
   thread); without it each partition waits for its own wgmma (DeepGEMM's choice: the other math warpgroup keeps
   the tensor cores busy). Persistent tile loop (grid ``min(tiles, num_sms)``), L2-grouped tile order, masked
-  BF16 epilogue from registers.
+  BF16 epilogue from registers. ``EPI_TMA`` (issue #3, configs :data:`GLUON_EPI`, not dispatched, not yet run on a
+  GPU): each math warpgroup instead writes its 64 x BLOCK_N BF16 tile to its own 16 KB shared buffer (stmatrix),
+  fences, issues a TMA store (two 64 x 64 boxes; partial tiles clipped by the TMA unit) and starts the next tile's
+  mainloop at once; it waits for that store (``cp.async.bulk.wait_group.read 0``) only before rewriting the
+  buffer one tile later. The kernel's ``d_ptr`` is then a bf16 TensorDescriptor (block [64, BLOCK_N]); a D that
+  TMA cannot address (row stride % 8 != 0 or unaligned base) runs the same config with the register epilogue.
+  With EPI_TMA off the instruction stream is unchanged (cross-compiled PTX of every pre-existing config compared
+  before/after the change, .loc/debug/labels stripped: identical).
 * :func:`_fp8_gluon_pipe_kernel` — the simple version: one partition (``BLOCK_M // 16`` warps), one program per
   tile, the TMA ring prefetched ``NUM_STAGES`` blocks ahead inside the K loop, async wgmma with ``wait(1)``.
 
@@ -38,12 +45,12 @@ plus ~416 B of spills).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, mbarrier, tma, warpgroup_mma,
-                      warpgroup_mma_wait, TensorDescriptor)
+from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, fence_async_shared, gl, mbarrier, tma,
+                      warpgroup_mma, warpgroup_mma_wait, TensorDescriptor)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 
 BLOCK_K = 128  # one scale block of K per stage
@@ -62,11 +69,12 @@ class GluonConfig:
     math_regs: int = 232        # setmaxnreg for the math partitions (WS only)
     producer_regs: int = 40     # registers left to the default (TMA producer) partition (WS only)
     prefetch: bool = False      # load block kb+1's scales during block kb (non-overlap WS path)
+    epi_tma: bool = False       # epilogue through shared memory + TMA store, not waited for (WS only)
 
     def name(self) -> str:
         kind = "ws" if self.warp_spec else "pipe"
         return (f"gluon_{kind}_{self.block_m}x{self.block_n}x128_s{self.num_stages}"
-                f"{'_ov' if self.overlap else ''}{'_pf' if self.prefetch else ''}")
+                f"{'_ov' if self.overlap else ''}{'_pf' if self.prefetch else ''}{'_epi' if self.epi_tma else ''}")
 
     def num_warps(self) -> int:
         return 4 if self.warp_spec else self.block_m // 16
@@ -80,7 +88,8 @@ class GluonConfig:
         return (self.producer_regs + n_math * self.math_regs) // warpgroups // 8 * 8
 
     def smem_bytes(self) -> int:
-        return self.num_stages * (self.block_m + self.block_n) * BLOCK_K + 2 * 8 * self.num_stages
+        epi = self.block_m * self.block_n * 2 if self.epi_tma else 0  # one bf16 [64, BLOCK_N] buffer per warpgroup
+        return self.num_stages * (self.block_m + self.block_n) * BLOCK_K + 2 * 8 * self.num_stages + epi
 
 
 GLUON_WS_128_S4 = GluonConfig(128, 128, 4, overlap=False)
@@ -101,6 +110,14 @@ GLUON_RETIRED = [
     GluonConfig(128, 128, 4, warp_spec=False, overlap=True),
 ]
 GLUON_DEFAULT = GLUON_CANDIDATES[0]
+# issue #3, NOT dispatched, not yet run on a GPU: the epilogue goes registers -> per-warpgroup shared buffer (bf16
+# [64, 128], 16 KB) -> TMA store that nobody waits for until the same warpgroup's next epilogue, so the math
+# warpgroups start the next tile's wgmmas right after issuing the store. 6 stages: 192 KB ring + 32 KB = 224 KB.
+# Needs a TMA-able D (16-B aligned base, d.stride(0) % 8 == 0); otherwise the launcher runs the same config with
+# the register epilogue.
+GLUON_WS_128_S4_EPI = GluonConfig(128, 128, 4, overlap=False, epi_tma=True)
+GLUON_WS_128_S6_EPI = GluonConfig(128, 128, 6, overlap=False, epi_tma=True)
+GLUON_EPI = [GLUON_WS_128_S4_EPI, GLUON_WS_128_S6_EPI]
 
 
 # ----------------------------------------------------------------------------------------------- device code
@@ -180,8 +197,13 @@ def _g_retire(tok, NUM_OUT: gl.constexpr, acc, empty, it, sfa_rows, m_mask, sfa_
 def _g_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
             sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
             ROW0: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-            NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr, PREFETCH: gl.constexpr):
-    """One math warpgroup: rows [ROW0, ROW0 + 64) of every BLOCK_M tile."""
+            NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr, PREFETCH: gl.constexpr, EPI_TMA: gl.constexpr = False):
+    """One math warpgroup: rows [ROW0, ROW0 + 64) of every BLOCK_M tile.
+
+    ``EPI_TMA``: ``d_ptr`` is the tuple ``(d_desc, epi_buf)`` — D's TensorDescriptor (bf16, block [64, BLOCK_N]) and
+    this warpgroup's own shared [64, BLOCK_N] bf16 buffer; the tile goes registers -> buffer -> TMA store (rows and
+    columns outside D clipped by the TMA unit), and the store is waited for only before the buffer is overwritten
+    by the next tile's epilogue (``tma.store_wait(0)``; by then a whole mainloop has passed) and once at the end."""
     ROWS: gl.constexpr = 64
     L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                 instr_shape=[16, BLOCK_N, 32])
@@ -255,7 +277,17 @@ def _g_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stri
                 mbarrier.arrive(empty.index(slot))
                 acc += part * (sa * sb)[:, None]
                 it += 1
-        _g_store_tile(d_ptr, acc, off_m, off_n, M, N, stride_dm, ROWS, BLOCK_N, L)
+        if EPI_TMA:
+            tma.store_wait(0)        # this warpgroup's previous tile has left the buffer (issued a mainloop ago)
+            gl.thread_barrier()      # ... and every thread of the warpgroup knows it before writing the buffer
+            d_ptr[1].store(acc.to(gl.bfloat16))
+            fence_async_shared()     # generic-proxy writes visible to the TMA (async proxy)
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(d_ptr[0], [off_m, off_n], d_ptr[1])
+        else:
+            _g_store_tile(d_ptr, acc, off_m, off_n, M, N, stride_dm, ROWS, BLOCK_N, L)
+    if EPI_TMA:
+        tma.store_wait(0)            # the buffer must outlive the last store's shared-memory reads
 
 
 @_jit
@@ -263,13 +295,22 @@ def _fp8_gluon_ws_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, strid
                          sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
                          NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr, MATH_REGS: gl.constexpr,
-                         PREFETCH: gl.constexpr = False):
+                         PREFETCH: gl.constexpr = False, EPI_TMA: gl.constexpr = False):
     """Persistent warp-specialised FP8 1D2D GEMM: TMA producer (default partition) + BLOCK_M//64 math
-    warpgroups (worker partitions, 4 warps each)."""
+    warpgroups (worker partitions, 4 warps each). ``EPI_TMA``: ``d_ptr`` is a TensorDescriptor of D (bf16, block
+    [64, BLOCK_N]) instead of a pointer, and each math warpgroup stores through its own shared buffer + TMA."""
     gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128)
     gl.static_assert(BLOCK_N <= 128)
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
+    if EPI_TMA:
+        gl.static_assert(not OVERLAP and not PREFETCH)
+        epi = gl.allocate_shared_memory(d_ptr.dtype, [BLOCK_M // 64] + d_ptr.block_type.shape, d_ptr.layout)
+        d_0 = (d_ptr, epi.index(0))
+        d_1 = (d_ptr, epi.index(BLOCK_M // 64 - 1))
+    else:
+        d_0 = d_ptr
+        d_1 = d_ptr
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
@@ -279,20 +320,20 @@ def _fp8_gluon_ws_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, strid
         gl.warp_specialize([
             (_g_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, num_progs,
                            BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
-            (_g_math, (a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
+            (_g_math, (a_bufs, b_bufs, ready, empty, d_0, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
                        sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES,
-                       OVERLAP, PREFETCH)),
-            (_g_math, (a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
+                       OVERLAP, PREFETCH, EPI_TMA)),
+            (_g_math, (a_bufs, b_bufs, ready, empty, d_1, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
                        sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs, 64, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES,
-                       OVERLAP, PREFETCH)),
+                       OVERLAP, PREFETCH, EPI_TMA)),
         ], [4, 4], [MATH_REGS, MATH_REGS])
     else:
         gl.warp_specialize([
             (_g_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, num_progs,
                            BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
-            (_g_math, (a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
+            (_g_math, (a_bufs, b_bufs, ready, empty, d_0, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
                        sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES,
-                       OVERLAP, PREFETCH)),
+                       OVERLAP, PREFETCH, EPI_TMA)),
         ], [4], [MATH_REGS])
 
 
@@ -655,6 +696,27 @@ def _layout():
     return _LAYOUT[0]
 
 
+def _d_smem_layout():
+    """Shared layout of the bf16 [64, BLOCK_N] epilogue buffer / D descriptor block (EPI_TMA configs): 128-B swizzle
+    (a 256-B row is stored as two 128-B-wide TMA boxes, split by the compiler)."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+
+_D_LAYOUT: list = []
+
+
+def _d_layout():
+    if not _D_LAYOUT:
+        _D_LAYOUT.append(_d_smem_layout())
+    return _D_LAYOUT[0]
+
+
+def d_tma_ok(d: torch.Tensor) -> bool:
+    """True when D can be written through a TMA descriptor: bf16 with contiguous rows, 16-B aligned base and row
+    stride (``d.stride(0) % 8 == 0``: N % 8 == 0 for a contiguous D)."""
+    return d.stride(-1) == 1 and d.stride(0) % 8 == 0 and d.data_ptr() % 16 == 0
+
+
 _NUM_SMS: dict = {}
 
 
@@ -675,12 +737,16 @@ def _launch_fp8_gluon(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: 
     ``launcher``: for warp-specialised configs, a :class:`deepkernels._launch.KernelLauncher` of
     ``_fp8_gluon_ws_kernel`` with :func:`ws_meta` ``(config)``, owned by a caller whose calls share one
     specialisation (dense.py's per-signature plans); None launches through ``kernel[grid]``.
+    ``config.epi_tma`` (TMA-store epilogue) needs a TMA-able d (:func:`d_tma_ok`); for any other d the same config
+    runs with the register epilogue (``launcher`` is then ignored: it was built for the TMA variant).
     """
     if not available():
         raise RuntimeError(f"Gluon is not importable: {_IMPORT_ERROR!r}")
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("Gluon kernels have no interpreter support (TRITON_INTERPRET is set)")
     cfg = config or GLUON_DEFAULT
+    if cfg.epi_tma and (not cfg.warp_spec or cfg.overlap or cfg.prefetch):
+        raise ValueError(f"the TMA-store epilogue exists for the plain (non-overlap, non-prefetch) WS loop only: {cfg}")
     for name, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("d", d)):
         if not t.is_cuda:
             raise ValueError(f"{name} must be a CUDA tensor")
@@ -712,12 +778,19 @@ def _go_dense(a, sfa, b, sfb, d, cfg, num_sms, launcher):
     b_desc = TensorDescriptor(b, [n, k], [b.stride(0), 1], [cfg.block_n, BLOCK_K], lay)
     tiles = ((m + cfg.block_m - 1) // cfg.block_m) * ((n + cfg.block_n - 1) // cfg.block_n)
     ints = (m, n, k, d.stride(0), sfa.stride(0), sfa.stride(1), sfb.stride(0), sfb.stride(1))
+    d_arg = d
+    if cfg.epi_tma:
+        if d_tma_ok(d):
+            d_arg = TensorDescriptor(d, [m, n], [d.stride(0), 1], [64, cfg.block_n], _d_layout())
+        else:  # D not TMA-able: the register epilogue of the same config
+            cfg = replace(cfg, epi_tma=False)
+            launcher = None
     if cfg.warp_spec:
         progs = min(tiles, num_sms)
         if launcher is not None:
-            launcher((progs, ), a_desc, b_desc, d, sfa, sfb, *ints, progs)
+            launcher((progs, ), a_desc, b_desc, d_arg, sfa, sfb, *ints, progs)
         else:
-            _fp8_gluon_ws_kernel[(progs, )](a_desc, b_desc, d, sfa, sfb, *ints, progs, **ws_meta(cfg))
+            _fp8_gluon_ws_kernel[(progs, )](a_desc, b_desc, d_arg, sfa, sfb, *ints, progs, **ws_meta(cfg))
     else:
         _fp8_gluon_pipe_kernel[(tiles, )](
             a_desc, b_desc, d, sfa, sfb, *ints,
@@ -733,18 +806,24 @@ def _compile_sm90(cfg: GluonConfig):
            "d_ptr": "*bf16", "sfa_ptr": "*fp32", "sfb_ptr": "*fp32",
            "M": "i32", "N": "i32", "K": "i32", "stride_dm": "i32",
            "sfa_sm": "i32", "sfa_sk": "i32", "sfb_sn": "i32", "sfb_sk": "i32"}
+    div16 = ("d_ptr", "sfa_ptr", "sfb_ptr")
+    if cfg.epi_tma:
+        sig["d_ptr"] = f"tensordesc<bf16[64, {cfg.block_n}],{_d_smem_layout()!r}>"
+        div16 = ("sfa_ptr", "sfb_ptr")
     if cfg.warp_spec:
         fn = _fp8_gluon_ws_kernel
         sig["num_progs"] = "i32"
         consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
                       OVERLAP=cfg.overlap, MATH_REGS=cfg.math_regs, PREFETCH=cfg.prefetch)
+        if cfg.epi_tma:
+            consts["EPI_TMA"] = True
         opts = {"num_warps": 4, "maxnreg": cfg.maxnreg()}
     else:
         fn = _fp8_gluon_pipe_kernel
         consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
                       num_warps=cfg.num_warps())
         opts = {"num_warps": cfg.num_warps()}
-    return _compile_sm90_gluon(fn, sig, consts, ("d_ptr", "sfa_ptr", "sfb_ptr"), **opts)
+    return _compile_sm90_gluon(fn, sig, consts, div16, **opts)
 
 
 def _launch_fp8_gluon_m_contiguous(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor,
@@ -764,8 +843,9 @@ def _launch_fp8_gluon_m_contiguous(a: torch.Tensor, sfa: torch.Tensor, b: torch.
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("Gluon kernels have no interpreter support (TRITON_INTERPRET is set)")
     cfg = config or GLUON_WS_128_S6
-    if cfg.block_m != 128 or cfg.block_n > 128 or not cfg.warp_spec or cfg.overlap:
-        raise ValueError(f"m-grouped contiguous Gluon kernel needs a 128 x <=128 non-overlap WS config, got {cfg}")
+    if cfg.block_m != 128 or cfg.block_n > 128 or not cfg.warp_spec or cfg.overlap or cfg.epi_tma:
+        raise ValueError(f"m-grouped contiguous Gluon kernel needs a 128 x <=128 non-overlap WS config "
+                         f"(register epilogue), got {cfg}")
     for name, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("d", d), ("gid", gid)):
         if not t.is_cuda:
             raise ValueError(f"{name} must be a CUDA tensor")
@@ -797,9 +877,12 @@ def _go_m_contiguous(a, sfa, b, sfb, d, gid, cfg, num_sms, launcher):
 
 def ws_meta(cfg: GluonConfig) -> dict:
     """Constexprs + compile options of the dense warp-specialised kernel for ``cfg`` (a KernelLauncher's ``meta``)."""
-    return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
+    meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
                 OVERLAP=cfg.overlap, MATH_REGS=cfg.math_regs, PREFETCH=cfg.prefetch, num_warps=4,
                 maxnreg=cfg.maxnreg())
+    if cfg.epi_tma:  # only then: the existing configs' launches stay exactly as they were
+        meta["EPI_TMA"] = True
+    return meta
 
 
 def m_contiguous_meta(cfg: GluonConfig) -> dict:
@@ -844,8 +927,9 @@ def _launch_fp8_gluon_m_masked(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tens
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("Gluon kernels have no interpreter support (TRITON_INTERPRET is set)")
     cfg = config or GLUON_WS_128_S4
-    if cfg.block_n > 128 or not cfg.warp_spec or cfg.overlap:
-        raise ValueError(f"m-grouped masked Gluon kernel needs a <=128-column non-overlap WS config, got {cfg}")
+    if cfg.block_n > 128 or not cfg.warp_spec or cfg.overlap or cfg.epi_tma:
+        raise ValueError(f"m-grouped masked Gluon kernel needs a <=128-column non-overlap WS config "
+                         f"(register epilogue), got {cfg}")
     for name, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("d", d), ("masked_m", masked_m)):
         if not t.is_cuda:
             raise ValueError(f"{name} must be a CUDA tensor")
