@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Device run for the seesaw Gluon dense MLA decode (issue #5; src/deepkernels/mla/_gluon_dense_decode_seesaw.py),
-# one call, < 150 s: (1) smoke: the one page-boundary test (0/1/2 tiles, odd/even tile counts) as a hang guard;
-# (2) the GPU tier of tests/test_mla_decode_seesaw.py with -x (reference + agreement with today's Gluon kernel);
-# (3) only if both pass: today's Gluon forward vs the seesaw forward on the same schedule (the one the dispatched
-# path plans), b=128, h_kv=1, h_q 64/128, s_q 1/2 (causal when 2), varlen s_k 4096..32768, FlashMLA FLOP counting
-# (benchmarks/mla_decode.py make_inputs), JSON with provenance to $OUT and one SUMMARY line per shape.
+# one call, < 150 s (caps: env ~10, smoke 35, GPU tests 65, bench 38; each step under `timeout`):
+# (1) smoke: one page-boundary test (0/1/2 tiles, odd/even tile counts, ORDER 0) as a hang guard (pytest
+#     --timeout=60 too when pytest_timeout is importable); stop if it fails or hangs;
+# (2) the GPU tier of tests/test_mla_decode_seesaw.py with -x (reference + agreement with today's Gluon kernel,
+#     both ORDERs); timing only if it passes (or was cut by its cap with no failure so far; BENCH_ANYWAY=1 forces);
+# (3) today's Gluon forward vs the seesaw forward (ORDER 0 and 1) on the same schedule (the one the dispatched path
+#     plans), b=128, h_kv=1, h_q 128/64, s_q 1/2 (causal when 2), varlen s_k 4096..32768 (benchmarks/mla_decode.py
+#     make_inputs, FlashMLA FLOP counting), JSON with provenance to $OUT, one SUMMARY line per shape.
 # Usage (repo root, on the device): GIT_SHA=<sha> bash benchmarks/device_mla_decode_seesaw.sh
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -21,7 +24,7 @@ PT="python3 -m pytest -p no:cacheprovider --tb=short -rf -v"
 if timeout -k 2 20 python3 -c "import pytest_timeout" 2>/dev/null; then PTO="--timeout=60"; else PTO=""; fi
 
 echo "== smoke (hang guard, 1 test)"
-timeout -k 5 ${SMOKE_S:-30} $PT $PTO tests/test_mla_decode_seesaw.py -m gpu -k "edge_lengths and order0" > "$OUT/smoke.log" 2>&1
+timeout -k 5 ${SMOKE_S:-35} $PT $PTO tests/test_mla_decode_seesaw.py -m gpu -k "edge_lengths and order0" > "$OUT/smoke.log" 2>&1
 SMOKE=$?
 echo "smoke rc=$SMOKE ($(el))"; grep -E "PASS|FAIL|ERROR|Timeout|passed|failed" "$OUT/smoke.log" | tail -8
 if [ "$SMOKE" -ne 0 ]; then
@@ -30,7 +33,7 @@ if [ "$SMOKE" -ne 0 ]; then
 fi
 
 echo "== seesaw GPU tier (-x)"
-timeout -k 5 ${TESTS_S:-75} $PT $PTO -x tests/test_mla_decode_seesaw.py -m gpu > "$OUT/gpu_tests.log" 2>&1
+timeout -k 5 ${TESTS_S:-65} $PT $PTO -x tests/test_mla_decode_seesaw.py -m gpu > "$OUT/gpu_tests.log" 2>&1
 TESTS=$?
 echo "gpu tests rc=$TESTS ($(el))"; grep -E "FAILED|ERROR|passed|failed" "$OUT/gpu_tests.log" | tail -15
 echo "tests passed so far: $(grep -c ' PASSED' "$OUT/gpu_tests.log")"
