@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Device run for the seesaw Gluon dense MLA decode (issue #5; src/deepkernels/mla/_gluon_dense_decode_seesaw.py),
 # one call, < 150 s (caps: env ~10, smoke 35, GPU tests 65, bench 38; each step under `timeout`):
-# (1) smoke: one page-boundary test (0/1/2 tiles, odd/even tile counts, ORDER 0) as a hang guard (pytest
+# (1) smoke: one page-boundary test (0/1/2 tiles, odd/even tile counts, ORDER 2 = default) as a hang guard (pytest
 #     --timeout=60 too when pytest_timeout is importable); stop if it fails or hangs;
 # (2) the GPU tier of tests/test_mla_decode_seesaw.py with -x (reference + agreement with today's Gluon kernel,
-#     both ORDERs); timing only if it passes (or was cut by its cap with no failure so far; BENCH_ANYWAY=1 forces);
-# (3) today's Gluon forward vs the seesaw forward (ORDER 0 and 1) on the same schedule (the one the dispatched path
+#     all ORDERs on the edge cases); timing only if it passes (or was cut by its cap with no failure so far;
+#     BENCH_ANYWAY=1 forces);
+# (3) today's Gluon forward vs the seesaw forward (ORDER 2, 0 and 1) on the same schedule (the one the dispatched path
 #     plans), b=128, h_kv=1, h_q 128/64, s_q 1/2 (causal when 2), varlen s_k 4096..32768 (benchmarks/mla_decode.py
 #     make_inputs, FlashMLA FLOP counting), JSON with provenance to $OUT, one SUMMARY line per shape.
 # Usage (repo root, on the device): GIT_SHA=<sha> bash benchmarks/device_mla_decode_seesaw.sh
@@ -24,7 +25,7 @@ PT="python3 -m pytest -p no:cacheprovider --tb=short -rf -v"
 if timeout -k 2 20 python3 -c "import pytest_timeout" 2>/dev/null; then PTO="--timeout=60"; else PTO=""; fi
 
 echo "== smoke (hang guard, 1 test)"
-timeout -k 5 ${SMOKE_S:-35} $PT $PTO tests/test_mla_decode_seesaw.py -m gpu -k "edge_lengths and order0" > "$OUT/smoke.log" 2>&1
+timeout -k 5 ${SMOKE_S:-35} $PT $PTO tests/test_mla_decode_seesaw.py -m gpu -k "edge_lengths and order2" > "$OUT/smoke.log" 2>&1
 SMOKE=$?
 echo "smoke rc=$SMOKE ($(el))"; grep -E "PASS|FAIL|ERROR|Timeout|passed|failed" "$OUT/smoke.log" | tail -8
 if [ "$SMOKE" -ne 0 ]; then

@@ -23,11 +23,13 @@ math_regs, producer_regs, order)``):
      partial tile, all 512 columns), fence, arrive ``pready`` (t)
   G. ``O *= alpha_t``; ``P_t V_t[:, half]``; wait; arrive ``kempty[t]`` and ``pfree`` (t)
 
-ORDER 0 (default): A B C D F E G -- S_t first, ``warpgroup_mma_wait(1)`` leaves P_{t-1} V in flight during the
-softmax; the other warpgroup can run its S_{t+1} as soon as K_{t+1} lands. ORDER 1: B A (C+F) D E G -- the
-other's P_{t-1} V first, so slot t-1 is released without queueing behind S_t; nothing in flight in the softmax.
-So the softmax of tile t (owner) overlaps the P V of tile t-1 on both warpgroups and the other's S_{t+1}, with
-the same 2-stage K ring (Q 72 KB + 2 x 72 KB + one P 8 KB = 224 KB; a second P buffer would exceed 227 KB).
+ORDER 0: A B C D F E G -- S_t first, ``warpgroup_mma_wait(1)`` leaves P_{t-1} V in flight during the softmax.
+ORDER 1: B A (C+F) D E G -- the other's P_{t-1} V first, so slot t-1 is released without queueing behind S_t;
+nothing in flight in the softmax. ORDER 2 (default): WG0 runs ORDER 1, WG1 ORDER 0 -- FlashMLA's seesaw pairing:
+for a pair (2i, 2i+1) WG0 does [P_{2i-1} V, S_2i] while WG1 does [S_2i+1]; WG0's softmax_2i runs under S_2i+1;
+WG1 then issues P_2i V for its half and its softmax_2i+1 runs under both halves of P_2i V; both do P_2i+1 V; the
+refill of slot 2i (after P_2i V) overlaps softmax_2i+1 and P_2i+1 V.
+The same 2-stage K ring is used (Q 72 KB + 2 x 72 KB + one P 8 KB = 224 KB; a second P buffer would exceed 227 KB).
 
 Barrier protocol (all mbarriers count 1 except ``kempty`` = 2; t is the CTA-global tile counter, carried across
 pieces; r the piece counter):
@@ -53,24 +55,27 @@ it, WG1 only consumes it), any parity of the tile count, partial last tiles and 
 the same paths. WG0 writes lse (it holds the final max: the last tile's max is read by the non-owner in B).
 
 ptxas (CUDA 12.8 bundled with Triton 3.6, sm_90a; 9 warps padded to 12 = 384 threads, so the whole kernel is
-allocated within 168 registers; setmaxnreg 256 / 232 / 40 for WG0 / WG1 / producer; shared memory 230,576 B):
+allocated within 168 registers; setmaxnreg 256 / 232 / 40 for WG0 / WG1 / producer; shared memory 230,576 B of
+232,448; no serialised wgmma (C7514) anywhere):
 
-  ORDER 0: 252-272 B spill stores (bf16/fp16, causal or not); token loop of WG1 1 LDL, of WG0 14-17 LDL + 1-3 STL
-           per own tile (descriptor / pointer words: WG0 also holds the Q-load state); ptxas injects one
-           ``warpgroup.wait`` (C7517) in WG1's B (the S_t wgmma completes before O is rescaled) and schedules WG1's
-           wait for P_{t-1} V before the softmax, so on WG1 ORDER 0 runs like ORDER 1 with S first.
-  ORDER 1: 264 B spill stores; WG1 loop 1 LDL, WG0 loop 16 LDL + 2-3 STL per own tile; no injected waits.
-  No serialised wgmma (no C7514) in either.
+  ORDER 2: 264 B spill stores (causal or not); token loop of WG1 1 LDL, of WG0 16 LDL + 2-3 STL per own tile.
+  ORDER 0: 252-272 B; WG1 loop 1 LDL, WG0 loop 14-17 LDL + 1-3 STL.
+  ORDER 1: 264 B; WG1 loop 1 LDL, WG0 loop 16 LDL + 2-3 STL; no injected waits.
+  WG0's loop spills are descriptor / pointer words (it also holds the Q-load state); moving the lse store to WG1
+  made them worse (20 LDL + 5 STL). Wherever WG1 runs ORDER 0 (ORDER 0 and 2), ptxas injects one
+  ``warpgroup.wait`` (C7517) in its B (S_t completes before O is rescaled) and schedules WG1's wait for its own
+  P_{t-1} V before the softmax's exp2s (SASS), so WG1's softmax overlaps only the OTHER warpgroup's tensor-core work.
 
 Prediction (per 64-token tile per CTA: S 64x64x576 = 2.36 M MAC + P V 64x512x64 = 2.10 M MAC = 8.9 MFLOP, 1.19 us
-at the H200's ~7.5 dense TFLOP/s per SM; today's kernel runs a tile in ~2.1-2.5 us at 475-559 TFLOPS, the softmax +
-hand-off being ~0.5 us of it): the seesaw can only hide the softmax under the other warpgroup's tensor-core work if
-that work's K tile is resident, and with 2 ring stages K_{t+1} reuses slot t-1, which is released only after BOTH
-halves of P_{t-1} V, then needs a ~0.7-0.9 us TMA refill of 72 KB. Model cycle per tile: today ~ S + softmax + PV
-(~1.7 us of the model), ORDER 0 ~ PV-release + refill + S (~1.6), ORDER 1 ~ S + PV + softmax again (~1.7). Expected:
-ORDER 0 +0..8 %, ORDER 1 -5..+5 % at h_q 128 (less at h_q 64, where no second row block shares the tile through L2);
-620 TFLOPS probably needs a deeper ring (e.g. K in 32-token half tiles: 4 x 36 KB stages in the same 144 KB).
-Unmeasured: the next device call (``benchmarks/device_mla_decode_seesaw.sh``) times both orders against today's.
+at the H200's ~7.5 dense TFLOP/s per SM, S ~0.63 + P V ~0.56; today's kernel takes ~2.1-2.5 us per tile at 475-559
+TFLOPS, its softmax + hand-off ~0.5 us of it). With 2 ring stages K_{t+2} reuses slot t, released only after BOTH
+halves of P_t V, then a ~0.7-0.9 us TMA refill of 72 KB. A timeline model (S 0.63, P V 0.56, softmax 0.5, refill
+0.7 us): today ~1.7 us per tile, ORDER 1 ~1.7 (its softmax has nothing under it), ORDER 0 ~1.6 (the refill of
+slot t-1 waits behind S_t), ORDER 2 ~1.4 (softmax_2i under S_2i+1, softmax_2i+1 under P_2i V, one refill gap per
+pair) -- minus what the ptxas scheduling above takes back from WG1. Expected at h_q 128: ORDER 2 +5..+15 %
+(~500-620 TFLOPS), ORDER 0 0..+8 %, ORDER 1 -5..+5 %; less at h_q 64. 620 everywhere probably also needs a deeper
+ring (e.g. K in 32-token half tiles: 4 x 36 KB stages in the same 144 KB). Unmeasured until the next device call
+(``benchmarks/device_mla_decode_seesaw.sh`` times all three orders against today's kernel).
 """
 from __future__ import annotations
 
@@ -87,9 +92,10 @@ __all__ = ["available", "supported", "gluon_dense_launch_seesaw", "gluon_dense_f
            "SEESAW_DEFAULT", "SEESAW_CANDIDATES"]
 
 # (num_stages, math_regs, producer_regs, order): setmaxnreg of the worker partitions (WG1, producer) and the issue
-# order inside a warpgroup's own tile (0: S_t first, 1: the other's P_{t-1} V first; module docstring).
-SEESAW_DEFAULT = (2, 232, 40, 0)
-SEESAW_CANDIDATES = [SEESAW_DEFAULT, (2, 232, 40, 1)]
+# order inside a warpgroup's own tile (0: S_t first, 1: the other's P_{t-1} V first, 2: WG0 1 and WG1 0 -- FlashMLA's
+# pairing; module docstring).
+SEESAW_DEFAULT = (2, 232, 40, 2)
+SEESAW_CANDIDATES = [SEESAW_DEFAULT, (2, 232, 40, 0), (2, 232, 40, 1)]
 
 
 def supported(q: torch.Tensor, k_cache: torch.Tensor, rows: int) -> bool:
@@ -327,15 +333,18 @@ def _mla_decode_seesaw_kernel_fn(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, m
     mbarrier.init(qfree, count=1)
     mbarrier.init(lready.index(0), count=1)
     mbarrier.init(lready.index(1), count=1)
+    # per-warpgroup issue order: ORDER 0 / 1 for both, ORDER 2 = WG0 order 1, WG1 order 0 (module docstring)
+    ORDER_W0: gl.constexpr = ORDER - (ORDER == 2)
+    ORDER_W1: gl.constexpr = ORDER * (ORDER < 2)
     gl.warp_specialize([
         (_sw_math_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, m_smem, l_smem, kready, kempty, pready, pfree,
                        qready, qfree, lready, seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr,
                        lacc_ptr, stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows,
-                       num_m_blocks, h_kv, acc_rows, sm_scale, sm_scale_log2, 0, CAUSAL, NUM_STAGES, ORDER)),
+                       num_m_blocks, h_kv, acc_rows, sm_scale, sm_scale_log2, 0, CAUSAL, NUM_STAGES, ORDER_W0)),
         (_sw_math_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, m_smem, l_smem, kready, kempty, pready, pfree,
                        qready, qfree, lready, seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr,
                        lacc_ptr, stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows,
-                       num_m_blocks, h_kv, acc_rows, sm_scale, sm_scale_log2, 1, CAUSAL, NUM_STAGES, ORDER)),
+                       num_m_blocks, h_kv, acc_rows, sm_scale, sm_scale_log2, 1, CAUSAL, NUM_STAGES, ORDER_W1)),
         (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
                        nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES)),
     ], [4, 1], [MATH_REGS, PRODUCER_REGS])
