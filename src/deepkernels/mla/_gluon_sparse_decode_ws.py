@@ -359,43 +359,56 @@ def _w_dequant_store41(raw, eb, dst):
 
 
 @_jit
+def _w_blocks_nope(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
+                   num_tok, page, stride_kb, it, PAGE_SHIFT: gl.constexpr, PRODUCER_FENCE: gl.constexpr,
+                   REC_BYTES: gl.constexpr, L3: gl.constexpr, LOAD: gl.constexpr, DEQUANT: gl.constexpr):
+    """The producer's block loop for a cache without a RoPE tile (V4.1, FP4): the next block's 4 chunks in flight
+    while the current block is dequantised into ring slot ``it % 2``, its validity mask beside it, then ``ready``.
+    ``LOAD(kv_ptr, rec, valid, C, L3)`` loads chunk C of 64 records of ``REC_BYTES``; ``DEQUANT(raw, scales, dst)``
+    stores its 128 bf16 columns."""
+    LT: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, L3))
+    nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+    idx_row = idx_ptr + req.to(gl.int64) * stride_ib + si64 * stride_is
+    i0, v = _g_load_idx(idx_row, t_lo, t_end, num_tok, LT)
+    rec = _g_rows(i0, v, page, stride_kb, REC_BYTES, PAGE_SHIFT)
+    r0, e0 = LOAD(kv_ptr, rec, v, 0, L3)
+    r1, e1 = LOAD(kv_ptr, rec, v, 1, L3)
+    r2, e2 = LOAD(kv_ptr, rec, v, 2, L3)
+    r3, e3 = LOAD(kv_ptr, rec, v, 3, L3)
+    for j in range(nblocks):
+        slot = it % 2
+        t0 = t_lo + j * 64
+        vc = v                                   # block j's validity
+        i1, v = _g_load_idx(idx_row, t0 + 64, t_end, num_tok, LT)          # block j+1 (may be all invalid)
+        rec = _g_rows(i1, v, page, stride_kb, REC_BYTES, PAGE_SHIFT)
+        mbarrier.wait(empty.index(slot), ((it // 2) & 1) ^ 1)              # a fresh barrier passes phase 1
+        vmask.index(slot).store(vc.to(gl.int8))
+        dst = kv_n.index(slot)
+        DEQUANT(r0, e0, dst.slice(0, 128, dim=1))
+        r0, e0 = LOAD(kv_ptr, rec, v, 0, L3)
+        DEQUANT(r1, e1, dst.slice(128, 128, dim=1))
+        r1, e1 = LOAD(kv_ptr, rec, v, 1, L3)
+        DEQUANT(r2, e2, dst.slice(256, 128, dim=1))
+        r2, e2 = LOAD(kv_ptr, rec, v, 2, L3)
+        DEQUANT(r3, e3, dst.slice(384, 128, dim=1))
+        r3, e3 = LOAD(kv_ptr, rec, v, 3, L3)
+        if PRODUCER_FENCE:
+            fence_async_shared()
+        mbarrier.arrive(ready.index(slot))
+        it += 1
+    return it
+
+
+@_jit
 def _w_blocks41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
                 num_tok, page, stride_kb, it, PAGE_SHIFT: gl.constexpr, PRODUCER_FENCE: gl.constexpr):
     """:func:`_w_blocks32` for a V4.1 cache (the main cache, then a V4.1 extra one if any): no RoPE copy; a chunk is
     128 B of a record = 4 scale groups (2 per thread)."""
     # one token per 2 threads; a thread holds 2 scale groups x 8 words = 64 contiguous bytes (4 x 16-B vectors)
     L3: gl.constexpr = gl.BlockedLayout([1, 2, 8], [16, 2, 1], [4, 1, 1], [2, 1, 0])   # [64, 4, 8] words
-    LT: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, L3))
-    nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
-    idx_row = idx_ptr + req.to(gl.int64) * stride_ib + si64 * stride_is
-    i0, v = _g_load_idx(idx_row, t_lo, t_end, num_tok, LT)
-    rec = _g_rows(i0, v, page, stride_kb, 528, PAGE_SHIFT)
-    r0, e0 = _w_load_chunk41(kv_ptr, rec, v, 0, L3)
-    r1, e1 = _w_load_chunk41(kv_ptr, rec, v, 1, L3)
-    r2, e2 = _w_load_chunk41(kv_ptr, rec, v, 2, L3)
-    r3, e3 = _w_load_chunk41(kv_ptr, rec, v, 3, L3)
-    for j in range(nblocks):
-        slot = it % 2
-        t0 = t_lo + j * 64
-        vc = v                                   # block j's validity
-        i1, v = _g_load_idx(idx_row, t0 + 64, t_end, num_tok, LT)          # block j+1 (may be all invalid)
-        rec = _g_rows(i1, v, page, stride_kb, 528, PAGE_SHIFT)
-        mbarrier.wait(empty.index(slot), ((it // 2) & 1) ^ 1)              # a fresh barrier passes phase 1
-        vmask.index(slot).store(vc.to(gl.int8))
-        dst = kv_n.index(slot)
-        _w_dequant_store41(r0, e0, dst.slice(0, 128, dim=1))
-        r0, e0 = _w_load_chunk41(kv_ptr, rec, v, 0, L3)
-        _w_dequant_store41(r1, e1, dst.slice(128, 128, dim=1))
-        r1, e1 = _w_load_chunk41(kv_ptr, rec, v, 1, L3)
-        _w_dequant_store41(r2, e2, dst.slice(256, 128, dim=1))
-        r2, e2 = _w_load_chunk41(kv_ptr, rec, v, 2, L3)
-        _w_dequant_store41(r3, e3, dst.slice(384, 128, dim=1))
-        r3, e3 = _w_load_chunk41(kv_ptr, rec, v, 3, L3)
-        if PRODUCER_FENCE:
-            fence_async_shared()
-        mbarrier.arrive(ready.index(slot))
-        it += 1
-    return it
+    return _w_blocks_nope(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
+                          num_tok, page, stride_kb, it, PAGE_SHIFT, PRODUCER_FENCE, 528, L3, _w_load_chunk41,
+                          _w_dequant_store41)
 
 
 @_jit
@@ -463,41 +476,12 @@ def _w_dequant_store_fp4(raw, eb, dst):
 def _w_blocks_fp4(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
                   num_tok, page, stride_kb, it,
                   PAGE_SHIFT: gl.constexpr, PRODUCER_FENCE: gl.constexpr):
-    """The FP4 extra cache's blocks (beside V4.1): :func:`_w_blocks41`'s loop (4 chunks of the next block in flight,
-    validity mask, ``ready`` arrive) with 288-B records, a chunk = 64 B of each record = 8 scale groups, 2 threads
-    per token (4 groups x 2 words + 4 scale bytes each)."""
+    """The FP4 extra cache's blocks (beside V4.1): :func:`_w_blocks_nope` with 288-B records, a chunk = 64 B of each
+    record = 8 scale groups, 2 threads per token (4 groups x 2 words + 4 scale bytes each)."""
     L3: gl.constexpr = gl.BlockedLayout([1, 4, 2], [16, 2, 1], [4, 1, 1], [2, 1, 0])   # [64, 8, 2] words
-    LT: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, L3))
-    nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
-    idx_row = idx_ptr + req.to(gl.int64) * stride_ib + si64 * stride_is
-    i0, v = _g_load_idx(idx_row, t_lo, t_end, num_tok, LT)
-    rec = _g_rows(i0, v, page, stride_kb, 288, PAGE_SHIFT)
-    r0, e0 = _w_load_chunk_fp4(kv_ptr, rec, v, 0, L3)
-    r1, e1 = _w_load_chunk_fp4(kv_ptr, rec, v, 1, L3)
-    r2, e2 = _w_load_chunk_fp4(kv_ptr, rec, v, 2, L3)
-    r3, e3 = _w_load_chunk_fp4(kv_ptr, rec, v, 3, L3)
-    for j in range(nblocks):
-        slot = it % 2
-        t0 = t_lo + j * 64
-        vc = v
-        i1, v = _g_load_idx(idx_row, t0 + 64, t_end, num_tok, LT)
-        rec = _g_rows(i1, v, page, stride_kb, 288, PAGE_SHIFT)
-        mbarrier.wait(empty.index(slot), ((it // 2) & 1) ^ 1)
-        vmask.index(slot).store(vc.to(gl.int8))
-        dst = kv_n.index(slot)
-        _w_dequant_store_fp4(r0, e0, dst.slice(0, 128, dim=1))
-        r0, e0 = _w_load_chunk_fp4(kv_ptr, rec, v, 0, L3)
-        _w_dequant_store_fp4(r1, e1, dst.slice(128, 128, dim=1))
-        r1, e1 = _w_load_chunk_fp4(kv_ptr, rec, v, 1, L3)
-        _w_dequant_store_fp4(r2, e2, dst.slice(256, 128, dim=1))
-        r2, e2 = _w_load_chunk_fp4(kv_ptr, rec, v, 2, L3)
-        _w_dequant_store_fp4(r3, e3, dst.slice(384, 128, dim=1))
-        r3, e3 = _w_load_chunk_fp4(kv_ptr, rec, v, 3, L3)
-        if PRODUCER_FENCE:
-            fence_async_shared()
-        mbarrier.arrive(ready.index(slot))
-        it += 1
-    return it
+    return _w_blocks_nope(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
+                          num_tok, page, stride_kb, it, PAGE_SHIFT, PRODUCER_FENCE, 288, L3, _w_load_chunk_fp4,
+                          _w_dequant_store_fp4)
 
 
 @_jit
