@@ -247,6 +247,44 @@ def _jit_kernel(fn):
     return _jit(fn, do_not_specialize=_NO_SPEC)
 
 
+@_jit
+def _g_epilogue(m_i, l_i, acc, hb, req64, si64, nsp, base_row, split, sink_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                s_q, h_q, acc_rows, sm_scale_log2, HAS_SINK: gl.constexpr, S_L: gl.constexpr, O_L: gl.constexpr):
+    """A request's epilogue (as the Triton kernel): a single-split request writes ``out`` (sink applied) and ``lse``
+    (natural log; +inf for a row with no valid token, whose output is 0); a split one writes O / L and the base-2
+    ``log2 L + m`` to accumulator row ``base_row + split`` for ``combine_splits_``. Shared by the warp-specialised
+    kernel (``_gluon_sparse_decode_ws``)."""
+    D_V: gl.constexpr = 512
+    empty = (l_i == 0.0) | (l_i != l_i)
+    l_safe = gl.where(empty, 1.0, l_i)
+    m_log2 = m_i * sm_scale_log2
+    heads = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, S_L))
+    heads_o = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, O_L))
+    da = gl.arange(0, D_V, gl.SliceLayout(0, O_L))
+    if nsp <= 1:
+        denom = l_safe
+        if HAS_SINK:
+            sink = gl.load(sink_ptr + heads) * 1.4426950408889634
+            denom = l_safe + gl.exp2(sink - gl.where(empty, 0.0, m_log2))
+        inv = gl.where(empty, 0.0, 1.0 / denom)
+        lse = gl.where(empty, float("inf"), (gl.log2(l_safe) + m_log2) * 0.6931471805599453)
+        row_off = (req64 * s_q + si64) * h_q + heads.to(gl.int64)
+        gl.store(lse_ptr + row_off, lse)
+        row_off_o = (req64 * s_q + si64) * h_q + heads_o.to(gl.int64)
+        o = acc * gl.convert_layout(inv, gl.SliceLayout(1, O_L))[:, None]
+        gl.store(out_ptr + row_off_o[:, None] * 512 + da[None, :], o.to(gl.bfloat16))
+    else:
+        inv = gl.where(empty, 0.0, 1.0 / l_safe)
+        acc_row = (base_row + split).to(gl.int64)
+        ok = (acc_row >= 0) & (acc_row < acc_rows)
+        a_off = (acc_row * s_q + si64) * h_q + heads.to(gl.int64)
+        gl.store(lacc_ptr + a_off, gl.where(empty, float("-inf"), gl.log2(l_safe) + m_log2),
+                 mask=(heads >= 0) & ok)
+        a_off_o = (acc_row * s_q + si64) * h_q + heads_o.to(gl.int64)
+        o = acc * gl.convert_layout(inv, gl.SliceLayout(1, O_L))[:, None]
+        gl.store(oacc_ptr + a_off_o[:, None] * 512 + da[None, :], o, mask=((heads_o >= 0) & ok)[:, None])
+
+
 @_jit_kernel
 def _sparse_decode_gluon_kernel(
     q_ptr, kv_ptr, idx_ptr, len_ptr, xkv_ptr, xidx_ptr, xlen_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr,
@@ -341,34 +379,8 @@ def _sparse_decode_gluon_kernel(
         if PSUM:
             l_i = gl.sum(l_i, 1)
         # epilogue (as the Triton kernel)
-        empty = (l_i == 0.0) | (l_i != l_i)
-        l_safe = gl.where(empty, 1.0, l_i)
-        m_log2 = m_i * sm_scale_log2
-        heads = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, S_L))
-        heads_o = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, O_L))
-        da = gl.arange(0, D_V, gl.SliceLayout(0, O_L))
-        if nsp <= 1:
-            denom = l_safe
-            if HAS_SINK:
-                sink = gl.load(sink_ptr + heads) * 1.4426950408889634
-                denom = l_safe + gl.exp2(sink - gl.where(empty, 0.0, m_log2))
-            inv = gl.where(empty, 0.0, 1.0 / denom)
-            lse = gl.where(empty, float("inf"), (gl.log2(l_safe) + m_log2) * 0.6931471805599453)
-            row_off = (req64 * s_q + si64) * h_q + heads.to(gl.int64)
-            gl.store(lse_ptr + row_off, lse)
-            row_off_o = (req64 * s_q + si64) * h_q + heads_o.to(gl.int64)
-            o = acc * gl.convert_layout(inv, gl.SliceLayout(1, O_L))[:, None]
-            gl.store(out_ptr + row_off_o[:, None] * 512 + da[None, :], o.to(gl.bfloat16))
-        else:
-            inv = gl.where(empty, 0.0, 1.0 / l_safe)
-            acc_row = (base_row + split).to(gl.int64)
-            ok = (acc_row >= 0) & (acc_row < acc_rows)
-            a_off = (acc_row * s_q + si64) * h_q + heads.to(gl.int64)
-            gl.store(lacc_ptr + a_off, gl.where(empty, float("-inf"), gl.log2(l_safe) + m_log2),
-                     mask=(heads >= 0) & ok)
-            a_off_o = (acc_row * s_q + si64) * h_q + heads_o.to(gl.int64)
-            o = acc * gl.convert_layout(inv, gl.SliceLayout(1, O_L))[:, None]
-            gl.store(oacc_ptr + a_off_o[:, None] * 512 + da[None, :], o, mask=((heads_o >= 0) & ok)[:, None])
+        _g_epilogue(m_i, l_i, acc, hb, req64, si64, nsp, base_row, split, sink_ptr, out_ptr, lse_ptr, oacc_ptr,
+                    lacc_ptr, s_q, h_q, acc_rows, sm_scale_log2, HAS_SINK, S_L, O_L)
 
 
 # ----------------------------------------------------------------------------------------------- host code

@@ -142,8 +142,8 @@ from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy, 
                       warpgroup_mma, warpgroup_mma_wait)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 from .._launch import cached_launcher, spec_key
-from ._gluon_sparse_decode import (GLUON_FMTS, _XFMT_CODES, _g_byte, _g_load_idx, _g_nib, _g_rows, _g_ue8m0,
-                                   _page_shift, _xfmt, supported)
+from ._gluon_sparse_decode import (GLUON_FMTS, _XFMT_CODES, _g_byte, _g_epilogue, _g_load_idx, _g_nib, _g_rows,
+                                   _g_ue8m0, _page_shift, _xfmt, supported)
 
 __all__ = ["available", "supported_ws", "launch_sparse_decode_gluon_ws", "compile_sm90_ws", "WS_PRODUCER_WARPS",
            "WS_PRODUCER_REGS", "WS_PRODUCER_REGS_V41", "WS_PRODUCER_REGS_X", "WS_MAXNREG", "WS_FMTS", "DISPATCH_FMTS",
@@ -563,35 +563,9 @@ def _w_consumer(q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_pt
 
         if FMT == 2:
             l_i = gl.sum(l_i, 1)
-        # epilogue (as the single-partition kernel)
-        empty_row = (l_i == 0.0) | (l_i != l_i)
-        l_safe = gl.where(empty_row, 1.0, l_i)
-        m_log2 = m_i * sm_scale_log2
-        heads = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, S_L))
-        heads_o = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, O_L))
-        da = gl.arange(0, D_V, gl.SliceLayout(0, O_L))
-        if nsp <= 1:
-            denom = l_safe
-            if HAS_SINK:
-                sink = gl.load(sink_ptr + heads) * 1.4426950408889634
-                denom = l_safe + gl.exp2(sink - gl.where(empty_row, 0.0, m_log2))
-            inv = gl.where(empty_row, 0.0, 1.0 / denom)
-            lse = gl.where(empty_row, float("inf"), (gl.log2(l_safe) + m_log2) * 0.6931471805599453)
-            row_off = (req64 * s_q + si64) * h_q + heads.to(gl.int64)
-            gl.store(lse_ptr + row_off, lse)
-            row_off_o = (req64 * s_q + si64) * h_q + heads_o.to(gl.int64)
-            o = acc * gl.convert_layout(inv, gl.SliceLayout(1, O_L))[:, None]
-            gl.store(out_ptr + row_off_o[:, None] * 512 + da[None, :], o.to(gl.bfloat16))
-        else:
-            inv = gl.where(empty_row, 0.0, 1.0 / l_safe)
-            acc_row = (base_row + split).to(gl.int64)
-            ok = (acc_row >= 0) & (acc_row < acc_rows)
-            a_off = (acc_row * s_q + si64) * h_q + heads.to(gl.int64)
-            gl.store(lacc_ptr + a_off, gl.where(empty_row, float("-inf"), gl.log2(l_safe) + m_log2),
-                     mask=(heads >= 0) & ok)
-            a_off_o = (acc_row * s_q + si64) * h_q + heads_o.to(gl.int64)
-            o = acc * gl.convert_layout(inv, gl.SliceLayout(1, O_L))[:, None]
-            gl.store(oacc_ptr + a_off_o[:, None] * 512 + da[None, :], o, mask=((heads_o >= 0) & ok)[:, None])
+        # epilogue (the single-partition kernel's)
+        _g_epilogue(m_i, l_i, acc, hb, req64, si64, nsp, base_row, split, sink_ptr, out_ptr, lse_ptr, oacc_ptr,
+                    lacc_ptr, s_q, h_q, acc_rows, sm_scale_log2, HAS_SINK, S_L, O_L)
 
 
 _NO_SPEC = ["page", "num_tok", "b", "s_q", "h_q", "topk", "acc_rows"]
