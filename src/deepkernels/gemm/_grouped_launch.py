@@ -14,6 +14,7 @@ from .._backend import ensure_tma_allocator, interpret_mode
 from .._launch import KernelLauncher
 from .._validate import check_tensor
 from ..quant.fp8 import ceil_div
+from . import dense as _dense
 from ._configs import GemmConfig
 from ._grouped_kernels import _k_grouped_mma_kernel, _m_grouped_contiguous_mma_kernel, _m_grouped_masked_mma_kernel
 
@@ -47,8 +48,7 @@ def k_grouped_config(is_fp8: bool) -> GemmConfig:
 
 
 def num_progs(tiles_upper: int, cfg: GemmConfig) -> int:
-    from .dense import get_num_sms
-    return max(1, min(tiles_upper, get_num_sms() * cfg.progs_per_sm))
+    return max(1, min(tiles_upper, _dense.get_num_sms() * cfg.progs_per_sm))
 
 
 # --------------------------------------------------------------------------------------------- validation

@@ -28,6 +28,7 @@ from .._validate import check_compiled_dims, check_tensor, overlaps
 from ..quant.fp8 import ceil_div
 from ..reference import grouped_gemm as _ref
 from . import _grouped_launch as _L
+from . import dense as _dense
 
 __all__ = [
     "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nn_contiguous",
@@ -106,9 +107,8 @@ def _hashable(x):
 
 
 def _env_sig():
-    from . import dense
-    env = dense._ENV
-    return (dense._NUM_SMS, dense._interp(), env.get("DEEPKERNELS_GROUPED_GLUON"), env.get("DEEPKERNELS_DISABLE_GLUON"))
+    env = _dense._ENV
+    return (_dense._NUM_SMS, _dense._interp(), env.get("DEEPKERNELS_GROUPED_GLUON"), env.get("DEEPKERNELS_DISABLE_GLUON"))
 
 
 def _fp8_sig(kind, a, b, d, idx, rest):
@@ -140,8 +140,7 @@ def _bf16_sig(kind, a, b, d, idx, rest):
 
 
 def _lookup(sig):
-    from . import dense
-    return dense._lookup(_PLANS, sig)
+    return _dense._lookup(_PLANS, sig)
 
 
 def _store(sig, plan) -> None:
@@ -169,42 +168,10 @@ def _mn_major_sfa(sfa):
     return get_mn_major_tma_aligned_tensor(sfa)
 
 
-def _gluon_contiguous_config(m_sum, n, k, is_fp8, b_kmajor, d, alignment, cfg):
-    """The Gluon warp-specialised config for an m-grouped contiguous call, or None (Triton kernel).
-
-    Applies to FP8, K-major B, BF16 ``d`` on CUDA, no config override. Default rule (v3 device run, H200,
-    2026-11-29 15:07 UTC, git 011f1befdb5b, ``results/grouped_gemm-h200-v3-contig-2026-11-29.json``): the Gluon
-    kernel (128x128, 6 stages, K-major sfa read through its strides) passed all its GPU tests and beat the
-    Triton contiguous kernel on all 6 measured shapes -- G=4/8 x 8192/4096 rows, MoE G=32 x 8192 skewed rows;
-    N 4096 / 7168, K 7168 / 2048 -- by 1.01-1.14x whole call (geomean 1.06x) and 1.00-1.09x CUDA graph; so it is
-    used inside that envelope: alignment a multiple of 128, M_sum >= 8192, N >= 4096, K >= 2048.
-    ``DEEPKERNELS_GROUPED_GLUON=1`` forces it wherever it applies, ``=0`` or ``DEEPKERNELS_DISABLE_GLUON=1``
-    never uses it."""
-    import os
-    if not is_fp8 or not b_kmajor or cfg is not None or d.dtype != torch.bfloat16 or not d.is_cuda:
-        return None
-    from .._backend import interpret_mode
-    env = os.environ.get("DEEPKERNELS_GROUPED_GLUON", "")
-    if interpret_mode() or env == "0" or gluon_disabled("grouped_gemm"):
-        return None
-    from . import _gluon_fp8
-    if not _gluon_fp8.available():
-        return None
-    if env == "1" or (alignment % 128 == 0 and m_sum >= 8192 and n >= 4096 and k >= 2048):
-        return _gluon_fp8.GLUON_WS_128_S6
-    return None
-
-
-def _gluon_masked_config(m_max, n, k, expected_m, is_fp8, d, cfg):
-    """The Gluon warp-specialised config for an m-grouped masked call, or None (Triton kernel).
-
-    Applies to FP8 with BF16 ``d`` on CUDA and no config override. Default rule (H200, 2026-11-29 16:33 UTC, git
-    3ea864ac1545, ``results/grouped_gemm-h200-v3b-masked-2026-11-29.json``): the Gluon masked kernel passed its GPU
-    tests (incl. CUDA-graph replay with changing counts) and was 1.05-1.17x the Triton masked kernel on all six
-    DeepGEMM masked shapes (G 1/2/4 x M_max 1024/512/256 = expected_m, N 4096 / 7168, K 7168 / 2048); so it is used
-    inside that envelope: expected_m >= 256, N >= 4096, K >= 2048 (smaller expected_m, where the Triton table picks
-    64-row tiles, was not measured). ``DEEPKERNELS_GROUPED_GLUON=1`` forces it wherever it applies, ``=0`` or
-    ``DEEPKERNELS_DISABLE_GLUON`` never uses it."""
+def _gluon_gate(is_fp8, d, cfg):
+    """The Gluon grouped kernels' common preconditions: FP8, BF16 ``d`` on CUDA, no config override, not the
+    interpreter, not disabled (``DEEPKERNELS_GROUPED_GLUON=0`` / ``DEEPKERNELS_DISABLE_GLUON``), Gluon importable.
+    Returns ``(the _gluon_fp8 module, forced)`` -- ``forced``: ``DEEPKERNELS_GROUPED_GLUON=1`` -- or None."""
     import os
     if not is_fp8 or cfg is not None or d.dtype != torch.bfloat16 or not d.is_cuda:
         return None
@@ -215,8 +182,45 @@ def _gluon_masked_config(m_max, n, k, expected_m, is_fp8, d, cfg):
     from . import _gluon_fp8
     if not _gluon_fp8.available():
         return None
-    if env == "1" or (expected_m >= 256 and n >= 4096 and k >= 2048):
-        return _gluon_fp8.GLUON_WS_128_S4
+    return _gluon_fp8, env == "1"
+
+
+def _gluon_contiguous_config(m_sum, n, k, is_fp8, b_kmajor, d, alignment, cfg):
+    """The Gluon warp-specialised config for an m-grouped contiguous call, or None (Triton kernel).
+
+    Applies where :func:`_gluon_gate` does, with K-major B. Default rule (v3 device run, H200,
+    2026-11-29 15:07 UTC, git 011f1befdb5b, ``results/grouped_gemm-h200-v3-contig-2026-11-29.json``): the Gluon
+    kernel (128x128, 6 stages, K-major sfa read through its strides) passed all its GPU tests and beat the
+    Triton contiguous kernel on all 6 measured shapes -- G=4/8 x 8192/4096 rows, MoE G=32 x 8192 skewed rows;
+    N 4096 / 7168, K 7168 / 2048 -- by 1.01-1.14x whole call (geomean 1.06x) and 1.00-1.09x CUDA graph; so it is
+    used inside that envelope: alignment a multiple of 128, M_sum >= 8192, N >= 4096, K >= 2048.
+    ``DEEPKERNELS_GROUPED_GLUON=1`` forces it wherever it applies, ``=0`` or ``DEEPKERNELS_DISABLE_GLUON=1``
+    never uses it."""
+    gate = _gluon_gate(is_fp8, d, cfg) if b_kmajor else None
+    if gate is None:
+        return None
+    G, forced = gate
+    if forced or (alignment % 128 == 0 and m_sum >= 8192 and n >= 4096 and k >= 2048):
+        return G.GLUON_WS_128_S6
+    return None
+
+
+def _gluon_masked_config(m_max, n, k, expected_m, is_fp8, d, cfg):
+    """The Gluon warp-specialised config for an m-grouped masked call, or None (Triton kernel).
+
+    Applies where :func:`_gluon_gate` does. Default rule (H200, 2026-11-29 16:33 UTC, git
+    3ea864ac1545, ``results/grouped_gemm-h200-v3b-masked-2026-11-29.json``): the Gluon masked kernel passed its GPU
+    tests (incl. CUDA-graph replay with changing counts) and was 1.05-1.17x the Triton masked kernel on all six
+    DeepGEMM masked shapes (G 1/2/4 x M_max 1024/512/256 = expected_m, N 4096 / 7168, K 7168 / 2048); so it is used
+    inside that envelope: expected_m >= 256, N >= 4096, K >= 2048 (smaller expected_m, where the Triton table picks
+    64-row tiles, was not measured). ``DEEPKERNELS_GROUPED_GLUON=1`` forces it wherever it applies, ``=0`` or
+    ``DEEPKERNELS_DISABLE_GLUON`` never uses it."""
+    gate = _gluon_gate(is_fp8, d, cfg)
+    if gate is None:
+        return None
+    G, forced = gate
+    if forced or (expected_m >= 256 and n >= 4096 and k >= 2048):
+        return G.GLUON_WS_128_S4
     return None
 
 
@@ -232,7 +236,7 @@ class _GluonPlan:
         self.config, self.masked, self.launcher, self.go = config, masked, None, None
 
     def __call__(self, a, b, d, sfa, sfb, rows) -> None:
-        from .dense import get_num_sms
+        get_num_sms = _dense.get_num_sms
         if self.go is not None:
             self.go(a, sfa, b, sfb, d, rows, self.config, get_num_sms(), self.launcher)
             return
