@@ -248,6 +248,43 @@ def _jit_kernel(fn):
 
 
 @_jit
+def _g_part(meta_ptr, b, s_q, h_q):
+    """(head block, query position, begin_req, end_req, begin_blk, end_blk, begin_split) of this CTA: the grid is
+    (scheduler part, query position, 64-head block), the part's record at ``meta_ptr + 8 * part``."""
+    n_hb = h_q // 64
+    pid = gl.program_id(0)
+    hb = pid % n_hb
+    tmp = pid // n_hb
+    si = tmp % s_q
+    part = tmp // s_q
+    rec_ptr = meta_ptr + part * 8
+    begin_req = gl.maximum(gl.load(rec_ptr + 0), 0)
+    end_req = gl.minimum(gl.load(rec_ptr + 1), b - 1)
+    begin_blk = gl.load(rec_ptr + 2)
+    end_blk = gl.load(rec_ptr + 3)
+    begin_split = gl.load(rec_ptr + 4)
+    return hb, si, begin_req, end_req, begin_blk, end_blk, begin_split
+
+
+@_jit
+def _g_req_range(req, begin_req, end_req, begin_blk, end_blk, begin_split, len_ptr, nsplits_ptr, topk,
+                 HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr):
+    """A request's slice of this part: (n = valid main length, base_row and nsp = its accumulator rows and split
+    count, split = this slice's index, t_lo / t_hi = the slice's line positions, t_end = min(t_hi, n)); the last
+    split of a request runs to the end of the line."""
+    n = topk + req * 0
+    if HAS_LEN:
+        n = gl.minimum(gl.maximum(gl.load(len_ptr + req), 0), topk)
+    base_row = gl.load(nsplits_ptr + req)
+    nsp = gl.load(nsplits_ptr + req + 1) - base_row
+    split = gl.where(req == begin_req, begin_split, 0)
+    t_lo = gl.minimum(gl.maximum(gl.where(req == begin_req, begin_blk, 0), 0), 1 << 24) * SBLOCK
+    t_hi = gl.minimum(gl.where((req == end_req) & (split < nsp - 1), end_blk, 1 << 24), 1 << 24) * SBLOCK
+    t_end = gl.minimum(t_hi, n)
+    return n, base_row, nsp, split, t_lo, t_hi, t_end
+
+
+@_jit
 def _g_epilogue(m_i, l_i, acc, hb, req64, si64, nsp, base_row, split, sink_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                 s_q, h_q, acc_rows, sm_scale_log2, HAS_SINK: gl.constexpr, S_L: gl.constexpr, O_L: gl.constexpr):
     """A request's epilogue (as the Triton kernel): a single-split request writes ``out`` (sink applied) and ``lse``
@@ -309,18 +346,7 @@ def _sparse_decode_gluon_kernel(
     SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, D_V], gl.bfloat16)
     SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
 
-    n_hb = h_q // 64
-    pid = gl.program_id(0)
-    hb = pid % n_hb
-    tmp = pid // n_hb
-    si = tmp % s_q
-    part = tmp // s_q
-    rec_ptr = meta_ptr + part * 8
-    begin_req = gl.maximum(gl.load(rec_ptr + 0), 0)
-    end_req = gl.minimum(gl.load(rec_ptr + 1), b - 1)
-    begin_blk = gl.load(rec_ptr + 2)
-    end_blk = gl.load(rec_ptr + 3)
-    begin_split = gl.load(rec_ptr + 4)
+    hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
 
     q_n = gl.allocate_shared_memory(gl.bfloat16, [64, D_V], SH_N)
     kv_n = gl.allocate_shared_memory(gl.bfloat16, [2, 64, D_V], SH_N)
@@ -346,15 +372,9 @@ def _sparse_decode_gluon_kernel(
         if HAS_ROPE:
             q_p.store(gl.load(q_rows + (D_V + dq)[None, :]))
 
-        n = topk + req * 0
-        if HAS_LEN:
-            n = gl.minimum(gl.maximum(gl.load(len_ptr + req), 0), topk)
-        base_row = gl.load(nsplits_ptr + req)
-        nsp = gl.load(nsplits_ptr + req + 1) - base_row
-        split = gl.where(req == begin_req, begin_split, 0)
-        t_lo = gl.minimum(gl.maximum(gl.where(req == begin_req, begin_blk, 0), 0), 1 << 24) * SBLOCK
-        t_hi = gl.minimum(gl.where((req == end_req) & (split < nsp - 1), end_blk, 1 << 24), 1 << 24) * SBLOCK
-        t_end = gl.minimum(t_hi, n)
+        n, base_row, nsp, split, t_lo, t_hi, t_end = _g_req_range(req, begin_req, end_req, begin_blk, end_blk,
+                                                                   begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
+                                                                   SBLOCK)
         idx_row = idx_ptr + req64 * stride_ib + si64 * stride_is
 
         m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))   # running max of raw q.k

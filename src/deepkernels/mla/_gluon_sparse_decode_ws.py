@@ -19,7 +19,7 @@ exponents; d_qk 512), no extra cache or one of :data:`WS_EXTRA_PAIRS` (the singl
 Structure (``gl.warp_specialize``, modelled on ``_gluon_sparse_prefill._sparse_prefill_gluon_ws_kernel``):
 
 * Producer partition, 4 warps (128 threads), :func:`_w_producer`: walks the same (request, 64-token block)
-  sequence as the consumers (same scheduler arithmetic, :func:`_w_req_range`); per block it waits ``empty[slot]``,
+  sequence as the consumers (same scheduler arithmetic, :func:`_gluon_sparse_decode._g_req_range`); per block it waits ``empty[slot]``,
   cp.asyncs the 64 x 64 bf16 RoPE rows (masked: zero-filled, never read) straight into ``kv_p[slot]``, and
   dequantises the NoPE part in 4 chunks of one scale group each (``[64 tokens, 128 B]`` = 32 int32 words per
   token, 16 registers per thread): ``bf16(fp32(e4m3) * fp32 scale)`` -- the same ops as ``_g_byte`` -- stored to
@@ -142,8 +142,8 @@ from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy, 
                       warpgroup_mma, warpgroup_mma_wait)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 from .._launch import cached_launcher, spec_key
-from ._gluon_sparse_decode import (GLUON_FMTS, _XFMT_CODES, _g_byte, _g_epilogue, _g_load_idx, _g_nib, _g_rows,
-                                   _g_ue8m0, _page_shift, _xfmt, supported)
+from ._gluon_sparse_decode import (GLUON_FMTS, _XFMT_CODES, _g_byte, _g_epilogue, _g_load_idx, _g_nib, _g_part,
+                                   _g_req_range, _g_rows, _g_ue8m0, _page_shift, _xfmt, supported)
 
 __all__ = ["available", "supported_ws", "launch_sparse_decode_gluon_ws", "compile_sm90_ws", "WS_PRODUCER_WARPS",
            "WS_PRODUCER_REGS", "WS_PRODUCER_REGS_V41", "WS_PRODUCER_REGS_X", "WS_MAXNREG", "WS_FMTS", "DISPATCH_FMTS",
@@ -182,22 +182,6 @@ _LOG2E = 1.4426950408889634
 # ----------------------------------------------------------------------------------------------- device code
 
 @_jit
-def _w_req_range(req, begin_req, end_req, begin_blk, end_blk, begin_split, len_ptr, nsplits_ptr, topk,
-                 HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr):
-    """The single-partition kernel's per-request arithmetic: (n, base_row, nsp, split, t_lo, t_end)."""
-    n = topk + req * 0
-    if HAS_LEN:
-        n = gl.minimum(gl.maximum(gl.load(len_ptr + req), 0), topk)
-    base_row = gl.load(nsplits_ptr + req)
-    nsp = gl.load(nsplits_ptr + req + 1) - base_row
-    split = gl.where(req == begin_req, begin_split, 0)
-    t_lo = gl.minimum(gl.maximum(gl.where(req == begin_req, begin_blk, 0), 0), 1 << 24) * SBLOCK
-    t_hi = gl.minimum(gl.where((req == end_req) & (split < nsp - 1), end_blk, 1 << 24), 1 << 24) * SBLOCK
-    t_end = gl.minimum(t_hi, n)
-    return n, base_row, nsp, split, t_lo, t_end
-
-
-@_jit
 def _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN: gl.constexpr,
               SBLOCK: gl.constexpr):
     """The extra cache's part of this CTA's slice of the request's virtual line (the single-partition kernel's
@@ -210,24 +194,6 @@ def _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_X
         nx = gl.minimum(gl.maximum(gl.load(xlen_ptr + req), 0), xtopk)
     off = (n + SBLOCK - 1) // SBLOCK * SBLOCK
     return gl.maximum(t_lo - off, 0), gl.minimum(t_hi - off, nx)
-
-
-@_jit
-def _w_part(meta_ptr, b, s_q, h_q):
-    """(head block, query position, begin_req, end_req, begin_blk, end_blk, begin_split) of this CTA."""
-    n_hb = h_q // 64
-    pid = gl.program_id(0)
-    hb = pid % n_hb
-    tmp = pid // n_hb
-    si = tmp % s_q
-    part = tmp // s_q
-    rec_ptr = meta_ptr + part * 8
-    begin_req = gl.maximum(gl.load(rec_ptr + 0), 0)
-    end_req = gl.minimum(gl.load(rec_ptr + 1), b - 1)
-    begin_blk = gl.load(rec_ptr + 2)
-    end_blk = gl.load(rec_ptr + 3)
-    begin_split = gl.load(rec_ptr + 4)
-    return hb, si, begin_req, end_req, begin_blk, end_blk, begin_split
 
 
 @_jit
@@ -318,14 +284,14 @@ def _w_producer(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
     arguments; constexpr None placeholders without): after a request's main blocks, its blocks of the V3.2 extra
     cache (:func:`_w_blocks32`), the same ring counter running on."""
     LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1], [1, 0])  # [64, 64] bf16 RoPE: 4 x 16-B cp.async
-    hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _w_part(meta_ptr, b, s_q, h_q)
+    hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
     si64 = si.to(gl.int64)
     dr = gl.arange(0, 64, gl.SliceLayout(0, LP4))    # (made here, outside the request loop, as before)
     it = 0
     for req in range(begin_req, end_req + 1):
-        n, base_row, nsp, split, t_lo, t_end = _w_req_range(req, begin_req, end_req, begin_blk, end_blk,
-                                                            begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
-                                                            SBLOCK)
+        n, base_row, nsp, split, t_lo, _, t_end = _g_req_range(req, begin_req, end_req, begin_blk, end_blk,
+                                                               begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
+                                                               SBLOCK)
         it = _w_blocks32(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo,
                          t_end, num_tok, page, stride_kb, it, dr, PAGE_SHIFT, PRODUCER_FENCE)
         if HAS_EXTRA:
@@ -422,13 +388,13 @@ def _w_producer41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr,
     :func:`_w_producer` without the RoPE copy; a chunk is 128 B of a record = 4 scale groups (2 per thread).
     HAS_EXTRA: then the request's extra-cache blocks, V4.1 (XFMT 2, :func:`_w_blocks41`) or FP4 (XFMT 3,
     :func:`_w_blocks_fp4`)."""
-    hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _w_part(meta_ptr, b, s_q, h_q)
+    hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
     si64 = si.to(gl.int64)
     it = 0
     for req in range(begin_req, end_req + 1):
-        n, base_row, nsp, split, t_lo, t_end = _w_req_range(req, begin_req, end_req, begin_blk, end_blk,
-                                                            begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
-                                                            SBLOCK)
+        n, base_row, nsp, split, t_lo, _, t_end = _g_req_range(req, begin_req, end_req, begin_blk, end_blk,
+                                                               begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
+                                                               SBLOCK)
         it = _w_blocks41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
                          num_tok, page, stride_kb, it, PAGE_SHIFT, PRODUCER_FENCE)
         if HAS_EXTRA:
@@ -500,7 +466,7 @@ def _w_consumer(q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_pt
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
     LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
     LS: gl.constexpr = gl.SliceLayout(0, S_L)
-    hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _w_part(meta_ptr, b, s_q, h_q)
+    hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
     si64 = si.to(gl.int64)
     hq = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, LP))
     dq = gl.arange(0, 64, gl.SliceLayout(0, LP))
@@ -516,9 +482,9 @@ def _w_consumer(q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_pt
             q_p.store(gl.load(q_rows + (D_V + dq)[None, :]))
         fence_async_shared()
         gl.thread_barrier()
-        n, base_row, nsp, split, t_lo, t_end = _w_req_range(req, begin_req, end_req, begin_blk, end_blk,
-                                                            begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
-                                                            SBLOCK)
+        n, base_row, nsp, split, t_lo, _, t_end = _g_req_range(req, begin_req, end_req, begin_blk, end_blk,
+                                                               begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
+                                                               SBLOCK)
         nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
         if HAS_EXTRA:
             x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
@@ -568,6 +534,32 @@ def _w_consumer(q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_pt
                     lacc_ptr, s_q, h_q, acc_rows, sm_scale_log2, HAS_SINK, S_L, O_L)
 
 
+@_jit
+def _w_smem(FMT: gl.constexpr):
+    """Both kernel entries' shared memory: Q, the 2-slot K (= V) ring, P; V3.2 (FMT 0) also the RoPE tiles (V4.1:
+    ``p_smem`` stands in, never read); per slot the 64 tokens' validity (int8, written by the producer, read by the
+    consumers' softmax); the ``ready`` / ``empty`` mbarriers, initialised."""
+    D_V: gl.constexpr = 512
+    SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, D_V], gl.bfloat16)
+    SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
+    q_n = gl.allocate_shared_memory(gl.bfloat16, [64, D_V], SH_N)
+    kv_n = gl.allocate_shared_memory(gl.bfloat16, [2, 64, D_V], SH_N)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
+    if FMT == 0:
+        q_p = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
+        kv_p = gl.allocate_shared_memory(gl.bfloat16, [2, 64, 64], SH_P)
+    else:
+        q_p = p_smem
+        kv_p = p_smem
+    vmask = gl.allocate_shared_memory(gl.int8, [2, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    return q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty
+
+
 _NO_SPEC = ["page", "num_tok", "b", "s_q", "h_q", "topk", "acc_rows"]
 
 
@@ -579,25 +571,7 @@ def _sparse_decode_gluon_ws_kernel(
     PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, PRODUCER_FENCE: gl.constexpr, FMT: gl.constexpr,
 ):
-    D_V: gl.constexpr = 512
-    SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, D_V], gl.bfloat16)
-    SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
-    q_n = gl.allocate_shared_memory(gl.bfloat16, [64, D_V], SH_N)
-    kv_n = gl.allocate_shared_memory(gl.bfloat16, [2, 64, D_V], SH_N)
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
-    if FMT == 0:
-        q_p = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
-        kv_p = gl.allocate_shared_memory(gl.bfloat16, [2, 64, 64], SH_P)
-    else:           # V4.1: no RoPE tiles (never read: stand-ins)
-        q_p = p_smem
-        kv_p = p_smem
-    # per slot: the 64 tokens' validity (int8), written by the producer, read by the consumers' softmax
-    vmask = gl.allocate_shared_memory(gl.int8, [2, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty = _w_smem(FMT)
     if FMT == 0:
         gl.warp_specialize([
             (_w_consumer, (q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr,
@@ -639,24 +613,7 @@ def _sparse_decode_gluon_ws_x_kernel(
     """With an extra cache (arguments as the single-partition kernel's): :func:`_sparse_decode_gluon_ws_kernel`'s
     shared memory and partitions, HAS_EXTRA on (a separate entry so that the no-extra kernel's parameter list, and
     so its PTX, stay as they were). Pairs: V3.2 + V3.2 (FMT 0, XFMT 0), V4.1 + V4.1 (2, 2), V4.1 + FP4 (2, 3)."""
-    D_V: gl.constexpr = 512
-    SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, D_V], gl.bfloat16)
-    SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
-    q_n = gl.allocate_shared_memory(gl.bfloat16, [64, D_V], SH_N)
-    kv_n = gl.allocate_shared_memory(gl.bfloat16, [2, 64, D_V], SH_N)
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
-    if FMT == 0:
-        q_p = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
-        kv_p = gl.allocate_shared_memory(gl.bfloat16, [2, 64, 64], SH_P)
-    else:
-        q_p = p_smem
-        kv_p = p_smem
-    vmask = gl.allocate_shared_memory(gl.int8, [2, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty = _w_smem(FMT)
     if FMT == 0:
         gl.warp_specialize([
             (_w_consumer, (q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr,
