@@ -1,9 +1,10 @@
 """Host cost of the public GEMM calls that go through the Gluon kernels vs the Triton ones (same shapes, same process).
 
 For each case: ``submit`` = host µs per call of N back-to-back calls with no synchronisation (the CPU time to validate
-through the plan cache and launch; when it exceeds the kernel time the GPU waits on the host), ``whole`` = µs per call
-of the same loop including the final synchronisation (what an eager caller sees), ``graph`` = µs per replay of the
-call captured in a CUDA graph (GPU time alone), plus the plan's fast/slow launch counters. The Gluon plans' TMA
+through the plan cache and launch; when it exceeds the kernel time the GPU waits on the host; best of two loops),
+``whole`` = the median whole call (``triton.testing.do_bench``: what an eager caller sees), ``graph`` = the median
+replay of the call captured in a CUDA graph (GPU time alone) -- the same definitions as ``host_overhead.py`` and
+``deepkernels bench``, plus the plan's fast/slow launch counters. The Gluon plans' TMA
 descriptors go through the launcher's descriptor cache (``deepkernels._launch``): ``--desc-cache both`` (default)
 times every Gluon case with it on and off (rows carry ``desc_cache`` and the hits/misses per call), ``on``/``off``
 only that setting.
@@ -16,45 +17,17 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import torch
+import triton.testing
 
 sys.path.insert(0, os.path.dirname(__file__))
 from grouped_gemm import fp8_weights, provenance  # noqa: E402
+from host_overhead import _submit_us  # noqa: E402
+
+from deepkernels.bench.runner import _time_graph_us  # noqa: E402
 
 N_CALLS = 200
-
-
-def _loop(fn, n):
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    t2 = time.perf_counter()
-    return (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6
-
-
-def _graph_us(fn, n=50):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / n
 
 
 def _counters(plans):
@@ -84,15 +57,15 @@ def measure(name, fn, plans_dict, env, desc_cache=True):
         fn()
         torch.cuda.synchronize()
         _, _, h0, m0, _ = _counters(plans_dict.values())
-        submit, whole = _loop(fn, N_CALLS)
-        submit2, whole2 = _loop(fn, N_CALLS)
+        submit = min(_submit_us(fn, N_CALLS), _submit_us(fn, N_CALLS))
         _, _, h1, m1, states = _counters(plans_dict.values())
-        graph = _graph_us(fn)
+        whole = float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")) * 1e3
+        graph = _time_graph_us(fn)
         fast, slow, _, _, _ = _counters(plans_dict.values())
         kind = type(next(iter(plans_dict.values()), None)).__name__
         row = dict(case=name, env=env, plan=kind, desc_cache="on" if desc_cache else "off", desc_states=states,
                    desc_hits_per_call=(h1 - h0) / (2 * N_CALLS), desc_misses_per_call=(m1 - m0) / (2 * N_CALLS),
-                   submit_us=min(submit, submit2), whole_us=min(whole, whole2),
+                   submit_us=submit, whole_us=whole,
                    graph_us=graph, fast_calls=fast, slow_calls=slow)
     finally:
         _launch.set_descriptor_cache(prev)
@@ -102,7 +75,7 @@ def measure(name, fn, plans_dict, env, desc_cache=True):
             else:
                 os.environ[k] = v
     print(f"HOST {name:44s} {str(env):40s} plan {kind:14s} desc {row['desc_cache']:3s} submit "
-          f"{row['submit_us']:7.1f} us  whole {row['whole_us']:7.1f} us  graph {graph:7.1f} us  fast/slow "
+          f"{row['submit_us']:7.1f} us  whole {row['whole_us']:7.1f} us  graph {float('nan') if graph is None else graph:7.1f} us  fast/slow "
           f"{fast}/{slow}  desc hits/misses per call {row['desc_hits_per_call']:.1f}/{row['desc_misses_per_call']:.2f} "
           f"{states}", flush=True)
     return row

@@ -41,6 +41,16 @@ def _seed():
 
 
 @pytest.fixture
+def descriptor_cache_on():
+    """The TMA descriptor cache of the fast launch path (``deepkernels._launch``) switched on for the test, restored
+    after: it is off by default until it has run on a GPU; the modules that test it use this fixture."""
+    from deepkernels import _launch
+    prev = _launch.set_descriptor_cache(True)
+    yield
+    _launch.set_descriptor_cache(prev)
+
+
+@pytest.fixture
 def device():
     """The device kernels run on in this tier: cuda on a GPU, cpu under the interpreter."""
     return "cuda" if HAS_CUDA and not INTERPRET else "cpu"

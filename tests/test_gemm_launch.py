@@ -9,13 +9,7 @@ from deepkernels.gemm._configs import GemmConfig
 from deepkernels.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
 
 
-@pytest.fixture(autouse=True)
-def _descriptor_cache_on():
-    """The TMA descriptor cache is off by default until it has run on a GPU; this module tests it, so it is on here
-    (tests that compare against the uncached launch switch it off themselves)."""
-    prev = _launch.set_descriptor_cache(True)
-    yield
-    _launch.set_descriptor_cache(prev)
+pytestmark = pytest.mark.usefixtures("descriptor_cache_on")   # the cache is off by default (conftest)
 
 
 class _Param:

@@ -14,13 +14,7 @@ from deepkernels import _launch
 from deepkernels._gluon import available as gluon_available
 
 
-@pytest.fixture(autouse=True)
-def _descriptor_cache_on():
-    """The TMA descriptor cache is off by default until it has run on a GPU; this module tests it, so it is on here
-    (tests that compare against the uncached launch switch it off themselves)."""
-    prev = _launch.set_descriptor_cache(True)
-    yield
-    _launch.set_descriptor_cache(prev)
+pytestmark = pytest.mark.usefixtures("descriptor_cache_on")   # the cache is off by default (conftest)
 
 needs_gluon = pytest.mark.skipif(not gluon_available(), reason="Gluon not importable")
 

@@ -22,6 +22,7 @@ from deepkernels.reference import mla as ref
 from deepkernels.testing.compile import SM90_SMEM_LIMIT, ptxas_sm90
 from deepkernels.testing.numerics import check_is_allclose
 
+from test_mla_decode_gluon import GPU_GRID, _case   # the Gluon kernel's GPU grid and case builder
 from test_mla_decode_reference import make_case
 
 needs_gluon = pytest.mark.skipif(not G.available(), reason=f"gluon not importable: {G._IMPORT_ERROR!r}")
@@ -114,25 +115,6 @@ def _run(q, k, bt, sl, causal, scale=None, sched_lens=None, vs_today=True, confi
         assert check_is_allclose("out vs today's gluon", o, o2, *TOL_OUT)
         assert check_is_allclose("lse vs today's gluon", l, l2, *TOL_LSE)
     return o, l
-
-
-def _case(b, s_q, s_k, h_q, h_kv, varlen, zero_frac=0.0, dtype=torch.bfloat16):
-    if varlen:
-        sl = torch.clamp(torch.normal(float(s_k), s_k / 2, (b,)), min=s_q).int()
-    else:
-        sl = torch.full((b,), s_k, dtype=torch.int32)
-    if zero_frac:
-        sl[torch.rand(b) < zero_frac] = 0
-    return make_case(b, s_q, h_q, h_kv, sl.tolist(), dtype=dtype, device="cuda")
-
-
-GPU_GRID = [
-    (b, s_q, s_k, h_q, h_kv, varlen, causal)
-    for b in (2, 64) for s_q in (1, 2) for s_k in (20, 140, 4096)
-    for (h_q, h_kv) in ((64, 1), (128, 1), (126, 1), (128, 2))
-    for varlen, causal in ((False, False), (True, True))
-    if s_q * h_q // h_kv >= 64 and not (b == 64 and s_k == 4096 and h_kv == 2)
-]
 
 
 @pytest.mark.gpu

@@ -412,12 +412,26 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     passes its launch key, which covers them: k_cache's dtype fixes the two TMA descriptors' key), or None to
     compute them here with :func:`deepkernels._launch.spec_key` (descriptors included)."""
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
+    grid, args = _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc)
+    constexprs = (bool(causal and q.shape[1] > 1), stages, pv_regs, prod_regs)
+    launcher = cached_launcher(_LAUNCHERS, _mla_decode_gluon_kernel,
+                               (constexprs, spec_key(*args) if _spec is None else _spec),
+                               lambda: dict(zip(_CONSTEXPRS, constexprs), num_warps=4), _LAUNCHER_LIMIT,
+                               cache_descriptors=True)
+    launcher(grid, *args, scale, scale * _LOG2E)
+    return out, lse
+
+
+def _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc):
+    """(grid, runtime arguments before the two scales) of a split-KV launch: one CTA per (scheduler part, kv head,
+    64-row block of s_q x h_q / h_kv rows); K read through two TMA descriptors over the cache viewed as
+    ``[num_blocks * 64, h_kv * 576]`` (``[64, 512]`` NoPE = V, ``[64, 64]`` RoPE boxes). Shared by the seesaw
+    variant (``_gluon_dense_decode_seesaw``), whose kernel takes the same arguments."""
     b, s_q, h_q, _ = q.shape
     nb, page, h_kv, _ = k_cache.shape
     group = h_q // h_kv
     rows = s_q * group
     m_blocks = -(-rows // BLOCK_M)
-    parts = sched.shape[0]
     lay = _smem_layout()
     shape2 = [nb * page, h_kv * 576]
     strides2 = [k_cache.stride(1), 1]
@@ -427,13 +441,7 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     args = (q, kn_desc, kp_desc, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc,
             qs[0], qs[1], qs[2], block_table.stride(0), block_table.shape[1], nb,
             b, s_q, h_q, group, rows, m_blocks, h_kv, o_acc.shape[0])
-    constexprs = (bool(causal and s_q > 1), stages, pv_regs, prod_regs)
-    launcher = cached_launcher(_LAUNCHERS, _mla_decode_gluon_kernel,
-                               (constexprs, spec_key(*args) if _spec is None else _spec),
-                               lambda: dict(zip(_CONSTEXPRS, constexprs), num_warps=4), _LAUNCHER_LIMIT,
-                               cache_descriptors=True)
-    launcher((parts * h_kv * m_blocks, ), *args, scale, scale * _LOG2E)
-    return out, lse
+    return (sched.shape[0] * h_kv * m_blocks, ), args
 
 
 _CONSTEXPRS = ("CAUSAL", "NUM_STAGES", "PV_REGS", "PRODUCER_REGS")
@@ -441,10 +449,12 @@ _LAUNCHERS: dict = {}   # (kernel, (constexprs, specialisation)) -> KernelLaunch
 _LAUNCHER_LIMIT = 1024
 
 
-def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_splits, scale, causal, config=None):
+def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_splits, scale, causal, config=None,
+                        launch=None):
     """Whole split-KV step on the Gluon kernel: allocate out/lse/accumulators (NaN-poisoned when
     ``decode._POISON_OUTPUTS``), launch, combine (``combine_splits_`` unchanged). Same arguments and results as
-    ``decode._dense_launch`` (which dispatches here when :func:`supported`); for tests and benchmarks."""
+    ``decode._dense_launch`` (which dispatches here when :func:`supported`); for tests and benchmarks. ``launch``:
+    a launcher with :func:`gluon_dense_launch`'s signature (default that one; the seesaw variant passes its own)."""
     from . import decode as _dec
     from .combine import combine_splits_
 
@@ -462,8 +472,8 @@ def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_split
     seqlens = cache_seqlens.contiguous()
     if block_table.stride(1) != 1:
         block_table = block_table.contiguous()
-    gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
-                       config)
+    (launch or gluon_dense_launch)(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse,
+                                   o_acc, l_acc, config)
     combine_splits_(out, lse, o_acc, l_acc, num_splits, lengths=seqlens, causal=bool(causal and s_q > 1))
     return out, lse
 

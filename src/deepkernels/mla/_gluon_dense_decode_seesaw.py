@@ -82,11 +82,11 @@ from __future__ import annotations
 import torch
 
 from .._launch import cached_launcher, spec_key
-from .._gluon import gl, fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait, TensorDescriptor
+from .._gluon import gl, fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 from . import _gluon_dense_decode as _base
 from ._gluon_dense_decode import (_g_coords, _g_record, _g_piece, _g_producer, _g_zero_tail, _g_softmax,
-                                  _g_out_rows, _g_write_half, _smem_layout, BLOCK_M, D_NOPE, _LOG2E, available)
+                                  _g_out_rows, _g_write_half, _smem_layout, _LOG2E, available)
 
 __all__ = ["available", "supported", "gluon_dense_launch_seesaw", "gluon_dense_forward_seesaw", "compile_sm90",
            "SEESAW_DEFAULT", "SEESAW_CANDIDATES"]
@@ -366,55 +366,22 @@ def gluon_dense_launch_seesaw(q, k_cache, block_table, seqlens, sched, num_split
     :func:`deepkernels.mla._gluon_dense_decode.gluon_dense_launch` (``config`` = ``(num_stages, math_regs,
     producer_regs, order)``, default :data:`SEESAW_DEFAULT`)."""
     stages, math_regs, prod_regs, order = config or SEESAW_DEFAULT
-    b, s_q, h_q, _ = q.shape
-    nb, page, h_kv, _ = k_cache.shape
-    group = h_q // h_kv
-    rows = s_q * group
-    m_blocks = -(-rows // BLOCK_M)
-    parts = sched.shape[0]
-    lay = _smem_layout()
-    shape2 = [nb * page, h_kv * 576]
-    strides2 = [k_cache.stride(1), 1]
-    kn_desc = TensorDescriptor(k_cache, shape2, strides2, [64, 512], lay)
-    kp_desc = TensorDescriptor(k_cache, shape2, strides2, [64, 64], lay)
-    qs = q.stride()
-    args = (q, kn_desc, kp_desc, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc,
-            qs[0], qs[1], qs[2], block_table.stride(0), block_table.shape[1], nb,
-            b, s_q, h_q, group, rows, m_blocks, h_kv, o_acc.shape[0])
-    constexprs = (bool(causal and s_q > 1), stages, math_regs, prod_regs, order)
+    grid, args = _base._launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc)
+    constexprs = (bool(causal and q.shape[1] > 1), stages, math_regs, prod_regs, order)
     launcher = cached_launcher(_LAUNCHERS, _mla_decode_seesaw_kernel,
                                (constexprs, spec_key(*args) if _spec is None else _spec),
                                lambda: dict(zip(_CONSTEXPRS, constexprs), num_warps=4), _LAUNCHER_LIMIT,
                                cache_descriptors=True)
-    launcher((parts * h_kv * m_blocks, ), *args, scale, scale * _LOG2E)
+    launcher(grid, *args, scale, scale * _LOG2E)
     return out, lse
 
 
 def gluon_dense_forward_seesaw(q, k_cache, block_table, cache_seqlens, sched, num_splits, scale, causal,
                                config=None):
-    """Whole split-KV step on the seesaw kernel (allocate, NaN-poison when ``decode._POISON_OUTPUTS``, launch,
-    unchanged combine); same arguments and results as ``_gluon_dense_decode.gluon_dense_forward``."""
-    from . import decode as _dec
-    from .combine import combine_splits_
-
-    b, s_q, h_q, _ = q.shape
-    dev = q.device
-    parts = sched.shape[0]
-    acc_rows = b + parts
-    out = torch.empty(b, s_q, h_q, D_NOPE, dtype=q.dtype, device=dev)
-    lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=dev)
-    o_acc = torch.empty(acc_rows, s_q, h_q, D_NOPE, dtype=torch.float32, device=dev)
-    l_acc = torch.empty(acc_rows, s_q, h_q, dtype=torch.float32, device=dev)
-    if _dec._POISON_OUTPUTS:
-        for t in (out, lse, o_acc, l_acc):
-            t.fill_(float("nan"))
-    seqlens = cache_seqlens.contiguous()
-    if block_table.stride(1) != 1:
-        block_table = block_table.contiguous()
-    gluon_dense_launch_seesaw(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc,
-                              l_acc, config)
-    combine_splits_(out, lse, o_acc, l_acc, num_splits, lengths=seqlens, causal=bool(causal and s_q > 1))
-    return out, lse
+    """Whole split-KV step on the seesaw kernel: ``_gluon_dense_decode.gluon_dense_forward`` (allocate, NaN-poison
+    when ``decode._POISON_OUTPUTS``, launch, unchanged combine) with :func:`gluon_dense_launch_seesaw`."""
+    return _base.gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_splits, scale, causal,
+                                     config, launch=gluon_dense_launch_seesaw)
 
 
 def compile_sm90(config=None, causal=False, dtype="bf16"):
