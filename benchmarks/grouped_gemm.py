@@ -200,6 +200,19 @@ def run_contiguous(g, m, n, k, device, dry, label="contiguous", counts=None):
     return row
 
 
+def _time_variant(r, fn, row, flops, graph=True):
+    """Time one checked Gluon variant into ``r``: whole call µs (and CUDA-graph µs), TFLOPS, and its ratios to the
+    public op (``vs_public``) and the per-group cuBLAS loop (``vs_cublas``) of the same ``row``."""
+    r["us"] = bench(fn, False)
+    if graph:
+        r["graph_us"] = bench_graph(fn, False)
+    r["tflops"] = flops / r["us"] / 1e6
+    if row.get("us"):
+        r["vs_public"] = row["us"] / r["us"]
+    if row.get("cublas_us"):
+        r["vs_cublas"] = row["cublas_us"] / r["us"]
+
+
 def _gluon_contiguous(row, A, B, d, gl, ref_full, flops):
     """v3: the Gluon warp-specialised m-grouped contiguous kernel (direct launcher), each config checked
     (NaN-poisoned output, padding rows exactly 0, calc_diff vs the dequantized product) before it is timed."""
@@ -224,13 +237,7 @@ def _gluon_contiguous(row, A, B, d, gl, ref_full, flops):
             if r["nan"] or not r["pad_zero"] or r["diff"] > 1e-3:
                 r["error"] = "failed its check: not timed"
                 continue
-            r["us"] = bench(fn, False)
-            r["graph_us"] = bench_graph(fn, False)
-            r["tflops"] = flops / r["us"] / 1e6
-            if row.get("us"):
-                r["vs_public"] = row["us"] / r["us"]
-            if row.get("cublas_us"):
-                r["vs_cublas"] = row["cublas_us"] / r["us"]
+            _time_variant(r, fn, row, flops)
         except Exception as e:
             r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     # the public op routed through the Gluon kernel (DEEPKERNELS_GROUPED_GLUON=1: whole-call dispatch path)
@@ -245,12 +252,7 @@ def _gluon_contiguous(row, A, B, d, gl, ref_full, flops):
         r["diff"] = float(calc_diff(torch.nan_to_num(d.float(), nan=1e4), ref))
         r["nan"] = bool(torch.isnan(d).any())
         if not r["nan"] and r["diff"] <= 1e-3:
-            r["us"] = bench(fn, False)
-            r["tflops"] = flops / r["us"] / 1e6
-            if row.get("us"):
-                r["vs_public"] = row["us"] / r["us"]
-            if row.get("cublas_us"):
-                r["vs_cublas"] = row["cublas_us"] / r["us"]
+            _time_variant(r, fn, row, flops, graph=False)
         else:
             r["error"] = "failed its check: not timed"
     except Exception as e:
@@ -324,13 +326,7 @@ def _gluon_masked(row, A, B, d, masked_m, m, ref_full, flops):
             if r["nan"] or not r["untouched"] or r["diff"] > 1e-3:
                 r["error"] = "failed its check: not timed"
                 continue
-            r["us"] = bench(fn, False)
-            r["graph_us"] = bench_graph(fn, False)
-            r["tflops"] = flops / r["us"] / 1e6
-            if row.get("us"):
-                r["vs_public"] = row["us"] / r["us"]
-            if row.get("cublas_us"):
-                r["vs_cublas"] = row["cublas_us"] / r["us"]
+            _time_variant(r, fn, row, flops)
         except Exception as e:
             r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
 
