@@ -50,10 +50,44 @@ def _sass_loops(sass: str):
     return [[t for pc, t in ins if a <= pc <= b_] for a, b_ in inner]
 
 
+def _assert_setmaxnreg(ptx: str, producer_regs: int):
+    """Warp specialisation: the producer's register count is set (``inc``), the consumers get the rest of the launch
+    cap (``dec``), as Triton splits it."""
+    regs = dict((d, int(n)) for d, n in re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
+                if int(n) not in (24, 240))
+    assert regs.get("inc") == producer_regs, regs
+    assert regs.get("dec") == (W.WS_MAXNREG * (8 + W.WS_PRODUCER_WARPS) * 32 - producer_regs
+                               * W.WS_PRODUCER_WARPS * 32) // 256 // 8 * 8, regs
+
+
+def _n_spill(loop) -> int:
+    return sum(1 for t in loop if re.search(r"\b(STL|LDL)\b", t))
+
+
+def _ptxas_loops(ptx: str, is_producer_loop, n_producer_loops: int, max_spill_bytes: int = 256):
+    """Assemble with ptxas (skip when it is missing) and check what every WS config must hold: one consumer token
+    loop (the HGMMA loop) with no spill and no global load in it, ``n_producer_loops`` producer block loops
+    (``is_producer_loop``), at most ``max_spill_bytes`` of spill stores / loads in all. Returns the producer loops."""
+    from deepkernels.testing.compile import ptxas_sm90
+    rep = ptxas_sm90(ptx, sass=True)
+    if rep is None:
+        pytest.skip("ptxas not available")
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep.log)
+    assert spill, rep.log
+    loops = _sass_loops(rep.sass)
+    cons = [lp for lp in loops if any("HGMMA" in t for t in lp)]
+    prod = [lp for lp in loops if not any("HGMMA" in t for t in lp) and is_producer_loop(lp)]
+    assert len(cons) == 1 and len(prod) == n_producer_loops, (len(cons), len(prod))
+    assert _n_spill(cons[0]) == 0, "spills in the consumers' token loop"
+    assert not any(re.match(r"(@!?P\w+\s+)?LDG", t) for t in cons[0]), "global load in the consumers' token loop"
+    assert int(spill.group(1)) <= max_spill_bytes and int(spill.group(2)) <= max_spill_bytes, rep.log
+    return prod
+
+
 @pytest.mark.compile
 @pytest.mark.parametrize("page_shift,has_len,has_sink", [(6, True, True), (-1, False, False), (6, False, True)])
 def test_compile_sm90_ws(page_shift, has_len, has_sink):
-    from deepkernels.testing.compile import SM90_SMEM_LIMIT, ptxas_sm90
+    from deepkernels.testing.compile import SM90_SMEM_LIMIT
     k = W.compile_sm90_ws(page_shift, has_len, has_sink)
     ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
     # consumers: S = 576 / 16 k-steps of m64n32 per warpgroup, P V = 64 / 16 of m64n256 (no duplicated work)
@@ -65,41 +99,24 @@ def test_compile_sm90_ws(page_shift, has_len, has_sink):
     assert ptx.count("mbarrier.try_wait.parity") == 2
     assert "cp.async.mbarrier.arrive" in ptx and ptx.count("mbarrier.arrive.shared::cta") == 2
     # warp specialisation: the producer's register count is set, the consumers get the rest
-    regs = dict((d, int(n)) for d, n in re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
-                if int(n) not in (24, 240))
-    assert regs.get("inc") == W.WS_PRODUCER_REGS, regs
-    assert regs.get("dec") == (W.WS_MAXNREG * (8 + W.WS_PRODUCER_WARPS) * 32 - W.WS_PRODUCER_REGS
-                               * W.WS_PRODUCER_WARPS * 32) // 256 // 8 * 8, regs
+    _assert_setmaxnreg(ptx, W.WS_PRODUCER_REGS)
     # raw records as 16-byte vectors, RoPE by cp.async, consumers' fence after each ready wait
     assert "ld.global.v4.b32" in ptx or "ld.global.v4.u32" in ptx
     assert ptx.count("cp.async.cg.shared.global") == 4
     assert "fence.proxy.async" in ptx
     # the dequantised tiles go to shared memory without a layout conversion (no bf16 convert_layout at all)
     assert not re.search(r"ttg.convert_layout %\S+ : tensor<[0-9x]+xbf16", ttgir)
-    rep = ptxas_sm90(ptx, sass=True)
-    if rep is None:
-        pytest.skip("ptxas not available")
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep.log)
-    assert spill, rep.log
-    loops = _sass_loops(rep.sass)
-    cons = [lp for lp in loops if any("HGMMA" in t for t in lp)]
-    prod = [lp for lp in loops if any("LDGSTS" in t for t in lp)]
-    assert len(cons) == 1 and len(prod) == 1, (len(cons), len(prod))
-    n_spill = lambda lp: sum(1 for t in lp if re.search(r"\b(STL|LDL)\b", t))   # noqa: E731
     # measured (Triton 3.6, ptxas of the wheel): consumer token loop 0 (and no global load in it: the validity comes
     # from shared memory), producer block loop 5 (of ~1,320 instructions), 88 B spill stores / 104 B loads in all
-    assert n_spill(cons[0]) == 0, "spills in the consumers' token loop"
-    assert n_spill(prod[0]) <= 8, f"{n_spill(prod[0])} spill instructions in the producer's block loop"
-    assert not any(re.match(r"(@!?P\w+\s+)?LDG", t) for t in cons[0]), "global load in the consumers' token loop"
-    assert int(spill.group(1)) <= 256 and int(spill.group(2)) <= 256, rep.log
-
+    (prod,) = _ptxas_loops(ptx, lambda lp: any("LDGSTS" in t for t in lp), 1)
+    assert _n_spill(prod) <= 8, f"{_n_spill(prod)} spill instructions in the producer's block loop"
 
 @pytest.mark.compile
 @pytest.mark.parametrize("page_shift,has_len,has_sink", [(6, True, True), (-1, False, False), (6, False, True)])
 def test_compile_sm90_ws_v41(page_shift, has_len, has_sink):
     """V4.1 main cache (528 B/token, d_qk 512): no RoPE tiles (no cp.async), UE8M0 dequant in the producer, PSUM
     row sum in the consumers; its own register split (WS_PRODUCER_REGS_V41)."""
-    from deepkernels.testing.compile import SM90_SMEM_LIMIT, ptxas_sm90
+    from deepkernels.testing.compile import SM90_SMEM_LIMIT
     k = W.compile_sm90_ws(page_shift, has_len, has_sink, fmt="v41")
     ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n32k16") == 32                 # S: 512 / 16 k-steps
@@ -108,31 +125,14 @@ def test_compile_sm90_ws_v41(page_shift, has_len, has_sink):
     assert k.metadata.shared <= 206 * 1024 and k.metadata.shared <= SM90_SMEM_LIMIT
     assert ptx.count("mbarrier.init.shared") == 4 and ptx.count("mbarrier.try_wait.parity") == 2
     assert "cp.async" not in ptx and ptx.count("mbarrier.arrive.shared::cta") == 2
-    regs = dict((d, int(n)) for d, n in re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
-                if int(n) not in (24, 240))
-    assert regs.get("inc") == W.WS_PRODUCER_REGS_V41, regs
-    assert regs.get("dec") == (W.WS_MAXNREG * (8 + W.WS_PRODUCER_WARPS) * 32 - W.WS_PRODUCER_REGS_V41
-                               * W.WS_PRODUCER_WARPS * 32) // 256 // 8 * 8, regs
+    _assert_setmaxnreg(ptx, W.WS_PRODUCER_REGS_V41)
     assert ptx.count("ld.global.v4.b32") + ptx.count("ld.global.v4.u32") >= 16      # 4 chunks x 4 16-B vectors
     assert "fence.proxy.async" in ptx
     assert not re.search(r"ttg.convert_layout %\S+ : tensor<[0-9x]+xbf16", ttgir)
-    rep = ptxas_sm90(ptx, sass=True)
-    if rep is None:
-        pytest.skip("ptxas not available")
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep.log)
-    assert spill, rep.log
-    loops = _sass_loops(rep.sass)
-    cons = [lp for lp in loops if any("HGMMA" in t for t in lp)]
-    prod = [lp for lp in loops if not any("HGMMA" in t for t in lp)
-            and sum(1 for t in lp if re.match(r"(@!?P\w+\s+)?LDG\.E\.128", t)) >= 16]
-    assert len(cons) == 1 and len(prod) == 1, (len(cons), len(prod))
-    n_spill = lambda lp: sum(1 for t in lp if re.search(r"\b(STL|LDL)\b", t))   # noqa: E731
     # measured (Triton 3.6): consumer token loop 0 (producer 136 / consumers 184 gave 5 there), producer block loop
     # 14 (of ~1,380), ~150 B spill stores / ~165 B loads in all
-    assert n_spill(cons[0]) == 0, "spills in the consumers' token loop"
-    assert n_spill(prod[0]) <= 20, f"{n_spill(prod[0])} spill instructions in the producer's block loop"
-    assert not any(re.match(r"(@!?P\w+\s+)?LDG", t) for t in cons[0]), "global load in the consumers' token loop"
-    assert int(spill.group(1)) <= 256 and int(spill.group(2)) <= 256, rep.log
+    (prod,) = _ptxas_loops(ptx, lambda lp: sum(1 for t in lp if re.match(r"(@!?P\w+\s+)?LDG\.E\.128", t)) >= 16, 1)
+    assert _n_spill(prod) <= 20, f"{_n_spill(prod)} spill instructions in the producer's block loop"
 
 
 _WGMMA_S = {"v32": 36, "v41": 32}                 # S k-steps: 576 / 16 (NoPE + RoPE), 512 / 16
@@ -151,7 +151,7 @@ def test_compile_sm90_ws_extra(fmt, xfmt, page_shift, xpage_shift, has_len, has_
     """The extra-cache kernel (_sparse_decode_gluon_ws_x_kernel): the same consumers (same wgmma shapes and counts,
     PSUM for V4.1, no global load in their token loop), the producer's main block loop then its extra block loop
     (FP4: 8-byte e2m1 vectors + 4-byte scale loads, no RoPE), the same ring and shared memory as without."""
-    from deepkernels.testing.compile import SM90_SMEM_LIMIT, ptxas_sm90
+    from deepkernels.testing.compile import SM90_SMEM_LIMIT
     k = W.compile_sm90_ws(page_shift, has_len, has_sink, fmt=fmt, xfmt=xfmt, xpage_shift=xpage_shift,
                           has_xlen=has_xlen)
     ptx, ttgir = k.asm["ptx"], k.asm["ttgir"]
@@ -169,31 +169,14 @@ def test_compile_sm90_ws_extra(fmt, xfmt, page_shift, xpage_shift, has_len, has_
         assert "cp.async" not in ptx
     if xfmt == "fp4":    # 4 chunks x 4 8-byte e2m1 vectors, prologue + loop
         assert ptx.count("ld.global.v2.b32") + ptx.count("ld.global.v2.u32") >= 32
-    regs = dict((d, int(n)) for d, n in re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
-                if int(n) not in (24, 240))
-    pr = W.WS_PRODUCER_REGS_X[(fmt, xfmt)]
-    assert regs.get("inc") == pr, regs
-    assert regs.get("dec") == (W.WS_MAXNREG * (8 + W.WS_PRODUCER_WARPS) * 32 - pr * W.WS_PRODUCER_WARPS * 32) \
-        // 256 // 8 * 8, regs
+    _assert_setmaxnreg(ptx, W.WS_PRODUCER_REGS_X[(fmt, xfmt)])
     assert "fence.proxy.async" in ptx
     assert not re.search(r"ttg.convert_layout %\S+ : tensor<[0-9x]+xbf16", ttgir)
-    rep = ptxas_sm90(ptx, sass=True)
-    if rep is None:
-        pytest.skip("ptxas not available")
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep.log)
-    assert spill, rep.log
-    loops = _sass_loops(rep.sass)
-    cons = [lp for lp in loops if any("HGMMA" in t for t in lp)]
-    prod = [lp for lp in loops if not any("HGMMA" in t for t in lp)
-            and sum(1 for t in lp if re.match(r"(@!?P\w+\s+)?LDG", t)) >= 16]
-    assert len(cons) == 1 and len(prod) == 2, (len(cons), len(prod))
-    n_spill = lambda lp: sum(1 for t in lp if re.search(r"\b(STL|LDL)\b", t))   # noqa: E731
-    assert n_spill(cons[0]) == 0, "spills in the consumers' token loop"
-    assert not any(re.match(r"(@!?P\w+\s+)?LDG", t) for t in cons[0]), "global load in the consumers' token loop"
+    prod = _ptxas_loops(ptx, lambda lp: sum(1 for t in lp if re.match(r"(@!?P\w+\s+)?LDG", t)) >= 16, 2,
+                        max_spill_bytes=320)
     lim = _PROD_SPILLS[(fmt, xfmt)]
-    got = sorted(n_spill(lp) for lp in prod)
+    got = sorted(_n_spill(lp) for lp in prod)
     assert got[0] <= min(lim) + 4 and got[1] <= max(lim) + 4, f"producer block loops spill {got}, measured {lim}"
-    assert int(spill.group(1)) <= 320 and int(spill.group(2)) <= 320, rep.log
 
 
 def test_extra_launch_goes_to_the_extra_kernel(monkeypatch):
