@@ -25,22 +25,8 @@ DENSE_ARGS=${DENSE_ARGS:---hq 128 --sk 4096 --b 1,2,4,8,16,32,64,128}
 unset TRITON_INTERPRET
 T0=$(date +%s)
 
-timeout -k 2 10 python3 - "$OUT/env.json" <<'PY' 2>&1 | tee "$OUT/env.log"
-import json, os, subprocess, sys, time
-import torch, triton
-info = dict(time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), git_sha=os.environ.get("GIT_SHA", "unknown"),
-            torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda)
-if torch.cuda.is_available():
-    p = torch.cuda.get_device_properties(0)
-    info.update(gpu=p.name, sms=p.multi_processor_count)
-try:
-    info["driver"] = subprocess.check_output(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm",
-                                              "--format=csv,noheader"], stderr=subprocess.DEVNULL).decode().strip()
-except Exception:
-    pass
-json.dump(info, open(sys.argv[1], "w"), indent=1)
-print(json.dumps(info))
-PY
+timeout -k 2 30 python3 -c 'import json, sys; from deepkernels.bench.runner import provenance
+p = provenance(); json.dump(p, open(sys.argv[1], "w"), indent=1); print(json.dumps(p))' "$OUT/env.json" 2>&1 | tee "$OUT/env.log"
 
 echo "== warm-up compile of the timed kernels (background; the ints that vary with b are not specialised)"
 timeout -k 2 "$T_TESTS" python3 benchmarks/mla_sparse_decode.py --host ${SPARSE_ARGS} --host-b 1,2,16 \
@@ -58,23 +44,8 @@ timeout -k 5 "$T_TESTS" python3 -m pytest tests/test_launch_cache.py \
   -m gpu -q -p no:cacheprovider -rfEs $XD --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$? ($(( $(date +%s) - T0 )) s)" | tee -a "$OUT/gpu_tests.log"
 grep -E "passed|failed|error" "$OUT/gpu_tests.log" | tail -3
-timeout -k 2 10 python3 - "$OUT/gpu_tests.xml" "$OUT/env.json" "$OUT/gpu_tests.json" <<'PY' 2>&1
-import json, sys, xml.etree.ElementTree as ET
-try:
-    root = ET.parse(sys.argv[1]).getroot()
-except Exception as e:
-    print(f"no junit xml ({e})"); sys.exit(0)
-res = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
-failed = []
-for c in root.iter("testcase"):
-    tag = next((ch.tag for ch in c if ch.tag in ("failure", "error", "skipped")), "passed")
-    res[{"failure": "failed"}.get(tag, tag)] += 1
-    if tag in ("failure", "error"):
-        failed.append(f"{c.get('classname')}::{c.get('name')}")
-out = dict(provenance=json.load(open(sys.argv[2])), suite="launcher path GPU tests", counts=res, failed=failed)
-json.dump(out, open(sys.argv[3], "w"), indent=1)
-print("gpu tests:", res, ("failed: " + ", ".join(failed)) if failed else "")
-PY
+timeout -k 2 10 python3 benchmarks/junit_summary.py "$OUT/gpu_tests.xml" "$OUT/env.json" "$OUT/gpu_tests.json" \
+  "launcher path GPU tests" 2>&1
 wait "$WARM1" 2>/dev/null; R1=$?; wait "$WARM2" 2>/dev/null; R2=$?
 echo "warm-up rc=$R1/$R2 ($(( $(date +%s) - T0 )) s)"
 

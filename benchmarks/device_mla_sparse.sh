@@ -52,24 +52,8 @@ timeout -k 5 "$T_TESTS" python3 -m pytest tests/test_mla_sparse_kernels.py tests
   -m gpu -q -p no:cacheprovider -rfE $XD $TO --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$? ($(( $(date +%s) - T0 )) s)" | tee -a "$OUT/gpu_tests.log"
 grep -E "passed|failed|error" "$OUT/gpu_tests.log" | tail -3
-python3 - "$OUT/gpu_tests.xml" "$OUT/env.json" "$OUT/gpu_tests.json" <<'PY' 2>&1
-import json, sys, xml.etree.ElementTree as ET
-try:
-    root = ET.parse(sys.argv[1]).getroot()
-except Exception as e:
-    print(f"no junit xml ({e})"); sys.exit(0)
-cases = list(root.iter("testcase"))
-res = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
-failed = []
-for c in cases:
-    tag = next((ch.tag for ch in c if ch.tag in ("failure", "error", "skipped")), "passed")
-    res[{"failure": "failed"}.get(tag, tag)] += 1
-    if tag in ("failure", "error"):
-        failed.append(f"{c.get('classname')}::{c.get('name')}")
-out = dict(provenance=json.load(open(sys.argv[2])), suite="sparse decode GPU tier", counts=res, failed=failed)
-json.dump(out, open(sys.argv[3], "w"), indent=1)
-print("gpu tier:", res, ("failed: " + ", ".join(failed[:10])) if failed else "")
-PY
+python3 benchmarks/junit_summary.py "$OUT/gpu_tests.xml" "$OUT/env.json" "$OUT/gpu_tests.json" \
+  "sparse decode GPU tier" 2>&1
 wait "$WARM" 2>/dev/null; echo "warm-up rc=$? ($(( $(date +%s) - T0 )) s)"
 
 echo "== host timing (cap ${T_HOST}s)"
