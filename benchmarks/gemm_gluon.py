@@ -46,7 +46,7 @@ def _time(fn):
     return out
 
 
-def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None):
+def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None, ms=None):
     """Drift-robust A/B at the K >= 7168 shapes (``all_shapes``: all 6): the Triton table config, the Gluon configs
     the dispatch may pick and cuBLAS, each checked once (poisoned d, calc_diff < 1e-3 vs the dequantized product),
     then timed once per round in every one of ``rounds`` rounds (whole call, do_bench median); per-variant median
@@ -55,7 +55,8 @@ def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None):
     ``epi`` (issue #3): the Triton side is the public op with ``DEEPKERNELS_DISABLE_GLUON=gemm`` (set here for the
     whole process; the direct Gluon launches ignore it), the Gluon side the register-epilogue WS configs s4/s6 and
     the TMA-store-epilogue configs ``G.GLUON_EPI``; no prefetch configs; the shapes with the fewest K blocks first
-    (where the epilogue is the largest share of a tile). ``budget_s``: shapes not started by then are skipped."""
+    (where the epilogue is the largest share of a tile). ``budget_s``: shapes not started by then are skipped.
+    ``ms``: run the six (N, K) at these M instead of 4096 (e.g. 1024, 2048: where the dispatch envelope ends)."""
     t0 = time.time()
     import triton
     import triton.testing
@@ -77,6 +78,8 @@ def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None):
     gluon_cfgs = ([G.GLUON_WS_128_S4, G.GLUON_WS_128_S6] + list(G.GLUON_EPI) if epi else
                   [G.GLUON_WS_128_S4, G.GLUON_WS_128_S6, G.GLUON_WS_128_S4_PF, G.GLUON_WS_128_S6_PF])
     shapes = [s for s in SHAPES if all_shapes or s[2] >= 7168]
+    if ms:
+        shapes = [(m, n, k) for m in ms for (_, n, k) in shapes]
     if epi:
         shapes.sort(key=lambda s: s[2])
     for m, n, k in shapes:
@@ -172,10 +175,12 @@ def main():
     ap.add_argument("--epi", action="store_true", help="with --ab: the TMA-store epilogue configs (issue #3)")
     ap.add_argument("--all-shapes", action="store_true", help="with --ab: all 6 M = 4096 shapes")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ms", default="", help="with --ab: comma-separated M values instead of 4096")
     args = ap.parse_args()
     if args.ab:
         return run_ab(args.out, rounds=args.rounds, epi=args.epi, all_shapes=args.all_shapes,
-                      budget_s=args.budget_s if args.epi else None)
+                      budget_s=args.budget_s if args.epi else None,
+                      ms=[int(x) for x in args.ms.split(",") if x] or None)
     t0 = time.time()
     from deepkernels.gemm import _gluon_fp8 as G
     from deepkernels.gemm import dense

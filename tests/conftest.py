@@ -43,7 +43,7 @@ def _seed():
 @pytest.fixture
 def descriptor_cache_on():
     """The TMA descriptor cache of the fast launch path (``deepkernels._launch``) switched on for the test, restored
-    after: it is off by default until it has run on a GPU; the modules that test it use this fixture."""
+    after (it is on by default; the fixture keeps the modules that test it independent of DEEPKERNELS_DESC_CACHE)."""
     from deepkernels import _launch
     prev = _launch.set_descriptor_cache(True)
     yield

@@ -14,7 +14,7 @@ from deepkernels import _launch
 from deepkernels._gluon import available as gluon_available
 
 
-pytestmark = pytest.mark.usefixtures("descriptor_cache_on")   # the cache is off by default (conftest)
+pytestmark = pytest.mark.usefixtures("descriptor_cache_on")   # independent of DEEPKERNELS_DESC_CACHE (conftest)
 
 needs_gluon = pytest.mark.skipif(not gluon_available(), reason="Gluon not importable")
 

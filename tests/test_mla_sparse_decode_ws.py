@@ -1,5 +1,5 @@
 """Warp-specialised Gluon sparse MLA decode kernel, V3.2 and V4.1 main caches, optionally with an extra cache (V3.2 +
-V3.2, V4.1 + V4.1, V4.1 + FP4: implemented, not dispatched, DISPATCH_EXTRA) (deepkernels.mla._gluon_sparse_decode_ws):
+V3.2, V4.1 + V4.1, V4.1 + FP4: dispatched while DISPATCH_EXTRA is set, since their first device run) (deepkernels.mla._gluon_sparse_decode_ws):
 compile tier on
 any machine (sm90 cross-compile: wgmma, mbarrier ring, setmaxnreg, shared memory, ptxas spills per partition loop),
 GPU tier through the public op with the Gluon launcher swapped for a wrapper that runs BOTH the dispatched
@@ -143,6 +143,25 @@ EXTRA_PAIRS = [("v41", "fp4"), ("v32", "v32"), ("v41", "v41")]
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("fmt", ["v32", "v41"])
+def test_compile_sm90_ws_profile_variants(fmt):
+    """The timing diagnostics (benchmarks/sparse_decode_ws_profile.py) compile for sm90: PROFILE 1 keeps the
+    consumers' wgmmas and drops the producer's record gather (fewer 16-byte global loads: the consumers' Q loads remain),
+    PROFILE 2 has no wgmma at all; neither is the default (the plain kernel compiles without the constexpr) and
+    an extra cache refuses them."""
+    plain = W.compile_sm90_ws(fmt=fmt).asm["ptx"]
+    p1 = W.compile_sm90_ws(fmt=fmt, profile=1).asm["ptx"]
+    p2 = W.compile_sm90_ws(fmt=fmt, profile=2).asm["ptx"]
+    assert "wgmma.mma_async" in plain and "wgmma.mma_async" in p1 and "wgmma.mma_async" not in p2
+    assert p1.count("ld.global.v4") < plain.count("ld.global.v4")
+    assert W.launch_sparse_decode_gluon_ws.__kwdefaults__["_profile"] == 0
+    kw = make_case(2, 1, 64, "v41", 64, 80, 16, xfmt="fp4", xtopk=64)
+    with pytest.raises(ValueError, match="_profile"):
+        W.launch_sparse_decode_gluon_ws(None, None, kw["q"], kw["k_cache"], None, None, None, 1.0, "v41",
+                                        extra_k_cache=kw["extra_k_cache"], _profile=1)
+
+
+@pytest.mark.compile
 @pytest.mark.parametrize("fmt,xfmt", EXTRA_PAIRS)
 @pytest.mark.parametrize("page_shift,xpage_shift,has_len,has_xlen,has_sink", [(6, 6, True, True, True),
                                                                              (-1, 1, False, True, False),
@@ -231,9 +250,10 @@ def test_extra_launch_goes_to_the_extra_kernel(monkeypatch):
                                         extra_k_cache=kw["extra_k_cache"], xfmt="fp4")
 
 
-def test_extra_calls_keep_their_kernels_until_dispatch_extra(monkeypatch):
+def test_extra_calls_go_to_ws_only_with_dispatch_extra(monkeypatch):
     """CPU, launches stubbed: with an extra cache the public op sends V3.2 to the single-partition kernel and V4.1 to
-    Triton while DISPATCH_EXTRA is False (the WS kernel takes them only once it is set); no extra cache: WS."""
+    Triton when DISPATCH_EXTRA is False, and every pair to the WS kernel when it is set (the default since the first
+    device run); no extra cache: WS."""
     took = []
     for name, mod, attr in (("ws", W, "launch_sparse_decode_gluon_ws"), ("single", G, "launch_sparse_decode_gluon"),
                             ("triton", sd, "_launch_sparse_decode")):
@@ -242,7 +262,8 @@ def test_extra_calls_keep_their_kernels_until_dispatch_extra(monkeypatch):
     monkeypatch.setattr(G, "supported", lambda *a, **k: True)
     monkeypatch.setattr(sd, "use_kernels", lambda *t: True)
     monkeypatch.setattr(sd, "_PLANS", {})
-    assert W.DISPATCH_EXTRA is False
+    assert W.DISPATCH_EXTRA is True
+    monkeypatch.setattr(W, "DISPATCH_EXTRA", False)
     cases = {p: make_case(2, 1, 64, p[0], 64, 80, 16, xfmt=p[1], xtopk=64, with_xlen=True) for p in EXTRA_PAIRS}
     for p, kw in cases.items():
         _public(kw)
@@ -282,10 +303,10 @@ def test_supported_ws_gate_on_cpu(monkeypatch):
         with pytest.raises(ValueError):
             W.launch_sparse_decode_gluon_ws(None, None, q, c, None, None, None, 1.0, fmt, extra_k_cache=x)
     # both formats are dispatched (V4.1 since its first device run); the public op checks the format set; extra
-    # caches: implemented, not dispatched (DISPATCH_EXTRA, checked by the public op)
+    # caches: dispatched since their first device run (DISPATCH_EXTRA, checked by the public op)
     assert W.DISPATCH_FMTS == frozenset({"v32", "v41"}) and set(W.WS_FMTS) == {"v32", "v41"}
     assert "plan.fmt in _gsdw.DISPATCH_FMTS" in inspect.getsource(sd)
-    assert W.DISPATCH_EXTRA is False and "_gsdw.DISPATCH_EXTRA" in inspect.getsource(sd)
+    assert W.DISPATCH_EXTRA is True and "_gsdw.DISPATCH_EXTRA" in inspect.getsource(sd)
     assert W.WS_EXTRA_PAIRS == {"v32": ("v32", ), "v41": ("v41", "fp4")} == G._EXTRA_PAIRS
 
 

@@ -351,15 +351,21 @@ class _GluonPlan:
 
 
 def _use_gluon(m: int, n: int, k: int, d, c, sfb_per_row: bool):
-    """The Gluon kernel's config for this call, or None. Chosen by the recorded sweep
-    benchmarks/results/gemm_gluon-h200-2026-11-29.json (H200, git f71ec1f8d059, 2026-11-29 14:07 UTC): at M = 4096
-    the warp-specialised 128x128 Gluon kernel beat the Triton table at every K >= 7168 shape by 6-15 % (whole call:
-    (2112, 7168) 149 vs 172 us, (7168, 16384) 1011 vs 1069, (4096, 7168) 265 vs 297) and lost or tied at K <= 2048
-    (0.89-1.00x). All 58 Gluon GPU tests passed in the same run. Only BF16 out, no C, 128x128 weight scales.
-    Re-measured in the v3 run (results/gemm_gluon-h200-v3-2026-11-29.json, git 011f1befdb5b): this dispatch (the
-    public default) vs the Triton table config 1.09x at (7168, 16384), 1.09x at (4096, 7168), 1.13x at (2112, 7168)
-    whole call; the v3 prefetch / 128x256 Gluon candidates did not beat these configs."""
-    if m < 1024 or k < 7168 or sfb_per_row or c is not None or d.dtype != torch.bfloat16 or not d.is_cuda:
+    """The Gluon kernel's config for this call, or None (Triton table). Only BF16 out, no C, 128x128 weight scales.
+
+    Today's rule (session 15, H200, git 3d9a1b17f99b, results/gemm_gluon_epi-h200-2026-11-29-s15.json, whole-call us
+    at M = 4096): the warp-specialised 128x128 Gluon kernel with the TMA-store epilogue (``GLUON_WS_128_S4_EPI``:
+    the tile goes registers -> shared -> TMA store, waited for only before the next tile's epilogue) beat the Triton
+    table, the register-epilogue Gluon configs and cuBLAS blockwise at every small-K shape -- (32768, 512) 159 vs
+    Triton 277 / cuBLAS 296; (24576, 1536) 302 vs 428 / 376; (7168, 2048) 116 vs 153 / 138 -- and the register-epilogue
+    Gluon configs dispatched before at every K >= 7168 shape: (2112, 7168) 138 vs 148; (4096, 7168) 240 vs 262;
+    (7168, 16384) 980 vs 1033 (S4 beat S6 with the TMA epilogue at all six). 37/37 EPI GPU tests passed in that run.
+    So: K >= 7168 from M = 1024 (the envelope where the register-epilogue configs had been measured faster than the
+    Triton table, results/gemm_gluon-h200-2026-11-29.json), any K from M = 4096 (smaller M at small K not measured
+    yet). A D that TMA cannot address (row stride or base not 16-byte aligned) runs the same config with the
+    register epilogue (``_gluon_fp8._go_dense``)."""
+    if m < 1024 or (k < 7168 and m < 4096) or sfb_per_row or c is not None or d.dtype != torch.bfloat16 \
+            or not d.is_cuda:
         return None
     if interpret_mode() or gluon_disabled("gemm"):
         return None
@@ -367,7 +373,7 @@ def _use_gluon(m: int, n: int, k: int, d, c, sfb_per_row: bool):
 
     if not _gluon_fp8.available():
         return None
-    return _gluon_fp8.GLUON_WS_128_S4 if n <= 2112 else _gluon_fp8.GLUON_WS_128_S6
+    return _gluon_fp8.GLUON_WS_128_S4_EPI
 
 
 def _fp8_plan(a, sfa, b, sfb, d, c, sfb_per_row: bool, cfg: GemmConfig | None) -> _Plan:

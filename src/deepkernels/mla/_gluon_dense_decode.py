@@ -29,6 +29,11 @@ per-request scalars spill outside the tile loop):
 * PV warpgroup (worker, 4 warps): for every tile, rescales its ``O[:, 256:]`` by ``alpha`` and accumulates
   ``P V[:, 256:]`` from the shared P; at the end of a piece it receives ``1/L`` and writes its half.
 
+A FlashMLA-style "seesaw" variant (both warpgroups compute S for alternate tiles and exchange P / the row max; three
+issue orders) was measured in session 15 (H200, git 3d9a1b17f99b, results/mla_decode_seesaw-h200-2026-11-29-s15.json,
+b 128, h_q 128/64, s_q 1/2, s_k 4K-32K): correct (60/60 GPU tests) but 0.68-0.88x this kernel at every shape (best
+order 0.75-0.88x; prediction was +5-15 %), with 264 B of spills in its token loops. Removed; last present at 3d9a1b1.
+
 Needs: CUDA, bf16/fp16, page_block_size 64, d_qk 576, ``k_cache`` strides ``(64 * s1, s1, 576, 1)`` with 16-B
 aligned rows. No interpreter support (Gluon); cross-compiles on a CPU (:func:`_compile_sm90`).
 """
@@ -425,8 +430,7 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
 def _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc):
     """(grid, runtime arguments before the two scales) of a split-KV launch: one CTA per (scheduler part, kv head,
     64-row block of s_q x h_q / h_kv rows); K read through two TMA descriptors over the cache viewed as
-    ``[num_blocks * 64, h_kv * 576]`` (``[64, 512]`` NoPE = V, ``[64, 64]`` RoPE boxes). Shared by the seesaw
-    variant (``_gluon_dense_decode_seesaw``), whose kernel takes the same arguments."""
+    ``[num_blocks * 64, h_kv * 576]`` (``[64, 512]`` NoPE = V, ``[64, 64]`` RoPE boxes)."""
     b, s_q, h_q, _ = q.shape
     nb, page, h_kv, _ = k_cache.shape
     group = h_q // h_kv
@@ -449,12 +453,10 @@ _LAUNCHERS: dict = {}   # (kernel, (constexprs, specialisation)) -> KernelLaunch
 _LAUNCHER_LIMIT = 1024
 
 
-def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_splits, scale, causal, config=None,
-                        launch=None):
+def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_splits, scale, causal, config=None):
     """Whole split-KV step on the Gluon kernel: allocate out/lse/accumulators (NaN-poisoned when
     ``decode._POISON_OUTPUTS``), launch, combine (``combine_splits_`` unchanged). Same arguments and results as
-    ``decode._dense_launch`` (which dispatches here when :func:`supported`); for tests and benchmarks. ``launch``:
-    a launcher with :func:`gluon_dense_launch`'s signature (default that one; the seesaw variant passes its own)."""
+    ``decode._dense_launch`` (which dispatches here when :func:`supported`); for tests and benchmarks."""
     from . import decode as _dec
     from .combine import combine_splits_
 
@@ -472,8 +474,8 @@ def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_split
     seqlens = cache_seqlens.contiguous()
     if block_table.stride(1) != 1:
         block_table = block_table.contiguous()
-    (launch or gluon_dense_launch)(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse,
-                                   o_acc, l_acc, config)
+    gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
+                       config)
     combine_splits_(out, lse, o_acc, l_acc, num_splits, lengths=seqlens, causal=bool(causal and s_q > 1))
     return out, lse
 

@@ -2,8 +2,8 @@
 and V4.1 without an extra cache (:data:`DISPATCH`, :data:`DISPATCH_FMTS`); measured 229-266 TFLOPS at h_q 128, topk
 2048 on the H200 for V3.2, 1.20-1.30x the single-partition kernel, bit-identical to it (prediction below: 300-380,
 missed by ~1.3x); V4.1 219-257 (section "V4.1"). With an extra cache (V3.2 + V3.2, V4.1 + V4.1, V4.1 + FP4; section
-"Extra cache" at the end): implemented, NOT dispatched (:data:`DISPATCH_EXTRA` False) until a device run shows it
-bit-identical to the single-partition kernel and faster.
+"Extra cache" at the end): dispatched since its first device run (:data:`DISPATCH_EXTRA`), bit-identical to the
+single-partition kernel and 1.17-1.33x the kernels that served those calls before.
 
 Same contract as :mod:`deepkernels.mla._gluon_sparse_decode` (the dispatched single-partition kernel; read its
 docstring) and, by construction, the same output bit for bit: one CTA per (scheduler part, query position,
@@ -133,6 +133,10 @@ kernel's argument list, so the no-extra kernel's parameters and PTX are untouche
   producer prologue per request is covered by the 2-slot ring: V4.1 + FP4 at about the V4.1 WS rate, 210-255 TFLOPS
   (b 64 s_q 1 lowest), 1.15-1.4x the Triton kernel that serves it (176-195 in ``deepkernels bench``); V3.2 + V3.2
   225-265, 1.2-1.35x the single-partition kernel; h_q 64: 150-230. Untested on a GPU when written.
+* Measured (H200, session 15, git 3d9a1b17f99b, ``benchmarks/device_sparse_decode_ws.sh``): 25/25 extra-cache GPU
+  tests; bit-identical to the single-partition kernel on all 12 bench shapes. V4.1 + FP4 at h_q 128: 211-238 TFLOPS
+  (prediction 210-255: inside), h_q 64: 168-221; 1.17-1.28x the Triton kernel (144-193). V3.2 + V3.2 at h_q 128:
+  241-274 (prediction 225-265), 1.30-1.33x the single-partition kernel. Dispatched since (:data:`DISPATCH_EXTRA`).
 """
 from __future__ import annotations
 
@@ -169,10 +173,12 @@ DISPATCH = True
 WS_FMTS = ("v32", "v41")
 DISPATCH_FMTS = frozenset({"v32", "v41"})
 # extra caches the kernel implements beside each main format (the single-partition kernel's pairs) and whether
-# sparse_decode.py sends calls with an extra cache here: False until a device run shows them bit-identical to the
-# single-partition kernel and faster (until then V3.2 + extra -> single-partition kernel, V4.1 + extra -> Triton)
+# sparse_decode.py sends calls with an extra cache here: True since their first device run (2026-11-29, git
+# 3d9a1b17f99b, session 15): 25/25 extra-cache GPU tests, bit-identical to the single-partition kernel on every bench
+# shape; V4.1 + FP4 (topk 2048 + extra 512) 168-238 TFLOPS vs the Triton kernel that served it 144-193 (1.17-1.28x),
+# V3.2 + V3.2 241-274 vs the single-partition kernel 184-206 (1.30-1.33x)
 WS_EXTRA_PAIRS = {"v32": ("v32", ), "v41": ("v41", "fp4")}
-DISPATCH_EXTRA = False
+DISPATCH_EXTRA = True
 # producer setmaxnreg per (main, extra) pair: the main producers' values (the consumers' budget is the same)
 WS_PRODUCER_REGS_X = {("v32", "v32"): WS_PRODUCER_REGS, ("v41", "v41"): WS_PRODUCER_REGS_V41,
                       ("v41", "fp4"): WS_PRODUCER_REGS_V41}
@@ -273,16 +279,36 @@ def _w_blocks32(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, str
 
 
 @_jit
+def _w_blocks_skip(vmask, ready, empty, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end, num_tok, it):
+    """Timing diagnostic (``PROFILE`` 1, never dispatched): the producer's ring protocol for positions [t_lo, t_end)
+    without any gather or dequantisation -- per block: wait ``empty``, store the block's validity, arrive ``ready``.
+    The consumers then run their full per-block work on whatever the ring holds (results meaningless), so the
+    kernel time is the consumers' alone."""
+    LT: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+    idx_row = idx_ptr + req.to(gl.int64) * stride_ib + si64 * stride_is
+    for j in range(nblocks):
+        slot = it % 2
+        _, v = _g_load_idx(idx_row, t_lo + j * 64, t_end, num_tok, LT)
+        mbarrier.wait(empty.index(slot), ((it // 2) & 1) ^ 1)
+        vmask.index(slot).store(v.to(gl.int8))
+        mbarrier.arrive(ready.index(slot))
+        it += 1
+    return it
+
+
+@_jit
 def _w_producer(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
                 stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk,
                 xkv_ptr, xidx_ptr, xlen_ptr, stride_xkb, xpage, xnum_tok, stride_xib, stride_xis, xtopk,
                 PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr,
                 PRODUCER_FENCE: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_XLEN: gl.constexpr,
-                XPAGE_SHIFT: gl.constexpr, XFMT: gl.constexpr):
+                XPAGE_SHIFT: gl.constexpr, XFMT: gl.constexpr, PROFILE: gl.constexpr = 0):
     """Worker partition (4 warps): gather + dequantise every 64-token block of this CTA's (request, block) line
     into ring slot ``it % 2`` (``it`` counts blocks over the requests, as the consumers do). HAS_EXTRA (the ``x*``
     arguments; constexpr None placeholders without): after a request's main blocks, its blocks of the V3.2 extra
-    cache (:func:`_w_blocks32`), the same ring counter running on."""
+    cache (:func:`_w_blocks32`), the same ring counter running on. ``PROFILE`` 1 (timing diagnostic, no extra
+    cache): :func:`_w_blocks_skip` instead of the gather + dequant loop."""
     LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1], [1, 0])  # [64, 64] bf16 RoPE: 4 x 16-B cp.async
     hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
     si64 = si.to(gl.int64)
@@ -292,8 +318,12 @@ def _w_producer(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
         n, base_row, nsp, split, t_lo, _, t_end = _g_req_range(req, begin_req, end_req, begin_blk, end_blk,
                                                                begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
                                                                SBLOCK)
-        it = _w_blocks32(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo,
-                         t_end, num_tok, page, stride_kb, it, dr, PAGE_SHIFT, PRODUCER_FENCE)
+        if PROFILE == 1:
+            it = _w_blocks_skip(vmask, ready, empty, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end, num_tok,
+                                it)
+        else:
+            it = _w_blocks32(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is,
+                             t_lo, t_end, num_tok, page, stride_kb, it, dr, PAGE_SHIFT, PRODUCER_FENCE)
         if HAS_EXTRA:
             x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
             it = _w_blocks32(kv_n, kv_p, vmask, ready, empty, xkv_ptr, xidx_ptr, req, si64, stride_xib, stride_xis,
@@ -383,7 +413,7 @@ def _w_producer41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr,
                   xkv_ptr, xidx_ptr, xlen_ptr, stride_xkb, xpage, xnum_tok, stride_xib, stride_xis, xtopk,
                   PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr,
                   PRODUCER_FENCE: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_XLEN: gl.constexpr,
-                XPAGE_SHIFT: gl.constexpr, XFMT: gl.constexpr):
+                XPAGE_SHIFT: gl.constexpr, XFMT: gl.constexpr, PROFILE: gl.constexpr = 0):
     """Worker partition (4 warps), V4.1 main cache (528 B/token: 512 e4m3 incl. RoPE, 16 UE8M0 exponents): as
     :func:`_w_producer` without the RoPE copy; a chunk is 128 B of a record = 4 scale groups (2 per thread).
     HAS_EXTRA: then the request's extra-cache blocks, V4.1 (XFMT 2, :func:`_w_blocks41`) or FP4 (XFMT 3,
@@ -395,8 +425,12 @@ def _w_producer41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr,
         n, base_row, nsp, split, t_lo, _, t_end = _g_req_range(req, begin_req, end_req, begin_blk, end_blk,
                                                                begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
                                                                SBLOCK)
-        it = _w_blocks41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
-                         num_tok, page, stride_kb, it, PAGE_SHIFT, PRODUCER_FENCE)
+        if PROFILE == 1:
+            it = _w_blocks_skip(vmask, ready, empty, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end, num_tok,
+                                it)
+        else:
+            it = _w_blocks41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo,
+                             t_end, num_tok, page, stride_kb, it, PAGE_SHIFT, PRODUCER_FENCE)
         if HAS_EXTRA:
             x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
             if XFMT == 3:
@@ -455,7 +489,7 @@ def _w_consumer(q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_pt
                 nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh, num_tok,
                 stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2, xlen_ptr, xtopk,
                 HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr, FMT: gl.constexpr,
-                HAS_EXTRA: gl.constexpr, HAS_XLEN: gl.constexpr):
+                HAS_EXTRA: gl.constexpr, HAS_XLEN: gl.constexpr, PROFILE: gl.constexpr = 0):
     """Default partition (8 warps): the single-partition kernel's compute and epilogue, V3.2 (FMT 0) or V4.1 (FMT 2:
     no RoPE tiles, row sum kept per column and reduced once per request, as its PSUM). HAS_EXTRA: a request's
     extra-cache blocks follow its main blocks in the same loop (the producer dequantised them into the same ring in
@@ -498,33 +532,36 @@ def _w_consumer(q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_pt
         for j in range(nblocks):
             slot = it % 2
             mbarrier.wait(ready.index(slot), (it // 2) & 1)
-            fence_async_shared()       # the producer's shared stores (generic proxy) before the wgmma reads
-            tok = warpgroup_mma(q_n, kv_n.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            if FMT == 0:
-                tok = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok, is_async=True)
-            # block j's validity (position < t_end, 0 <= idx < num_tok), written by the producer next to the slot:
-            # no global load in this loop (a load in flight at the fence above would stall its MEMBAR.ALL.CTA,
-            # and one issued under S is scheduled by ptxas after the wait, exposed)
-            valid = vmask.index(slot).load(LS) != 0
-            s = warpgroup_mma_wait(0, deps=(tok, ))
-            # online softmax step, exactly as _gluon_sparse_decode._g_attend (PSUM off for V3.2, on for V4.1)
-            s = gl.where(valid[None, :], s, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 1))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
-            p = gl.exp2((s - m_safe[:, None]) * sm_scale_log2)
-            if FMT == 2:
-                l_i = l_i * alpha[:, None] + p
+            if PROFILE == 2:             # timing diagnostic (never dispatched): release the slot at once, no math
+                mbarrier.arrive(empty.index(slot))
             else:
-                l_i = l_i * alpha + gl.sum(p, 1)
-            m_i = m_new
-            p_smem.store(p.to(gl.bfloat16))
-            fence_async_shared()
-            gl.thread_barrier()        # both halves of P written before either warpgroup reads it
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
-            tok_o = warpgroup_mma(p_smem, kv_n.index(slot), acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(tok_o, ))
-            mbarrier.arrive(empty.index(slot))   # 8-warp barrier + one arrive: slot and P tile free
+                fence_async_shared()     # the producer's shared stores (generic proxy) before the wgmma reads
+                tok = warpgroup_mma(q_n, kv_n.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                if FMT == 0:
+                    tok = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok, is_async=True)
+                # block j's validity (position < t_end, 0 <= idx < num_tok), written by the producer next to the
+                # slot: no global load in this loop (a load in flight at the fence above would stall its
+                # MEMBAR.ALL.CTA, and one issued under S is scheduled by ptxas after the wait, exposed)
+                valid = vmask.index(slot).load(LS) != 0
+                s = warpgroup_mma_wait(0, deps=(tok, ))
+                # online softmax step, exactly as _gluon_sparse_decode._g_attend (PSUM off for V3.2, on for V4.1)
+                s = gl.where(valid[None, :], s, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(s, 1))
+                m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
+                p = gl.exp2((s - m_safe[:, None]) * sm_scale_log2)
+                if FMT == 2:
+                    l_i = l_i * alpha[:, None] + p
+                else:
+                    l_i = l_i * alpha + gl.sum(p, 1)
+                m_i = m_new
+                p_smem.store(p.to(gl.bfloat16))
+                fence_async_shared()
+                gl.thread_barrier()        # both halves of P written before either warpgroup reads it
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+                tok_o = warpgroup_mma(p_smem, kv_n.index(slot), acc, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+                mbarrier.arrive(empty.index(slot))   # 8-warp barrier + one arrive: slot and P tile free
             it += 1
 
         if FMT == 2:
@@ -569,30 +606,33 @@ def _sparse_decode_gluon_ws_kernel(
     stride_qb, stride_qs, stride_qh, stride_kb, page, num_tok, stride_ib, stride_is,
     b, s_q, h_q, topk, acc_rows, sm_scale_log2,
     PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, PRODUCER_FENCE: gl.constexpr, FMT: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, PRODUCER_FENCE: gl.constexpr, FMT: gl.constexpr, PROFILE: gl.constexpr = 0,
 ):
+    """``PROFILE`` (timing diagnostic, never dispatched; results meaningless): 1 = the producer only runs the ring
+    protocol (no gather, no dequant: the consumers' time alone), 2 = the consumers release each slot at once (no
+    math: the producer's time alone); 0 = the kernel."""
     q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty = _w_smem(FMT)
     if FMT == 0:
         gl.warp_specialize([
             (_w_consumer, (q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr,
                            meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh,
                            num_tok, stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2, None, None,
-                           HAS_LEN, HAS_SINK, SBLOCK, FMT, False, False)),
+                           HAS_LEN, HAS_SINK, SBLOCK, FMT, False, False, PROFILE)),
             (_w_producer, (kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
                            stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, None, None, None, None,
                            None, None, None, None, None, PAGE_SHIFT, HAS_LEN, SBLOCK, PRODUCER_FENCE, False, False, 0,
-                           0)),
+                           0, PROFILE)),
         ], [4], [PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_w_consumer, (q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr,
                            meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh,
                            num_tok, stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2, None, None,
-                           HAS_LEN, HAS_SINK, SBLOCK, FMT, False, False)),
+                           HAS_LEN, HAS_SINK, SBLOCK, FMT, False, False, PROFILE)),
             (_w_producer41, (kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
                              stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, None, None, None,
                              None, None, None, None, None, None, PAGE_SHIFT, HAS_LEN, SBLOCK, PRODUCER_FENCE, False,
-                             False, 0, 0)),
+                             False, 0, 0, PROFILE)),
         ], [4], [PRODUCER_REGS])
 
 
@@ -655,12 +695,13 @@ def supported_ws(q: torch.Tensor, k_cache: torch.Tensor, fmt: str, extra_k_cache
 def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None,
                                   extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
                                   extra_topk_length=None, config=None, _spec=None, *,
-                                  producer_regs=None, maxnreg=None, producer_fence=None):
+                                  producer_regs=None, maxnreg=None, producer_fence=None, _profile=0):
     """Drop-in for ``launch_sparse_decode_gluon`` (same arguments and outputs; the caller checked
     :func:`supported_ws`; ``config`` ignored; ``_spec`` as there: the public op's cached call plan standing for the
     specialisation facts, or None to compute them with :func:`deepkernels._launch.spec_key`). Launches through a
     :class:`deepkernels._launch.KernelLauncher` (direct compiled-kernel launch once bound). Keyword-only tuning knobs
-    (benchmarks): producer ``setmaxnreg``, launch ``maxnreg``, producer-side proxy fence."""
+    (benchmarks): producer ``setmaxnreg``, launch ``maxnreg``, producer-side proxy fence; ``_profile`` 1 / 2: the
+    kernel's timing diagnostics (consumers alone / producer alone; no extra cache; output meaningless)."""
     from . import sparse_decode as sd
     from .combine import combine_splits_
     from .metadata import SCHED_BLOCK
@@ -670,6 +711,8 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
     if fmt not in WS_FMTS or (has_x and xf not in WS_EXTRA_PAIRS[fmt]):
         raise ValueError(f"launch_sparse_decode_gluon_ws: main cache {fmt!r}, extra cache {xf!r}: V3.2 or V4.1 main "
                          f"cache, no extra cache or {WS_EXTRA_PAIRS} only")
+    if _profile and has_x:
+        raise ValueError("launch_sparse_decode_gluon_ws: _profile is for calls without an extra cache")
     b, s_q, h_q, _ = q.shape
     parts = sched.shape[0]
     acc_rows = b + parts
@@ -712,6 +755,8 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
         kernel, names = _sparse_decode_gluon_ws_kernel, _CONSTEXPRS
         constexprs = (_page_shift(kv.shape[1]), topk_length is not None, attn_sink is not None, SCHED_BLOCK,
                       producer_regs or _producer_regs(fmt), fence, GLUON_FMTS[fmt])
+        if _profile:     # only then: the kernel's own launches keep their constexprs (and compiled kernel)
+            names, constexprs = names + ("PROFILE", ), constexprs + (int(_profile), )
     launcher = cached_launcher(_LAUNCHERS, kernel, (constexprs, opts, spec),
                                lambda: dict(zip(names, constexprs), num_warps=opts[0], maxnreg=opts[1]),
                                _LAUNCHER_LIMIT)
@@ -737,7 +782,7 @@ _LAUNCHER_LIMIT = 1024
 
 def compile_sm90_ws(page_shift: int = 6, has_len: bool = True, has_sink: bool = True, producer_regs=None,
                     maxnreg=None, producer_fence=None, fmt: str = "v32", xfmt: str | None = None,
-                    xpage_shift: int = 6, has_xlen: bool = True):
+                    xpage_shift: int = 6, has_xlen: bool = True, profile: int = 0):
     """Cross-compile the WS kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch;
     ``fmt``: main-cache format ("v32" / "v41"); ``xfmt``: extra-cache format (None: no extra cache, the
     no-extra kernel; "v32" / "v41" / "fp4": the extra-cache kernel, with ``xpage_shift`` / ``has_xlen``).
@@ -755,6 +800,8 @@ def compile_sm90_ws(page_shift: int = 6, has_len: bool = True, has_sink: bool = 
                   PRODUCER_REGS=producer_regs or _producer_regs(fmt),
                   PRODUCER_FENCE=WS_PRODUCER_FENCE if producer_fence is None else bool(producer_fence),
                   FMT=GLUON_FMTS[fmt])
+    if profile:
+        consts["PROFILE"] = int(profile)
     hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
                                                                   "stride_ib", "stride_is"]
     return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)

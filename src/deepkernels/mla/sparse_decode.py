@@ -410,7 +410,7 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
     # 1. the warp-specialised kernel (producer warps gather + dequantise) for its formats without an extra cache
     #    (_gsdw.DISPATCH_FMTS: V3.2 and V4.1; bit-identical to the single-partition kernel, 1.20-1.30x it for V3.2 and
     #    1.17-1.44x for V4.1 on the H200, results/mla_sparse_decode_ws-h200-2026-11-29*.json); with an extra cache
-    #    only once _gsdw.DISPATCH_EXTRA is set (implemented, not yet measured on a GPU);
+    #    while _gsdw.DISPATCH_EXTRA is set (since session 15: bit-identical, 1.17-1.33x the previous kernels);
     # 2. the single-partition kernel for the formats where it measured faster than Triton (_gsd.DISPATCH_FMTS: V3.2,
     #    i.e. V3.2 with an extra cache); 3. everything else: the Triton kernel
     launch = _launch_sparse_decode

@@ -1,0 +1,79 @@
+"""Where the warp-specialised sparse decode kernel spends its time (issue #6): the kernel against its two timing
+diagnostics on the same schedule and inputs (``launch_sparse_decode_gluon_ws(..., _profile=1/2)``):
+
+* ``consumers`` (PROFILE 1): the producer runs only the ring protocol (no gather, no dequant), the consumers do all
+  their per-block work -> the consumers' time alone;
+* ``producer`` (PROFILE 2): the consumers release every slot at once (no math) -> the producer's time alone.
+
+If the kernel time is close to one of them, that side is the limit; if it is well above both, the hand-off (ring
+depth, barriers) is. Reported per row: ms, TFLOPS-equivalent (FlashMLA counting, the kernel's FLOPs over each
+variant's time) and the per-CTA time per 64-token block (``us_per_block``: time x CTAs per wave / blocks).
+Usage (GPU): ``PYTHONPATH=src python benchmarks/sparse_decode_ws_profile.py OUT.json``
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main(path: str) -> int:
+    import mla_sparse_decode as B
+    import deepkernels.mla.sparse_decode as sd
+    from deepkernels.mla import _gluon_sparse_decode_ws as W
+    from deepkernels.mla.metadata import compute_schedule
+    from deepkernels.bench.runner import provenance
+    from triton.testing import do_bench
+
+    topk, s_k = 2048, 8192
+    rows = []
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    for _ in range(200):       # clocks up
+        x @ x
+    del x
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for fmt in ("v32", "v41"):
+        for b, s_q, h_q in ((128, 1, 128), (128, 2, 128), (64, 1, 128), (128, 1, 64)):
+            d_qk = 576 if fmt == "v32" else 512
+            cache = B.make_cache(fmt, b * s_k, "cuda")
+            q = torch.randn(b, s_q, h_q, d_qk, device="cuda").clamp_(-1, 1).bfloat16()
+            ind = B.make_indices(b, s_q, topk, s_k, "cuda")
+            cfg = sd.sparse_decode_config(h_q, fmt)
+            parts = sd._num_sm_parts(q.device, s_q, h_q, cfg)
+            sched, ns = compute_schedule(sd._token_counts(b, topk, None, 0, None, False, q.device), parts)
+            out = torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16, device="cuda")
+            lse = torch.empty(b, s_q, h_q, device="cuda")
+            flop = 2 * h_q * b * s_q * topk * (d_qk + 512)
+            ctas = parts * s_q * (h_q // 64)
+            blocks = b * s_q * (h_q // 64) * (topk // 64)      # (CTA, 64-token block) work items
+            row = dict(fmt=fmt, b=b, s_q=s_q, h_q=h_q, topk=topk, parts=parts, ctas=ctas, flop=flop)
+            for name, prof in (("ws", 0), ("consumers", 1), ("producer", 2)):
+                fn = (lambda p=prof: W.launch_sparse_decode_gluon_ws(out, lse, q, cache, ind, sched, ns, d_qk ** -0.5,
+                                                                     fmt, _profile=p))
+                try:
+                    fn()
+                    torch.cuda.synchronize()
+                    ms = do_bench(fn, warmup=5, rep=40)
+                    row[name + "_ms"] = ms
+                    row[name + "_tflops_equiv"] = flop / ms / 1e9
+                    row[name + "_us_per_block"] = ms * 1e3 * min(ctas, sms) / blocks
+                except Exception as e:  # noqa: BLE001
+                    row[name + "_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            rows.append(row)
+            print("%s h_q=%3d b=%3d s_q=%d  " % (fmt, h_q, b, s_q) + "  ".join(
+                "%s %.1f TF (%.2f us/blk)" % (n, row.get(n + "_tflops_equiv", float("nan")),
+                                              row.get(n + "_us_per_block", float("nan")))
+                for n in ("ws", "consumers", "producer")), flush=True)
+            json.dump(dict(provenance=provenance(), rows=rows), open(path, "w"), indent=1)
+            del cache
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.environ.get("OUT", "."),
+                                                                      "sparse_decode_ws_profile.json")))
