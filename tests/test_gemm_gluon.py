@@ -129,43 +129,56 @@ def test_gluon_fp8_small_grid_persistent():
 
 
 def test_dense_gluon_dispatch_rule(monkeypatch):
-    """CPU: dense.py's Gluon envelope -- the TMA-store-epilogue config (S4) at K >= 7168 from M = 1024 and at any K
-    from M = 4096; the Triton table below, for C / per-row weight scales / fp32 out / CPU tensors, and when Gluon is
-    disabled."""
+    """CPU: dense.py's Gluon envelope -- the TMA-store-epilogue config (S4) from M = 1024 at any K when D is
+    TMA-able; otherwise the register-epilogue config at K >= 7168 (S4 for N <= 2112, S6 above) and the Triton table
+    below; the Triton table for M < 1024, C, per-row weight scales, fp32 out, and when Gluon is disabled."""
     from deepkernels.gemm import dense
 
-    class D:
-        dtype, is_cuda = torch.bfloat16, True
+    def dd(n, dtype=torch.bfloat16, offset=0):
+        # a stand-in D: what the rule reads (dtype, device, strides, base alignment)
+        class D:
+            is_cuda = True
 
-    class D32:
-        dtype, is_cuda = torch.float32, True
+            def stride(self, i=None):
+                st = (n, 1)
+                return st if i is None else st[i]
+
+            def data_ptr(self):
+                return 1 << 20 | offset
+        D.dtype = dtype
+        return D()
 
     monkeypatch.setattr(dense, "interpret_mode", lambda: False)
     monkeypatch.setattr(G, "available", lambda: True)
     monkeypatch.delenv("DEEPKERNELS_DISABLE_GLUON", raising=False)
     rule = dense._use_gluon
-    for m, n, k in ((4096, 32768, 512), (4096, 24576, 1536), (4096, 7168, 2048), (4096, 2112, 7168),
-                    (1024, 7168, 16384), (1024, 4096, 7168), (8192, 576, 128), (4096, 33, 7168)):
-        assert rule(m, n, k, D, None, False) is G.GLUON_WS_128_S4_EPI, (m, n, k)
-    for m, n, k in ((1024, 7168, 2048), (2048, 24576, 1536), (1023, 7168, 16384), (128, 7168, 16384)):
-        assert rule(m, n, k, D, None, False) is None, (m, n, k)
-    assert rule(4096, 7168, 2048, D, object(), False) is None          # C accumulation: Triton
-    assert rule(4096, 7168, 2048, D, None, True) is None               # 1D1D (per-row weight scales): Triton
-    assert rule(4096, 7168, 2048, D32, None, False) is None            # fp32 out: Triton
+    for m, n, k in ((4096, 32768, 512), (1024, 24576, 1536), (2048, 7168, 2048), (4096, 2112, 7168),
+                    (1024, 7168, 16384), (1024, 4096, 7168), (8192, 576, 128)):
+        assert rule(m, n, k, dd(n), None, False) is G.GLUON_WS_128_S4_EPI, (m, n, k)
+    # D not TMA-able (N % 8 != 0, or a base offset of 2 bytes): register epilogue at K >= 7168, else Triton
+    assert rule(4096, 1030, 7168, dd(1030), None, False) is G.GLUON_WS_128_S4
+    assert rule(4096, 4100, 7168, dd(4100), None, False) is G.GLUON_WS_128_S6
+    assert rule(4096, 4096, 7168, dd(4096, offset=2), None, False) is G.GLUON_WS_128_S6
+    assert rule(4096, 1030, 512, dd(1030), None, False) is None
+    for m, n, k in ((1023, 7168, 16384), (128, 7168, 16384), (64, 2112, 7168)):
+        assert rule(m, n, k, dd(n), None, False) is None, (m, n, k)
+    assert rule(4096, 7168, 2048, dd(7168), object(), False) is None                 # C accumulation: Triton
+    assert rule(4096, 7168, 2048, dd(7168), None, True) is None                      # 1D1D: Triton
+    assert rule(4096, 7168, 2048, dd(7168, torch.float32), None, False) is None      # fp32 out: Triton
     monkeypatch.setenv("DEEPKERNELS_DISABLE_GLUON", "gemm")
-    assert rule(4096, 7168, 2048, D, None, False) is None
+    assert rule(4096, 7168, 2048, dd(7168), None, False) is None
 
 
 @pytest.mark.gpu
 @needs_gluon
 @pytest.mark.parametrize("m, n, k", [(1024, 2112, 7168), (4096, 7168, 2048), (4096, 576, 1088), (4096, 1000, 640),
-                                     (4096, 1030, 512)])
+                                     (1024, 1030, 7168), (2048, 32768, 512)])
 def test_gluon_public_dispatch_fast_launch(monkeypatch, m, n, k):
-    """The public fp8_gemm_nt inside the Gluon envelope (M >= 1024 at K >= 7168, M >= 4096 at any K): one cached
-    _GluonPlan, repeat calls on the fast launch path (compiled kernel called directly, descriptors rebuilt per call),
-    bit-identical to the direct launch and within DeepGEMM's calc_diff of the float64 reference, and a CUDA graph of
-    the public call replays correctly. N 1030: D's row stride (2060 B) is not TMA-able, so the same config runs
-    with the register epilogue; N 1000 and K 1088: partial last tiles in N and K (K 1088 = 8.5 scale blocks)."""
+    """The public fp8_gemm_nt inside the Gluon envelope (M >= 1024): one cached _GluonPlan, repeat calls on the fast
+    launch path (compiled kernel called directly, descriptors rebuilt per call), bit-identical to the direct launch
+    and within DeepGEMM's calc_diff of the float64 reference, and a CUDA graph of the public call replays
+    correctly. N 1030: D's row stride (2060 B) is not TMA-able, so the plan holds the register-epilogue config;
+    N 1000 and K 1088: partial last tiles in N and K (K 1088 = 8.5 scale blocks)."""
     import deepkernels as dk
     from deepkernels.gemm import dense
     from deepkernels.testing import calc_diff

@@ -353,19 +353,18 @@ class _GluonPlan:
 def _use_gluon(m: int, n: int, k: int, d, c, sfb_per_row: bool):
     """The Gluon kernel's config for this call, or None (Triton table). Only BF16 out, no C, 128x128 weight scales.
 
-    Today's rule (session 15, H200, git 3d9a1b17f99b, results/gemm_gluon_epi-h200-2026-11-29-s15.json, whole-call us
-    at M = 4096): the warp-specialised 128x128 Gluon kernel with the TMA-store epilogue (``GLUON_WS_128_S4_EPI``:
-    the tile goes registers -> shared -> TMA store, waited for only before the next tile's epilogue) beat the Triton
-    table, the register-epilogue Gluon configs and cuBLAS blockwise at every small-K shape -- (32768, 512) 159 vs
-    Triton 277 / cuBLAS 296; (24576, 1536) 302 vs 428 / 376; (7168, 2048) 116 vs 153 / 138 -- and the register-epilogue
-    Gluon configs dispatched before at every K >= 7168 shape: (2112, 7168) 138 vs 148; (4096, 7168) 240 vs 262;
-    (7168, 16384) 980 vs 1033 (S4 beat S6 with the TMA epilogue at all six). 37/37 EPI GPU tests passed in that run.
-    So: K >= 7168 from M = 1024 (the envelope where the register-epilogue configs had been measured faster than the
-    Triton table, results/gemm_gluon-h200-2026-11-29.json), any K from M = 4096 (smaller M at small K not measured
-    yet). A D that TMA cannot address (row stride or base not 16-byte aligned) runs the same config with the
-    register epilogue (``_gluon_fp8._go_dense``)."""
-    if m < 1024 or (k < 7168 and m < 4096) or sfb_per_row or c is not None or d.dtype != torch.bfloat16 \
-            or not d.is_cuda:
+    Today's rule (session 15, H200, git a5eb39723349, results/gemm_gluon_epi-h200-2026-11-29-s15.json: M 1024 / 2048
+    / 4096 x the six DeepSeek-V3 (N, K), whole-call us): the warp-specialised 128x128 Gluon kernel with the
+    TMA-store epilogue (``GLUON_WS_128_S4_EPI``: the tile goes registers -> shared -> TMA store, waited for only
+    before the next tile's epilogue) was the fastest of the Triton table, the register-epilogue Gluon configs and
+    the TMA-store S6 config at 17 of 18 shapes and tied S6 at the 18th; vs the Triton table 1.07-1.93x, e.g. M 1024:
+    (32768, 512) 47 vs 76 us, (24576, 1536) 80 vs 117, (7168, 2048) 38 vs 46, (7168, 16384) 257 vs 304; M 4096:
+    (32768, 512) 161 vs 290, (7168, 16384) 977 vs 1191. The session's first run (M 4096 only, git 3d9a1b17f99b)
+    agreed. So: M >= 1024 (smaller M not measured; M <= 128 has its own table configs), any K.
+    A D that TMA cannot address (``_gluon_fp8.d_tma_ok``: row stride or base not 16-byte aligned -- part of the
+    cached plan's signature) gets the register-epilogue config where that one beat the Triton table (K >= 7168,
+    results/gemm_gluon-h200-2026-11-29.json: S4 for N <= 2112, S6 above) and the Triton table elsewhere."""
+    if m < 1024 or sfb_per_row or c is not None or d.dtype != torch.bfloat16 or not d.is_cuda:
         return None
     if interpret_mode() or gluon_disabled("gemm"):
         return None
@@ -373,7 +372,11 @@ def _use_gluon(m: int, n: int, k: int, d, c, sfb_per_row: bool):
 
     if not _gluon_fp8.available():
         return None
-    return _gluon_fp8.GLUON_WS_128_S4_EPI
+    if _gluon_fp8.d_tma_ok(d):
+        return _gluon_fp8.GLUON_WS_128_S4_EPI
+    if k < 7168:
+        return None
+    return _gluon_fp8.GLUON_WS_128_S4 if n <= 2112 else _gluon_fp8.GLUON_WS_128_S6
 
 
 def _fp8_plan(a, sfa, b, sfb, d, c, sfb_per_row: bool, cfg: GemmConfig | None) -> _Plan:
