@@ -356,10 +356,11 @@ def _use_gluon(m: int, n: int, k: int, d, c, sfb_per_row: bool):
     Today's rule (session 15, H200, git a5eb39723349, results/gemm_gluon_epi-h200-2026-11-29-s15.json: M 1024 / 2048
     / 4096 x the six DeepSeek-V3 (N, K), whole-call us): the warp-specialised 128x128 Gluon kernel with the
     TMA-store epilogue (``GLUON_WS_128_S4_EPI``: the tile goes registers -> shared -> TMA store, waited for only
-    before the next tile's epilogue) was the fastest of the Triton table, the register-epilogue Gluon configs and
-    the TMA-store S6 config at 17 of 18 shapes and tied S6 at the 18th; vs the Triton table 1.07-1.93x, e.g. M 1024:
-    (32768, 512) 47 vs 76 us, (24576, 1536) 80 vs 117, (7168, 2048) 38 vs 46, (7168, 16384) 257 vs 304; M 4096:
-    (32768, 512) 161 vs 290, (7168, 16384) 977 vs 1191. The session's first run (M 4096 only, git 3d9a1b17f99b)
+    before the next tile's epilogue) was the fastest of the Triton table, the register-epilogue Gluon configs S4/S6
+    and the TMA-store S6 config at 13 of 18 shapes and within 1.7 % of TMA-store S6 at the other 5; vs the Triton
+    table 1.18-1.80x (e.g. M 1024: (32768, 512) 47 vs 76 us, (24576, 1536) 80 vs 117, (7168, 2048) 38 vs 46,
+    (7168, 16384) 257 vs 304; M 4096: (32768, 512) 161 vs 290, (7168, 16384) 977 vs 1191); vs cuBLAS blockwise
+    1.12-1.86x at K <= 2048 and 0.88-0.95x at K >= 7168. The session's first run (M 4096 only, git 3d9a1b17f99b)
     agreed. So: M >= 1024 (smaller M not measured; M <= 128 has its own table configs), any K.
     A D that TMA cannot address (``_gluon_fp8.d_tma_ok``: row stride or base not 16-byte aligned -- part of the
     cached plan's signature) gets the register-epilogue config where that one beat the Triton table (K >= 7168,
