@@ -10,6 +10,14 @@ DeepGEMM published numbers (H800) are in ``PUBLISHED`` for the ratio; the target
 
     python benchmarks/grouped_gemm.py [--out FILE.json] [--dry-run] [--only contiguous,masked,moe]
     python benchmarks/grouped_gemm.py --summary FILE.json
+
+Gluon variant rows (``GROUPED_BENCH_GLUON=1``, the default; direct launchers, each checked before it is timed):
+contiguous s6 / s6_pf / s6_epi, masked s4 / s6 / s4_epi / s6_epi, plus the public ops through the env switches
+(``public_gluon``, ``public_gluon_epi``, masked ``public_epi`` = ``DEEPKERNELS_GROUPED_EPI=1``). The ``*_epi``
+configs (TMA-store epilogue, not dispatched by default, not yet run on a GPU when added) must also be bit-identical
+to their register-epilogue twin's output (``bit_identical``). ``GROUPED_BENCH_EPI_AB=1``: only the register / EPI
+pairs (contiguous s6 vs s6_epi, masked s4 vs s4_epi) and the EPI public rows, each pair timed in
+``GROUPED_BENCH_ROUNDS`` (default 3) alternating rounds (median; ``us_rounds`` kept), so slow clock drift hits both.
 """
 from __future__ import annotations
 
@@ -206,11 +214,91 @@ def _time_variant(r, fn, row, flops, graph=True):
     r["us"] = bench(fn, False)
     if graph:
         r["graph_us"] = bench_graph(fn, False)
+    _variant_ratios(r, row, flops)
+
+
+def _variant_ratios(r, row, flops):
     r["tflops"] = flops / r["us"] / 1e6
     if row.get("us"):
         r["vs_public"] = row["us"] / r["us"]
     if row.get("cublas_us"):
         r["vs_cublas"] = row["cublas_us"] / r["us"]
+
+
+def _epi_ab() -> bool:
+    return os.environ.get("GROUPED_BENCH_EPI_AB", "0") == "1"
+
+
+def _time_checked(out, fns, row, flops):
+    """Time the checked variants ``fns`` ({name: fn}, names already in ``out`` without an error): one
+    :func:`_time_variant` each; with ``GROUPED_BENCH_EPI_AB=1`` instead ``GROUPED_BENCH_ROUNDS`` rounds in
+    alternating order (median whole-call µs, ``us_rounds`` kept), then one CUDA-graph time each."""
+    names = [k for k in fns if not out[k].get("error")]
+    if not _epi_ab():
+        for k in names:
+            try:
+                _time_variant(out[k], fns[k], row, flops)
+            except Exception as e:
+                out[k]["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        return
+    rounds = int(os.environ.get("GROUPED_BENCH_ROUNDS", "3"))
+    for i in range(rounds):
+        for k in (names if i % 2 == 0 else names[::-1]):
+            try:
+                out[k].setdefault("us_rounds", []).append(bench(fns[k], False))
+            except Exception as e:
+                out[k]["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    for k in names:
+        r = out[k]
+        if r.get("error") or not r.get("us_rounds"):
+            continue
+        r["us"] = sorted(r["us_rounds"])[len(r["us_rounds"]) // 2]
+        r["graph_us"] = bench_graph(fns[k], False)
+        _variant_ratios(r, row, flops)
+
+
+def _vs_register(out, pairs):
+    """``vs_register`` = register-epilogue µs / EPI µs for each timed (register config, EPI config) pair."""
+    for reg, epi in pairs:
+        a, b = out.get(reg.name(), {}), out.get(epi.name(), {})
+        if a.get("us") and b.get("us"):
+            b["vs_register"] = a["us"] / b["us"]
+            if a.get("graph_us") and b.get("graph_us"):
+                b["graph_vs_register"] = a["graph_us"] / b["graph_us"]
+
+
+def _same_bits(x, y) -> bool:
+    """x and y bit-identical, NaN == NaN (the EPI variant vs its register-epilogue twin)."""
+    try:
+        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+        return True
+    except AssertionError:
+        return False
+
+
+def _public_env(env: dict, fn, r, ref_check, row, flops):
+    """One public-op variant under the env switches ``env`` (plan cache cleared before and after: the EPI switch is
+    read when a signature's plan is built), checked by ``ref_check(r)`` (True = passed), then timed (whole call)."""
+    from deepkernels.gemm import grouped
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    grouped._PLANS.clear()
+    try:
+        fn()
+        torch.cuda.synchronize()
+        if ref_check(r):
+            _time_variant(r, fn, row, flops, graph=False)
+        else:
+            r["error"] = "failed its check: not timed"
+    except Exception as e:
+        r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        grouped._PLANS.clear()
 
 
 def _gluon_contiguous(row, A, B, d, gl, ref_full, flops):
@@ -224,7 +312,10 @@ def _gluon_contiguous(row, A, B, d, gl, ref_full, flops):
     ref = ref_full()
     pad = (gl < 0) | (gl >= B[0].shape[0])
     out = row["gluon"] = {}
-    for cfg in (G.GLUON_WS_128_S6, G.GLUON_WS_128_S6_PF):
+    cfgs = [G.GLUON_WS_128_S6, G.GLUON_WS_128_S6_EPI] if _epi_ab() else \
+        [G.GLUON_WS_128_S6, G.GLUON_WS_128_S6_PF, G.GLUON_WS_128_S6_EPI]
+    fns, twin = {}, {}
+    for cfg in cfgs:
         r = out[cfg.name()] = {}
         try:
             fn = lambda cfg=cfg: G._launch_fp8_gluon_m_contiguous(A[0], A[1], B[0], B[1], d, gl, cfg)  # noqa: E731
@@ -234,31 +325,35 @@ def _gluon_contiguous(row, A, B, d, gl, ref_full, flops):
             r["nan"] = bool(torch.isnan(d).any())
             r["pad_zero"] = bool((d[pad] == 0).all())
             r["diff"] = float(calc_diff(torch.nan_to_num(d.float(), nan=1e4), ref))
-            if r["nan"] or not r["pad_zero"] or r["diff"] > 1e-3:
+            if cfg is G.GLUON_WS_128_S6:
+                twin["out"] = d.clone()
+            elif cfg.epi_tma:
+                r["bit_identical"] = _same_bits(d, twin["out"]) if "out" in twin else None
+            if r["nan"] or not r["pad_zero"] or r["diff"] > 1e-3 or r.get("bit_identical") is False:
                 r["error"] = "failed its check: not timed"
                 continue
-            _time_variant(r, fn, row, flops)
+            fns[cfg.name()] = fn
         except Exception as e:
             r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-    # the public op routed through the Gluon kernel (DEEPKERNELS_GROUPED_GLUON=1: whole-call dispatch path)
-    r = out["public_gluon"] = {}
-    os.environ["DEEPKERNELS_GROUPED_GLUON"] = "1"
-    try:
-        import deepkernels as dk
-        fn = lambda: dk.m_grouped_fp8_gemm_nt_contiguous(A, B, d, gl)  # noqa: E731
-        d.fill_(float("nan"))
-        fn()
-        torch.cuda.synchronize()
+    _time_checked(out, fns, row, flops)
+    _vs_register(out, [(G.GLUON_WS_128_S6, G.GLUON_WS_128_S6_EPI)])
+    import deepkernels as dk
+    fn = lambda: dk.m_grouped_fp8_gemm_nt_contiguous(A, B, d, gl)  # noqa: E731
+
+    def check(r):
         r["diff"] = float(calc_diff(torch.nan_to_num(d.float(), nan=1e4), ref))
         r["nan"] = bool(torch.isnan(d).any())
-        if not r["nan"] and r["diff"] <= 1e-3:
-            _time_variant(r, fn, row, flops, graph=False)
-        else:
-            r["error"] = "failed its check: not timed"
-    except Exception as e:
-        r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-    finally:
-        os.environ.pop("DEEPKERNELS_GROUPED_GLUON", None)
+        if "out" in twin:
+            r["bit_identical"] = _same_bits(d, twin["out"])
+        return not r["nan"] and r["diff"] <= 1e-3 and r.get("bit_identical") is not False
+    # the public op routed through the Gluon kernel (DEEPKERNELS_GROUPED_GLUON=1: whole-call dispatch path), and
+    # with the TMA-store-epilogue switch on top (DEEPKERNELS_GROUPED_EPI=1)
+    variants = [("public_gluon_epi", {"DEEPKERNELS_GROUPED_EPI": "1"})]
+    if not _epi_ab():
+        variants.insert(0, ("public_gluon", {"DEEPKERNELS_GROUPED_EPI": "0"}))
+    for name, env in variants:
+        d.fill_(float("nan"))
+        _public_env(dict(env, DEEPKERNELS_GROUPED_GLUON="1"), fn, out.setdefault(name, {}), check, row, flops)
 
 
 def run_masked(g, m, n, k, device, dry, m_max=MASKED_M_MAX):
@@ -313,22 +408,42 @@ def _gluon_masked(row, A, B, d, masked_m, m, ref_full, flops):
         return
     ref = ref_full()
     out = row["gluon"] = {}
-    for cfg in (G.GLUON_WS_128_S4, G.GLUON_WS_128_S6):
+    cfgs = [G.GLUON_WS_128_S4, G.GLUON_WS_128_S4_EPI] if _epi_ab() else \
+        [G.GLUON_WS_128_S4, G.GLUON_WS_128_S6, G.GLUON_WS_128_S4_EPI, G.GLUON_WS_128_S6_EPI]
+    fns, twins = {}, {}
+
+    def check(r, twin=None):
+        r["untouched"] = bool(torch.isnan(d[:, m:]).all())
+        r["nan"] = bool(torch.isnan(d[:, :m]).any())
+        r["diff"] = float(calc_diff(torch.nan_to_num(d[:, :m].float(), nan=1e4), ref))
+        if twin is not None:
+            r["bit_identical"] = _same_bits(d, twin)
+        return not r["nan"] and r["untouched"] and r["diff"] <= 1e-3 and r.get("bit_identical") is not False
+    for cfg in cfgs:
         r = out[cfg.name()] = {}
         try:
             fn = lambda cfg=cfg: G._launch_fp8_gluon_m_masked(A[0], A[1], B[0], B[1], d, masked_m, cfg)  # noqa: E731
             d.fill_(float("nan"))
             fn()
             torch.cuda.synchronize()
-            r["untouched"] = bool(torch.isnan(d[:, m:]).all())
-            r["nan"] = bool(torch.isnan(d[:, :m]).any())
-            r["diff"] = float(calc_diff(torch.nan_to_num(d[:, :m].float(), nan=1e4), ref))
-            if r["nan"] or not r["untouched"] or r["diff"] > 1e-3:
+            ok = check(r, twins.get(cfg.num_stages) if cfg.epi_tma else None)
+            if not cfg.epi_tma:
+                twins[cfg.num_stages] = d.clone()
+            if not ok:
                 r["error"] = "failed its check: not timed"
                 continue
-            _time_variant(r, fn, row, flops)
+            fns[cfg.name()] = fn
         except Exception as e:
             r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    _time_checked(out, fns, row, flops)
+    _vs_register(out, [(G.GLUON_WS_128_S4, G.GLUON_WS_128_S4_EPI), (G.GLUON_WS_128_S6, G.GLUON_WS_128_S6_EPI)])
+    # the public op with the TMA-store-epilogue switch (DEEPKERNELS_GROUPED_EPI=1); without it the public op (row
+    # "us") already runs GLUON_WS_128_S4 at these shapes
+    import deepkernels as dk
+    fn = lambda: dk.m_grouped_fp8_gemm_nt_masked(A, B, d, masked_m, m)  # noqa: E731
+    d.fill_(float("nan"))
+    _public_env({"DEEPKERNELS_GROUPED_EPI": "1"}, fn, out.setdefault("public_epi", {}),
+                lambda r: check(r, twins.get(4)), row, flops)
 
 
 def run_ab(args) -> dict:
@@ -489,6 +604,8 @@ def line(r) -> str:
             s += (f"\n    {name}: {x.get('us', float('nan')):.1f} us (graph {x.get('graph_us') or float('nan'):.1f}) "
                   f"{x.get('tflops', float('nan')):.0f} TF x{x.get('vs_public', float('nan')):.2f} vs public op "
                   f"x{x.get('vs_cublas', float('nan')):.2f} vs cuBLAS diff {x.get('diff', float('nan')):.1e}"
+                  f"{'' if x.get('bit_identical') is None else ' bit-identical ' + str(x['bit_identical'])}"
+                  f"{' x%.3f vs register epi' % x['vs_register'] if x.get('vs_register') else ''}"
                   f"{' ERROR ' + x['error'] if x.get('error') else ''}")
     if r.get("error"):
         s += f" | ERROR {r['error']}"

@@ -30,6 +30,15 @@ Two kernels (both sm90-only, no interpreter support in Triton 3.6):
   passes computed on the device from the row ids; padding rows written as zeros).
 * :func:`_fp8_gluon_m_masked_kernel` — the WS structure for the m-grouped masked GEMM (tile schedule built on the
   device from ``masked_m``; CUDA-graph replayable).
+* ``_fp8_gluon_m_contiguous_epi_kernel`` / ``_fp8_gluon_m_masked_epi_kernel`` — the same two with the TMA-store
+  epilogue (``EPI_TMA`` of their math partitions; configs with ``epi_tma=True``, e.g. ``GLUON_WS_128_S6_EPI`` /
+  ``GLUON_WS_128_S4_EPI``; not dispatched by default, ``DEEPKERNELS_GROUPED_EPI=1`` in grouped.py; not yet run on
+  a GPU). A 64-row warpgroup slice is TMA-stored only where writing all of it is allowed -- contiguous: every row
+  of the slice inside D has the pass's group id (or, for the padding pass, a padding id); masked: the slice lies
+  wholly below ``masked_m[g]`` (descriptor over D viewed as ``[G * M_max, N]``) -- and goes through the register
+  store otherwise, so the written rows and values are those of the register epilogue. Separate entry points (D
+  as pointer *and* descriptor) so the register-epilogue kernels' parameter lists and launches are unchanged; their
+  cross-compiled PTX (.loc/debug stripped) was compared before/after the change: identical.
 
 Dispatch (measured on the H200, benchmarks/notes/gemm_gluon.md): ``dense.py`` sends 1D2D BF16-out calls with
 M >= 1024, K >= 7168 to :func:`_launch_fp8_gluon` (128x128, 4 stages for N <= 2112 else 6); ``grouped.py`` sends
@@ -431,6 +440,44 @@ def _gc_store_rows(d_ptr, acc, gid_ptr, off_m, off_n, M, N, G, g, stride_dm,
 
 
 @_jit
+def _g_epi_store(desc, buf, acc, row, col):
+    """EPI_TMA store of one 64-row warpgroup tile of the grouped kernels (the dense kernel's sequence): wait until
+    this warpgroup's previous TMA store has read ``buf`` (issued one pass/tile ago), write ``acc`` (BF16) to ``buf``,
+    fence the generic-proxy writes for the async proxy, issue ``buf`` -> D[row:, col:] (rows / columns outside the
+    descriptor's shape clipped by the TMA unit). Nobody waits for the store here."""
+    tma.store_wait(0)
+    gl.thread_barrier()
+    buf.store(acc.to(gl.bfloat16))
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(desc, [row, col], buf)
+
+
+@_jit
+def _gc_store_rows_epi(d, acc, gid_ptr, off_m, off_n, M, N, G, g, stride_dm,
+                       ROWS: gl.constexpr, BLOCK_N: gl.constexpr, L: gl.constexpr):
+    """:func:`_gc_store_rows` for EPI_TMA (``d`` = (D pointer, D descriptor, this warpgroup's shared buffer)): the
+    same 64 row ids are loaded; if every row of the slice that lies inside D has id ``g`` (``g = -1``: every one is
+    a padding id) -- one max-reduction of the mismatches, row ids are not assumed sorted -- nothing else may be
+    written there and the slice goes through the TMA store; otherwise the masked register store of
+    :func:`_gc_store_rows` (all-false mask when no row matches, as there)."""
+    offs_m = off_m + gl.arange(0, ROWS, gl.SliceLayout(1, L))
+    m_mask = offs_m < M
+    ids = gl.load(gid_ptr + offs_m, mask=m_mask, other=0)
+    if g >= 0:
+        rows = m_mask & (ids == g)
+    else:
+        rows = m_mask & ((ids < 0) | (ids >= G))
+    others = gl.max((m_mask & (rows == 0)).to(gl.int32), axis=0)  # 1: a row of D in the slice is not ours
+    if (others == 0) & (off_m < M):
+        _g_epi_store(d[1], d[2], acc, off_m, off_n)
+    else:
+        offs_n = off_n + gl.arange(0, BLOCK_N, gl.SliceLayout(0, L))
+        ptrs = d[0] + offs_m.to(gl.int64)[:, None] * stride_dm + offs_n[None, :]
+        gl.store(ptrs, acc.to(gl.bfloat16), mask=rows[:, None] & (offs_n < N)[None, :])
+
+
+@_jit
 def _gc_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, gid_ptr, M, N, K, G, num_progs,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr):
     pid = gl.program_id(0)
@@ -458,7 +505,10 @@ def _gc_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, gid_ptr, M, N, K,
 def _gc_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, gid_ptr, M, N, K, G, stride_dm,
              sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs,
              ROW0: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-             NUM_STAGES: gl.constexpr, PREFETCH: gl.constexpr):
+             NUM_STAGES: gl.constexpr, PREFETCH: gl.constexpr, EPI_TMA: gl.constexpr = False):
+    """One math warpgroup of the contiguous kernel: rows [ROW0, ROW0 + 64) of every (tile, group) pass.
+    ``EPI_TMA``: ``d_ptr`` is (D pointer, D descriptor, this warpgroup's shared [64, BLOCK_N] bf16 buffer) and the
+    stores go through :func:`_gc_store_rows_epi` (TMA store for pure slices, else the masked register store)."""
     ROWS: gl.constexpr = 64
     L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                 instr_shape=[16, BLOCK_N, 32])
@@ -509,16 +559,25 @@ def _gc_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, gid_ptr, M, 
                     sa = sa_n
                     sb = sb_n
                 it += 1
-            _gc_store_rows(d_ptr, acc, gid_ptr, off_m, off_n, M, N, G, g, stride_dm, ROWS, BLOCK_N, L)
+            if EPI_TMA:
+                _gc_store_rows_epi(d_ptr, acc, gid_ptr, off_m, off_n, M, N, G, g, stride_dm, ROWS, BLOCK_N, L)
+            else:
+                _gc_store_rows(d_ptr, acc, gid_ptr, off_m, off_n, M, N, G, g, stride_dm, ROWS, BLOCK_N, L)
             g = _gc_tile_group(gid_ptr, off_t, M, G, g + 1, BLOCK_M)
         else:
             # padding rows -> exact zeros (a fresh zero tile: the loop's wgmma `zero` stays unmaterialised)
-            _gc_store_rows(d_ptr, gl.zeros([ROWS, BLOCK_N], gl.float32, L), gid_ptr, off_m, off_n, M, N, G, -1,
-                           stride_dm, ROWS, BLOCK_N, L)
+            if EPI_TMA:
+                _gc_store_rows_epi(d_ptr, gl.zeros([ROWS, BLOCK_N], gl.float32, L), gid_ptr, off_m, off_n, M, N,
+                                   G, -1, stride_dm, ROWS, BLOCK_N, L)
+            else:
+                _gc_store_rows(d_ptr, gl.zeros([ROWS, BLOCK_N], gl.float32, L), gid_ptr, off_m, off_n, M, N, G,
+                               -1, stride_dm, ROWS, BLOCK_N, L)
             tile_id += num_progs
             if tile_id < num_tiles:
                 pid_m, pid_n = _g_tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
                 g = _gc_tile_group(gid_ptr, pid_m * BLOCK_M, M, G, 0, BLOCK_M)
+    if EPI_TMA:
+        tma.store_wait(0)            # the buffer must outlive the last store's shared-memory reads
 
 
 @_jit
@@ -545,6 +604,39 @@ def _fp8_gluon_m_contiguous_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, gid_
         (_gc_math, (a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, gid_ptr, M, N, K, G, stride_dm,
                     sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs, 64, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES,
                     PREFETCH)),
+    ], [4, 4], [MATH_REGS, MATH_REGS])
+
+
+@_jit
+def _fp8_gluon_m_contiguous_epi_kernel(a_desc, b_desc, d_ptr, d_desc, sfa_ptr, sfb_ptr, gid_ptr, M, N, K, G,
+                                       stride_dm, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs,
+                                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+                                       NUM_STAGES: gl.constexpr, MATH_REGS: gl.constexpr, PREFETCH: gl.constexpr):
+    """:func:`_fp8_gluon_m_contiguous_kernel` with the TMA-store epilogue (``_gc_math(..., EPI_TMA=True)``): D is
+    passed both as a pointer (masked register stores of mixed slices) and as a bf16 TensorDescriptor ``d_desc``
+    (block [64, BLOCK_N]); each math warpgroup owns one [64, BLOCK_N] bf16 shared buffer. A separate entry point
+    (not a constexpr of the kernel above) so that kernel's parameter list -- and every existing launch -- stays as
+    it was."""
+    gl.static_assert(BLOCK_M == 128)
+    gl.static_assert(BLOCK_N <= 128)
+    gl.static_assert(not PREFETCH)
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
+    epi = gl.allocate_shared_memory(d_desc.dtype, [2] + d_desc.block_type.shape, d_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    gl.warp_specialize([
+        (_gc_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, gid_ptr, M, N, K, G, num_progs,
+                        BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
+        (_gc_math, (a_bufs, b_bufs, ready, empty, (d_ptr, d_desc, epi.index(0)), sfa_ptr, sfb_ptr, gid_ptr, M, N,
+                    K, G, stride_dm, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs, 0, BLOCK_M, BLOCK_N,
+                    GROUP_M, NUM_STAGES, PREFETCH, True)),
+        (_gc_math, (a_bufs, b_bufs, ready, empty, (d_ptr, d_desc, epi.index(1)), sfa_ptr, sfb_ptr, gid_ptr, M, N,
+                    K, G, stride_dm, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs, 64, BLOCK_M, BLOCK_N,
+                    GROUP_M, NUM_STAGES, PREFETCH, True)),
     ], [4, 4], [MATH_REGS, MATH_REGS])
 
 
@@ -604,7 +696,11 @@ def _gm_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, masked_m_ptr, M_M
 def _gm_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, masked_m_ptr, M_MAX, N, K, G,
              stride_dg, stride_dm, sfa_sg, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs,
              ROW0: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-             NUM_STAGES: gl.constexpr):
+             NUM_STAGES: gl.constexpr, EPI_TMA: gl.constexpr = False):
+    """One math warpgroup of the masked kernel: rows [ROW0, ROW0 + 64) of every tile. ``EPI_TMA``: ``d_ptr`` is
+    (D pointer, descriptor of D viewed as [G * M_MAX, N], this warpgroup's shared [64, BLOCK_N] bf16 buffer); a
+    slice that lies wholly inside the group (``off_m + 64 <= m_g``) is TMA-stored at row ``g * M_MAX + off_m``, any
+    other slice goes through the masked register store (rows >= m_g are never written either way)."""
     ROWS: gl.constexpr = 64
     L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                 instr_shape=[16, BLOCK_N, 32])
@@ -642,7 +738,15 @@ def _gm_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, masked_m_ptr
             acc += part * (sa * sb)[:, None]
             it += 1
         # rows >= m_g never written (group base offset g * stride_dg; m_g <= M_MAX)
-        _g_store_tile(d_ptr + g64 * stride_dg, acc, off_m, off_n, m_g, N, stride_dm, ROWS, BLOCK_N, L)
+        if EPI_TMA:
+            if off_m + ROWS <= m_g:
+                _g_epi_store(d_ptr[1], d_ptr[2], acc, g * M_MAX + off_m, off_n)
+            else:
+                _g_store_tile(d_ptr[0] + g64 * stride_dg, acc, off_m, off_n, m_g, N, stride_dm, ROWS, BLOCK_N, L)
+        else:
+            _g_store_tile(d_ptr + g64 * stride_dg, acc, off_m, off_n, m_g, N, stride_dm, ROWS, BLOCK_N, L)
+    if EPI_TMA:
+        tma.store_wait(0)            # the buffer must outlive the last store's shared-memory reads
 
 
 @_jit
@@ -681,6 +785,46 @@ def _fp8_gluon_m_masked_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, masked_m
         ], [4], [MATH_REGS])
 
 
+@_jit
+def _fp8_gluon_m_masked_epi_kernel(a_desc, b_desc, d_ptr, d_desc, sfa_ptr, sfb_ptr, masked_m_ptr, M_MAX, N, K, G,
+                                   stride_dg, stride_dm, sfa_sg, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs,
+                                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+                                   NUM_STAGES: gl.constexpr, MATH_REGS: gl.constexpr):
+    """:func:`_fp8_gluon_m_masked_kernel` with the TMA-store epilogue (``_gm_math(..., EPI_TMA=True)``): D as a
+    pointer (register stores of slices crossing m_g) and as a bf16 TensorDescriptor ``d_desc`` over D viewed as
+    [G * M_MAX, N] (block [64, BLOCK_N]); one [64, BLOCK_N] bf16 shared buffer per math warpgroup. A separate entry
+    point so that the register-epilogue kernel's parameter list and launches stay as they were."""
+    gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128)
+    gl.static_assert(BLOCK_N <= 128)
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
+    epi = gl.allocate_shared_memory(d_desc.dtype, [BLOCK_M // 64] + d_desc.block_type.shape, d_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=BLOCK_M // 64)
+    if BLOCK_M == 128:
+        gl.warp_specialize([
+            (_gm_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, masked_m_ptr, M_MAX, N, K, G, num_progs,
+                            BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
+            (_gm_math, (a_bufs, b_bufs, ready, empty, (d_ptr, d_desc, epi.index(0)), sfa_ptr, sfb_ptr, masked_m_ptr,
+                        M_MAX, N, K, G, stride_dg, stride_dm, sfa_sg, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk,
+                        num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, True)),
+            (_gm_math, (a_bufs, b_bufs, ready, empty, (d_ptr, d_desc, epi.index(1)), sfa_ptr, sfb_ptr, masked_m_ptr,
+                        M_MAX, N, K, G, stride_dg, stride_dm, sfa_sg, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk,
+                        num_progs, 64, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, True)),
+        ], [4, 4], [MATH_REGS, MATH_REGS])
+    else:
+        gl.warp_specialize([
+            (_gm_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, masked_m_ptr, M_MAX, N, K, G, num_progs,
+                            BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
+            (_gm_math, (a_bufs, b_bufs, ready, empty, (d_ptr, d_desc, epi.index(0)), sfa_ptr, sfb_ptr, masked_m_ptr,
+                        M_MAX, N, K, G, stride_dg, stride_dm, sfa_sg, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk,
+                        num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, True)),
+        ], [4], [MATH_REGS])
+
+
 # ----------------------------------------------------------------------------------------------- host code
 
 @functools.lru_cache(maxsize=None)
@@ -700,6 +844,23 @@ def d_tma_ok(d: torch.Tensor) -> bool:
     """True when D can be written through a TMA descriptor: bf16 with contiguous rows, 16-B aligned base and row
     stride (``d.stride(0) % 8 == 0``: N % 8 == 0 for a contiguous D)."""
     return d.stride(-1) == 1 and d.stride(0) % 8 == 0 and d.data_ptr() % 16 == 0
+
+
+def masked_d_tma_ok(d: torch.Tensor) -> bool:
+    """True when a masked GEMM's D ``[G, M_max, N]`` can be written through one 2D TMA descriptor over D viewed as
+    ``[G * M_max, N]``: :func:`d_tma_ok` for one group's ``[M_max, N]`` and packed groups (``d.stride(0) == M_max *
+    d.stride(1)``, or G == 1)."""
+    return d.dim() == 3 and d_tma_ok(d[0]) and (d.shape[0] == 1 or d.stride(0) == d.shape[1] * d.stride(1))
+
+
+def m_contiguous_kernel(cfg: GluonConfig):
+    """The contiguous kernel that runs ``cfg``: the TMA-store-epilogue entry point for ``cfg.epi_tma`` configs."""
+    return _fp8_gluon_m_contiguous_epi_kernel if cfg.epi_tma else _fp8_gluon_m_contiguous_kernel
+
+
+def m_masked_kernel(cfg: GluonConfig):
+    """The masked kernel that runs ``cfg``: the TMA-store-epilogue entry point for ``cfg.epi_tma`` configs."""
+    return _fp8_gluon_m_masked_epi_kernel if cfg.epi_tma else _fp8_gluon_m_masked_kernel
 
 
 _NUM_SMS: dict = {}
@@ -820,17 +981,21 @@ def _launch_fp8_gluon_m_contiguous(a: torch.Tensor, sfa: torch.Tensor, b: torch.
     a ``[M, K]`` e4m3 K-major; b ``[G, N, K]`` e4m3 K-major with packed groups (``b.stride(0) == N *
     b.stride(1)``); sfa ``[M, ceil(K/128)]`` / sfb ``[G, ceil(N/128), ceil(K/128)]`` float32, any strides;
     d ``[M, N]`` bfloat16 row-major; gid int32 ``[M]``. The caller validated shapes (grouped.py). ``launcher``: a
-    :class:`deepkernels._launch.KernelLauncher` of this kernel with :func:`m_contiguous_meta` ``(config)``, owned by
-    a caller whose calls all share one specialisation (grouped.py's per-signature plans); None launches through
-    ``kernel[grid]``."""
+    :class:`deepkernels._launch.KernelLauncher` of :func:`m_contiguous_kernel` ``(config)`` with
+    :func:`m_contiguous_meta` ``(config)``, owned by a caller whose calls all share one specialisation (grouped.py's
+    per-signature plans); None launches through ``kernel[grid]``.
+    ``config.epi_tma`` (:data:`GLUON_WS_128_S6_EPI`; not dispatched by default, not yet run on a GPU): the
+    TMA-store epilogue for 64-row slices whose rows all belong to the pass's group (or are all padding), the
+    register store for the others; needs a TMA-able d (:func:`d_tma_ok`), else the same config runs with the
+    register epilogue (``launcher`` is then ignored: it was built for the TMA variant)."""
     if not available():
         raise RuntimeError(f"Gluon is not importable: {_IMPORT_ERROR!r}")
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("Gluon kernels have no interpreter support (TRITON_INTERPRET is set)")
     cfg = config or GLUON_WS_128_S6
-    if cfg.block_m != 128 or cfg.block_n > 128 or not cfg.warp_spec or cfg.overlap or cfg.epi_tma:
+    if cfg.block_m != 128 or cfg.block_n > 128 or not cfg.warp_spec or cfg.overlap or (cfg.epi_tma and cfg.prefetch):
         raise ValueError(f"m-grouped contiguous Gluon kernel needs a 128 x <=128 non-overlap WS config "
-                         f"(register epilogue), got {cfg}")
+                         f"(the TMA-store epilogue without prefetch), got {cfg}")
     for name, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("d", d), ("gid", gid)):
         if not t.is_cuda:
             raise ValueError(f"{name} must be a CUDA tensor")
@@ -851,12 +1016,19 @@ def _go_m_contiguous(a, sfa, b, sfb, d, gid, cfg, num_sms, launcher):
     b_desc = TensorDescriptor(b, [g_num * n, k], [b.stride(1), 1], [cfg.block_n, BLOCK_K], lay)
     tiles = ((m + cfg.block_m - 1) // cfg.block_m) * ((n + cfg.block_n - 1) // cfg.block_n)
     progs = max(1, min(tiles, num_sms))
-    args = (a_desc, b_desc, d, sfa, sfb, gid, m, n, k, g_num, d.stride(0), sfa.stride(0), sfa.stride(1),
+    d_args = (d, )
+    if cfg.epi_tma:
+        if d_tma_ok(d):
+            d_args = (d, TensorDescriptor(d, [m, n], [d.stride(0), 1], [64, cfg.block_n], _d_smem_layout()))
+        else:  # D not TMA-able: the register epilogue of the same config
+            cfg = replace(cfg, epi_tma=False)
+            launcher = None
+    args = (a_desc, b_desc, *d_args, sfa, sfb, gid, m, n, k, g_num, d.stride(0), sfa.stride(0), sfa.stride(1),
             sfb.stride(0), sfb.stride(1), sfb.stride(2), progs)
     if launcher is not None:
         launcher((progs, ), *args)
     else:
-        _fp8_gluon_m_contiguous_kernel[(progs, )](*args, **m_contiguous_meta(cfg))
+        m_contiguous_kernel(cfg)[(progs, )](*args, **m_contiguous_meta(cfg))
     return d
 
 
@@ -871,13 +1043,16 @@ def ws_meta(cfg: GluonConfig) -> dict:
 
 
 def m_contiguous_meta(cfg: GluonConfig) -> dict:
-    """Constexprs + compile options of the m-grouped contiguous kernel for ``cfg`` (a KernelLauncher's ``meta``)."""
+    """Constexprs + compile options of the m-grouped contiguous kernel for ``cfg`` (a KernelLauncher's ``meta``).
+    The same keys for ``epi_tma`` configs: the TMA-store variant is its own entry point
+    (:func:`m_contiguous_kernel`), not an extra constexpr, so existing launches are unchanged."""
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
                 MATH_REGS=cfg.math_regs, PREFETCH=cfg.prefetch, num_warps=4, maxnreg=cfg.maxnreg())
 
 
 def m_masked_meta(cfg: GluonConfig) -> dict:
-    """Constexprs + compile options of the m-grouped masked kernel for ``cfg`` (a KernelLauncher's ``meta``)."""
+    """Constexprs + compile options of the m-grouped masked kernel for ``cfg`` (a KernelLauncher's ``meta``); same
+    keys for ``epi_tma`` configs (their kernel is :func:`m_masked_kernel` ``(cfg)``)."""
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
                 MATH_REGS=cfg.math_regs, num_warps=4, maxnreg=cfg.maxnreg())
 
@@ -885,10 +1060,12 @@ def m_masked_meta(cfg: GluonConfig) -> dict:
 def _compile_sm90_m_contiguous(cfg: GluonConfig):
     """Cross-compile the m-grouped contiguous kernel for ``cfg`` for sm90 (no GPU needed)."""
     lay = repr(_smem_layout())
-    fn = _fp8_gluon_m_contiguous_kernel
+    fn = m_contiguous_kernel(cfg)
     sig = {"a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {BLOCK_K}],{lay}>",
-           "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {BLOCK_K}],{lay}>",
-           "d_ptr": "*bf16", "sfa_ptr": "*fp32", "sfb_ptr": "*fp32", "gid_ptr": "*i32",
+           "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {BLOCK_K}],{lay}>", "d_ptr": "*bf16"}
+    if cfg.epi_tma:
+        sig["d_desc"] = f"tensordesc<bf16[64, {cfg.block_n}],{_d_smem_layout()!r}>"
+    sig |= {"sfa_ptr": "*fp32", "sfb_ptr": "*fp32", "gid_ptr": "*i32",
            "M": "i32", "N": "i32", "K": "i32", "G": "i32", "stride_dm": "i32",
            "sfa_sm": "i32", "sfa_sk": "i32", "sfb_sg": "i32", "sfb_sn": "i32", "sfb_sk": "i32", "num_progs": "i32"}
     consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
@@ -905,16 +1082,20 @@ def _launch_fp8_gluon_m_masked(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tens
 
     a ``[G, M_max, K]`` / b ``[G, N, K]`` e4m3 K-major with packed groups; sfa ``[G, M_max, ceil(K/128)]`` /
     sfb ``[G, ceil(N/128), ceil(K/128)]`` float32, any strides; d ``[G, M_max, N]`` bfloat16, last dim contiguous;
-    masked_m int32 ``[G]``. ``launcher`` as in :func:`_launch_fp8_gluon_m_contiguous` (meta
-    :func:`m_masked_meta`)."""
+    masked_m int32 ``[G]``. ``launcher`` as in :func:`_launch_fp8_gluon_m_contiguous` (kernel
+    :func:`m_masked_kernel`, meta :func:`m_masked_meta`).
+    ``config.epi_tma`` (:data:`GLUON_WS_128_S4_EPI`; not dispatched by default, not yet run on a GPU): 64-row
+    slices that lie wholly below m_g are TMA-stored through a descriptor over d viewed as ``[G * M_max, N]``, the
+    slice crossing m_g through the masked register store; needs :func:`masked_d_tma_ok` (d), else the same config
+    runs with the register epilogue (``launcher`` then ignored)."""
     if not available():
         raise RuntimeError(f"Gluon is not importable: {_IMPORT_ERROR!r}")
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("Gluon kernels have no interpreter support (TRITON_INTERPRET is set)")
     cfg = config or GLUON_WS_128_S4
-    if cfg.block_n > 128 or not cfg.warp_spec or cfg.overlap or cfg.epi_tma:
+    if cfg.block_n > 128 or not cfg.warp_spec or cfg.overlap or (cfg.epi_tma and cfg.prefetch):
         raise ValueError(f"m-grouped masked Gluon kernel needs a <=128-column non-overlap WS config "
-                         f"(register epilogue), got {cfg}")
+                         f"(the TMA-store epilogue without prefetch), got {cfg}")
     for name, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("d", d), ("masked_m", masked_m)):
         if not t.is_cuda:
             raise ValueError(f"{name} must be a CUDA tensor")
@@ -936,22 +1117,32 @@ def _go_m_masked(a, sfa, b, sfb, d, masked_m, cfg, num_sms, launcher):
     b_desc = TensorDescriptor(b, [g_num * n, k], [b.stride(1), 1], [cfg.block_n, BLOCK_K], lay)
     tiles_upper = g_num * ((m_max + cfg.block_m - 1) // cfg.block_m) * ((n + cfg.block_n - 1) // cfg.block_n)
     progs = max(1, min(tiles_upper, num_sms))
-    args = (a_desc, b_desc, d, sfa, sfb, masked_m, m_max, n, k, g_num, d.stride(0), d.stride(1),
+    d_args = (d, )
+    if cfg.epi_tma:
+        if masked_d_tma_ok(d):  # rows of group g at g * M_max + row of the [G * M_max, N] view
+            d_args = (d, TensorDescriptor(d, [g_num * m_max, n], [d.stride(1), 1], [64, cfg.block_n],
+                                          _d_smem_layout()))
+        else:  # D not TMA-able as one [G * M_max, N] matrix: the register epilogue of the same config
+            cfg = replace(cfg, epi_tma=False)
+            launcher = None
+    args = (a_desc, b_desc, *d_args, sfa, sfb, masked_m, m_max, n, k, g_num, d.stride(0), d.stride(1),
             sfa.stride(0), sfa.stride(1), sfa.stride(2), sfb.stride(0), sfb.stride(1), sfb.stride(2), progs)
     if launcher is not None:
         launcher((progs, ), *args)
     else:
-        _fp8_gluon_m_masked_kernel[(progs, )](*args, **m_masked_meta(cfg))
+        m_masked_kernel(cfg)[(progs, )](*args, **m_masked_meta(cfg))
     return d
 
 
 def _compile_sm90_m_masked(cfg: GluonConfig):
     """Cross-compile the m-grouped masked kernel for ``cfg`` for sm90 (no GPU needed)."""
     lay = repr(_smem_layout())
-    fn = _fp8_gluon_m_masked_kernel
+    fn = m_masked_kernel(cfg)
     sig = {"a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {BLOCK_K}],{lay}>",
-           "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {BLOCK_K}],{lay}>",
-           "d_ptr": "*bf16", "sfa_ptr": "*fp32", "sfb_ptr": "*fp32", "masked_m_ptr": "*i32",
+           "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {BLOCK_K}],{lay}>", "d_ptr": "*bf16"}
+    if cfg.epi_tma:
+        sig["d_desc"] = f"tensordesc<bf16[64, {cfg.block_n}],{_d_smem_layout()!r}>"
+    sig |= {"sfa_ptr": "*fp32", "sfb_ptr": "*fp32", "masked_m_ptr": "*i32",
            "M_MAX": "i32", "N": "i32", "K": "i32", "G": "i32", "stride_dg": "i32", "stride_dm": "i32",
            "sfa_sg": "i32", "sfa_sm": "i32", "sfa_sk": "i32", "sfb_sg": "i32", "sfb_sn": "i32", "sfb_sk": "i32",
            "num_progs": "i32"}

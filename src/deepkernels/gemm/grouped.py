@@ -195,13 +195,19 @@ def _gluon_contiguous_config(m_sum, n, k, is_fp8, b_kmajor, d, alignment, cfg):
     N 4096 / 7168, K 7168 / 2048 -- by 1.01-1.14x whole call (geomean 1.06x) and 1.00-1.09x CUDA graph; so it is
     used inside that envelope: alignment a multiple of 128, M_sum >= 8192, N >= 4096, K >= 2048.
     ``DEEPKERNELS_GROUPED_GLUON=1`` forces it wherever it applies, ``=0`` or ``DEEPKERNELS_DISABLE_GLUON=1``
-    never uses it."""
+    never uses it.
+
+    ``DEEPKERNELS_GROUPED_EPI=1`` (A/B switch, off by default; the TMA-store epilogue is not yet run on a GPU)
+    returns the TMA-store-epilogue twin ``GLUON_WS_128_S6_EPI`` instead (same rule): 64-row slices whose rows all
+    belong to the pass's group go registers -> shared -> TMA store. Read when a call signature's plan is built (its
+    first call); the plan cache key does not include it, so flipping it later in a process only affects new
+    signatures (or clear ``grouped._PLANS``)."""
     gate = _gluon_gate(is_fp8, d, cfg) if b_kmajor else None
     if gate is None:
         return None
     G, forced = gate
     if forced or (alignment % 128 == 0 and m_sum >= 8192 and n >= 4096 and k >= 2048):
-        return G.GLUON_WS_128_S6
+        return G.GLUON_WS_128_S6_EPI if _epi_switch() else G.GLUON_WS_128_S6
     return None
 
 
@@ -214,21 +220,34 @@ def _gluon_masked_config(m_max, n, k, expected_m, is_fp8, d, cfg):
     DeepGEMM masked shapes (G 1/2/4 x M_max 1024/512/256 = expected_m, N 4096 / 7168, K 7168 / 2048); so it is used
     inside that envelope: expected_m >= 256, N >= 4096, K >= 2048 (smaller expected_m, where the Triton table picks
     64-row tiles, was not measured). ``DEEPKERNELS_GROUPED_GLUON=1`` forces it wherever it applies, ``=0`` or
-    ``DEEPKERNELS_DISABLE_GLUON`` never uses it."""
+    ``DEEPKERNELS_DISABLE_GLUON`` never uses it.
+
+    ``DEEPKERNELS_GROUPED_EPI=1`` (A/B switch, off by default; the TMA-store epilogue is not yet run on a GPU)
+    returns the TMA-store-epilogue twin ``GLUON_WS_128_S4_EPI`` instead (same rule): 64-row slices wholly below
+    ``masked_m[g]`` are TMA-stored, the slice crossing it through the masked register store. Read when a call
+    signature's plan is built, as for the contiguous switch."""
     gate = _gluon_gate(is_fp8, d, cfg)
     if gate is None:
         return None
     G, forced = gate
     if forced or (expected_m >= 256 and n >= 4096 and k >= 2048):
-        return G.GLUON_WS_128_S4
+        return G.GLUON_WS_128_S4_EPI if _epi_switch() else G.GLUON_WS_128_S4
     return None
+
+
+def _epi_switch() -> bool:
+    """``DEEPKERNELS_GROUPED_EPI=1``: the grouped Gluon configs' TMA-store-epilogue twins (A/B, not the default)."""
+    import os
+    return os.environ.get("DEEPKERNELS_GROUPED_EPI", "") == "1"
 
 
 class _GluonPlan:
     """m-grouped FP8 (contiguous or masked) on the Gluon warp-specialised loop (gemm/_gluon_fp8.py). One plan per
     call signature, so every launch has the same specialisation: the first call goes through the checked launcher
     and binds a :class:`deepkernels._launch.KernelLauncher`; later calls build the two TMA descriptors and call the
-    compiled kernel directly (``_go_m_masked`` / ``_go_m_contiguous``: no re-checks, no argument binding)."""
+    compiled kernel directly (``_go_m_masked`` / ``_go_m_contiguous``: no re-checks, no argument binding). A
+    TMA-store-epilogue config (``DEEPKERNELS_GROUPED_EPI=1``) whose d is not TMA-able becomes its register-epilogue
+    twin at the first call (d's strides and alignment are part of the signature)."""
 
     __slots__ = ("config", "masked", "launcher", "go")
 
@@ -242,13 +261,17 @@ class _GluonPlan:
             return
         from .._launch import KernelLauncher
         from . import _gluon_fp8 as G
+        if self.config.epi_tma and not (G.masked_d_tma_ok(d) if self.masked else G.d_tma_ok(d)):
+            # d's strides and 16-B alignment are part of the plan's signature: the register-epilogue twin for good
+            from dataclasses import replace
+            self.config = replace(self.config, epi_tma=False)
         if self.masked:
-            self.launcher = KernelLauncher(G._fp8_gluon_m_masked_kernel, G.m_masked_meta(self.config),
+            self.launcher = KernelLauncher(G.m_masked_kernel(self.config), G.m_masked_meta(self.config),
                                            cache_descriptors=True)
             G._launch_fp8_gluon_m_masked(a, sfa, b, sfb, d, rows, self.config, get_num_sms(), self.launcher)
             self.go = G._go_m_masked
         else:
-            self.launcher = KernelLauncher(G._fp8_gluon_m_contiguous_kernel, G.m_contiguous_meta(self.config),
+            self.launcher = KernelLauncher(G.m_contiguous_kernel(self.config), G.m_contiguous_meta(self.config),
                                            cache_descriptors=True)
             G._launch_fp8_gluon_m_contiguous(a, sfa, b, sfb, d, rows, self.config, get_num_sms(), self.launcher)
             self.go = G._go_m_contiguous
