@@ -287,13 +287,7 @@ def test_gluon_epi_host_rules():
                 G.GluonConfig(128, 128, 4, warp_spec=False, epi_tma=True)):
         with pytest.raises(ValueError, match="TMA-store epilogue"):
             G._launch_fp8_gluon(a, torch.ones(128, 1), a, torch.ones(1, 1), d, bad)
-    # the grouped kernels have no TMA-store epilogue: refused, not silently ignored
-    with pytest.raises(ValueError, match="register epilogue"):
-        G._launch_fp8_gluon_m_contiguous(a, torch.ones(128, 1), a[None], torch.ones(1, 1, 1), d,
-                                         torch.zeros(128, dtype=torch.int32), G.GLUON_WS_128_S6_EPI)
-    with pytest.raises(ValueError, match="register epilogue"):
-        G._launch_fp8_gluon_m_masked(a[None], torch.ones(1, 128, 1), a[None], torch.ones(1, 1, 1), d[None],
-                                     torch.zeros(1, dtype=torch.int32), G.GLUON_WS_128_S4_EPI)
+    # (the grouped kernels' TMA-store epilogue and its refusals: tests/test_grouped_gluon_epi.py)
 
 
 @pytest.mark.parametrize("n, width, tma", [(1000, 1000, True), (1000, 1024, True), (1001, 1001, False),

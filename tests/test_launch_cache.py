@@ -47,11 +47,13 @@ class _StandIn:
         return launch
 
     def full_args(self, entry):
-        """Every parameter of a recorded launch, in order (a slow launch's constexprs come from its meta)."""
+        """Every parameter of a recorded launch, in order (a slow launch's constexprs come from its meta, or from
+        the parameter's default when the launch leaves it out, as Triton's binder does)."""
         if entry[0] == "fast":
             return entry[2]
         args, meta = entry[2], entry[3]
-        return tuple(args) + tuple(meta[p.name] for p in self.params[len(args):])
+        return tuple(args) + tuple(meta[p.name] if p.name in meta or not p.has_default else p.default
+                                   for p in self.params[len(args):])
 
 
 class _P:
