@@ -108,7 +108,8 @@ def _hashable(x):
 
 def _env_sig():
     env = _dense._ENV
-    return (_dense._NUM_SMS, _dense._interp(), env.get("DEEPKERNELS_GROUPED_GLUON"), env.get("DEEPKERNELS_DISABLE_GLUON"))
+    return (_dense._NUM_SMS, _dense._interp(), env.get("DEEPKERNELS_GROUPED_GLUON"), env.get("DEEPKERNELS_DISABLE_GLUON"),
+            env.get("DEEPKERNELS_GROUPED_EPI"))
 
 
 def _fp8_sig(kind, a, b, d, idx, rest):
