@@ -574,3 +574,48 @@ def test_gpu_ws_extra_deterministic_and_graph_capture(fmt, xfmt, ws_pair):
     torch.cuda.synchronize()
     assert torch.equal(o_g, o_ref) and torch.equal(l_g, l_ref)
     _bit_identical(ws_pair, 4)
+
+
+# ------------------------------------------------------------------ inline-PTX dequantisation (WS_DEQ_ASM)
+@pytest.mark.compile
+@pytest.mark.parametrize("fmt", FMTS)
+def test_compile_sm90_ws_deq_asm(fmt):
+    """The producer's inline-PTX dequant (``deq_asm``) compiles for sm90: the pair conversion is fed straight from
+    the words' 16-bit halves (no byte shifts in the PTX of the dequant), the consumer's instruction stream is the
+    same kernel's, shared memory unchanged; not the default until measured (``WS_DEQ_ASM``)."""
+    plain = W.compile_sm90_ws(fmt=fmt)
+    asm = W.compile_sm90_ws(fmt=fmt, deq_asm=True)
+    assert asm.metadata.shared == plain.metadata.shared
+    p, a = plain.asm["ptx"], asm.asm["ptx"]
+    assert p.count("cvt.rn.f16x2.e4m3x2") == a.count("cvt.rn.f16x2.e4m3x2") == 128
+    assert a.count("shr.u32") < p.count("shr.u32") and a.count("and.b16") < p.count("and.b16")
+    assert a.count("wgmma.mma_async") == p.count("wgmma.mma_async")
+    assert W.WS_DEQ_ASM is False
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("b,s_q,h_q,topk,s_k,page,nonpow2", [(4, 2, 128, 576, 4096, 64, True),
+                                                            (3, 1, 64, 100, 300, 16, True),
+                                                            (2, 2, 64, 128, 200, 64, False)])
+def test_gpu_ws_deq_asm_bit_identical(fmt, b, s_q, h_q, topk, s_k, page, nonpow2, poison, monkeypatch):
+    """The inline-PTX dequant gives the default dequant's output bit for bit (same ops: e4m3 pair -> f16x2, f16 ->
+    f32, mul.rn.f32, cvt.rn.bf16x2.f32), through the public op on the WS kernel; and both pass the reference check
+    (NaN in every unreferenced cache token, junk indices, non-power-of-two V3.2 scales)."""
+    kw = make_case(b, s_q, h_q, fmt, topk, s_k, page, nonpow2=nonpow2, with_len=True, device="cuda")
+    took = []
+    real = W.launch_sparse_decode_gluon_ws
+
+    def spy(*a, **k):
+        took.append(W.WS_DEQ_ASM)
+        return real(*a, **k)
+    monkeypatch.setattr(W, "launch_sparse_decode_gluon_ws", spy)
+    monkeypatch.setattr(sd, "_PLANS", {})
+    outs = []
+    for on in (False, True):
+        monkeypatch.setattr(W, "WS_DEQ_ASM", on)
+        outs.append(_public(kw))
+    assert took == [False, True], took
+    for x, y in zip(outs[1], outs[0]):
+        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+    run_and_check(kw)

@@ -162,6 +162,9 @@ WS_PRODUCER_REGS = 136        # setmaxnreg of the producer; the 8 consumer warps
 WS_PRODUCER_REGS_V41 = 120
 WS_MAXNREG = 168              # launch cap: 12 warps x 32 x 168 <= 64K registers; Triton hands the consumers the rest
 WS_PRODUCER_FENCE = False     # also fence.proxy.async in the producer before ``ready`` (the consumer always fences)
+# the producer's V3.2 / V4.1 dequantisation through one inline-PTX block per word (_w_e4m3x4: same values, ~37 % fewer
+# producer instructions per block); False until a device run shows it bit-identical and faster
+WS_DEQ_ASM = False
 # sparse_decode.py sends the calls supported_ws() takes here (True since its first device run, 2026-11-29, git
 # 9385c63fe481: GPU tests passed, bit-identical to the single-partition kernel, 1.20-1.30x it -- 229-266 TFLOPS at
 # h_q 128, topk 2048; results/mla_sparse_decode_ws-h200-2026-11-29.json)
@@ -222,15 +225,58 @@ def _w_byte(raw, sc, K: gl.constexpr):
 
 
 @_jit
-def _w_dequant_store(raw, sc, dst):
-    """One scale group: [64, 32] words -> [64, 128] bf16 (byte k of word w is element 4w + k) -> ``dst``."""
-    x = gl.join(gl.join(_w_byte(raw, sc, 0), _w_byte(raw, sc, 2)), gl.join(_w_byte(raw, sc, 1), _w_byte(raw, sc, 3)))
+def _w_e4m3x4(raw, sc):
+    """The 4 e4m3 bytes of each int32 word of ``raw`` times ``sc`` (fp32, broadcast to ``raw``'s shape) as 4 bf16
+    tensors (byte k -> k-th result): ``bf16(fp32(e4m3) * sc)`` with the ops of :func:`_w_byte` -- e4m3 pair -> f16x2
+    (``cvt.rn.f16x2.e4m3x2``, exact), f16 -> f32 (exact), ``mul.rn.f32``, ``cvt.rn.bf16x2.f32`` -- in one inline-PTX
+    block per word: the 16-bit halves of the word feed the pair conversion directly, so none of Triton's per-byte
+    shift / mask / repack instructions (ptxas: ~5 integer instructions per word in :func:`_w_byte`'s lowering).
+    ``inline_asm_elementwise`` broadcasts ``sc`` to ``raw``'s shape."""
+    return gl.inline_asm_elementwise(
+        asm="""{
+        .reg .b16 lo, hi;
+        .reg .b32 p0, p1;
+        .reg .f16 h0, h1, h2, h3;
+        .reg .f32 f0, f1, f2, f3;
+        mov.b32 {lo, hi}, $4;
+        cvt.rn.f16x2.e4m3x2 p0, lo;
+        cvt.rn.f16x2.e4m3x2 p1, hi;
+        mov.b32 {h0, h1}, p0;
+        mov.b32 {h2, h3}, p1;
+        cvt.f32.f16 f0, h0;
+        cvt.f32.f16 f1, h1;
+        cvt.f32.f16 f2, h2;
+        cvt.f32.f16 f3, h3;
+        mul.rn.f32 f0, f0, $5;
+        mul.rn.f32 f1, f1, $5;
+        mul.rn.f32 f2, f2, $5;
+        mul.rn.f32 f3, f3, $5;
+        cvt.rn.bf16x2.f32 p0, f1, f0;
+        cvt.rn.bf16x2.f32 p1, f3, f2;
+        mov.b32 {$0, $1}, p0;
+        mov.b32 {$2, $3}, p1;
+        }""",
+        constraints="=h,=h,=h,=h,r,f", args=[raw, sc], dtype=(gl.bfloat16, gl.bfloat16, gl.bfloat16, gl.bfloat16),
+        is_pure=True, pack=1)
+
+
+@_jit
+def _w_dequant_store(raw, sc, dst, ASM: gl.constexpr = False):
+    """One scale group: [64, 32] words -> [64, 128] bf16 (byte k of word w is element 4w + k) -> ``dst``. ``ASM``:
+    the same values through :func:`_w_e4m3x4` (:data:`WS_DEQ_ASM`)."""
+    if ASM:
+        b0, b1, b2, b3 = _w_e4m3x4(raw, sc[:, None])
+        x = gl.join(gl.join(b0, b2), gl.join(b1, b3))
+    else:
+        x = gl.join(gl.join(_w_byte(raw, sc, 0), _w_byte(raw, sc, 2)),
+                    gl.join(_w_byte(raw, sc, 1), _w_byte(raw, sc, 3)))
     dst.store(gl.reshape(x, [64, 128]))
 
 
 @_jit
 def _w_blocks32(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
-                num_tok, page, stride_kb, it, dr, PAGE_SHIFT: gl.constexpr, PRODUCER_FENCE: gl.constexpr):
+                num_tok, page, stride_kb, it, dr, PAGE_SHIFT: gl.constexpr, PRODUCER_FENCE: gl.constexpr,
+                DEQ_ASM: gl.constexpr = False):
     """The producer's block loop over positions [t_lo, t_end) of the index row of (req, query si64) of a V3.2 cache
     (the main cache, then the extra one if any), ring counter ``it`` in and out; ``dr``: the RoPE columns (made by
     the caller, before its request loop, as before this was a helper: same instruction order)."""
@@ -262,13 +308,13 @@ def _w_blocks32(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, str
                                                mask=vp[:, None] & (dr >= 0)[None, :])
         vmask.index(slot).store(vp.to(gl.int8))
         dst = kv_n.index(slot)
-        _w_dequant_store(r0, s0, dst.slice(0, 128, dim=1))
+        _w_dequant_store(r0, s0, dst.slice(0, 128, dim=1), DEQ_ASM)
         r0, s0 = _w_load_chunk(kv_ptr, rec, v, 0, LW)
-        _w_dequant_store(r1, s1, dst.slice(128, 128, dim=1))
+        _w_dequant_store(r1, s1, dst.slice(128, 128, dim=1), DEQ_ASM)
         r1, s1 = _w_load_chunk(kv_ptr, rec, v, 1, LW)
-        _w_dequant_store(r2, s2, dst.slice(256, 128, dim=1))
+        _w_dequant_store(r2, s2, dst.slice(256, 128, dim=1), DEQ_ASM)
         r2, s2 = _w_load_chunk(kv_ptr, rec, v, 2, LW)
-        _w_dequant_store(r3, s3, dst.slice(384, 128, dim=1))
+        _w_dequant_store(r3, s3, dst.slice(384, 128, dim=1), DEQ_ASM)
         r3, s3 = _w_load_chunk(kv_ptr, rec, v, 3, LW)
         if PRODUCER_FENCE:
             fence_async_shared()
@@ -303,7 +349,8 @@ def _w_producer(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
                 xkv_ptr, xidx_ptr, xlen_ptr, stride_xkb, xpage, xnum_tok, stride_xib, stride_xis, xtopk,
                 PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr,
                 PRODUCER_FENCE: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_XLEN: gl.constexpr,
-                XPAGE_SHIFT: gl.constexpr, XFMT: gl.constexpr, PROFILE: gl.constexpr = 0):
+                XPAGE_SHIFT: gl.constexpr, XFMT: gl.constexpr, PROFILE: gl.constexpr = 0,
+                DEQ_ASM: gl.constexpr = False):
     """Worker partition (4 warps): gather + dequantise every 64-token block of this CTA's (request, block) line
     into ring slot ``it % 2`` (``it`` counts blocks over the requests, as the consumers do). HAS_EXTRA (the ``x*``
     arguments; constexpr None placeholders without): after a request's main blocks, its blocks of the V3.2 extra
@@ -323,7 +370,7 @@ def _w_producer(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
                                 it)
         else:
             it = _w_blocks32(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is,
-                             t_lo, t_end, num_tok, page, stride_kb, it, dr, PAGE_SHIFT, PRODUCER_FENCE)
+                             t_lo, t_end, num_tok, page, stride_kb, it, dr, PAGE_SHIFT, PRODUCER_FENCE, DEQ_ASM)
         if HAS_EXTRA:
             x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
             it = _w_blocks32(kv_n, kv_p, vmask, ready, empty, xkv_ptr, xidx_ptr, req, si64, stride_xib, stride_xis,
@@ -346,18 +393,25 @@ def _w_load_chunk41(kv_ptr, rec, valid, G: gl.constexpr, L3: gl.constexpr):
 
 
 @_jit
-def _w_dequant_store41(raw, eb, dst):
+def _w_dequant_store41(raw, eb, dst, ASM: gl.constexpr = False):
     """4 UE8M0 groups: [64, 4, 8] words -> [64, 128] bf16 -> ``dst``; bf16(fp32(e4m3) * 2^(e-127)) with the ops of
-    ``_gluon_sparse_decode._g_byte`` / ``_g_ue8m0`` (element 32 g + 4 w + k = byte k of word w of group g)."""
+    ``_gluon_sparse_decode._g_byte`` / ``_g_ue8m0`` (element 32 g + 4 w + k = byte k of word w of group g). ``ASM``:
+    the same values through :func:`_w_e4m3x4` (:data:`WS_DEQ_ASM`)."""
     sc = _g_ue8m0(eb)
-    x = gl.join(gl.join(_g_byte(raw, sc, 0), _g_byte(raw, sc, 2)), gl.join(_g_byte(raw, sc, 1), _g_byte(raw, sc, 3)))
+    if ASM:
+        b0, b1, b2, b3 = _w_e4m3x4(raw, sc[:, :, None])
+        x = gl.join(gl.join(b0, b2), gl.join(b1, b3))
+    else:
+        x = gl.join(gl.join(_g_byte(raw, sc, 0), _g_byte(raw, sc, 2)),
+                    gl.join(_g_byte(raw, sc, 1), _g_byte(raw, sc, 3)))
     dst.store(gl.reshape(x, [64, 128]))
 
 
 @_jit
 def _w_blocks_nope(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
                    num_tok, page, stride_kb, it, PAGE_SHIFT: gl.constexpr, PRODUCER_FENCE: gl.constexpr,
-                   REC_BYTES: gl.constexpr, L3: gl.constexpr, LOAD: gl.constexpr, DEQUANT: gl.constexpr):
+                   REC_BYTES: gl.constexpr, L3: gl.constexpr, LOAD: gl.constexpr, DEQUANT: gl.constexpr,
+                   DEQ_ASM: gl.constexpr = False):
     """The producer's block loop for a cache without a RoPE tile (V4.1, FP4): the next block's 4 chunks in flight
     while the current block is dequantised into ring slot ``it % 2``, its validity mask beside it, then ``ready``.
     ``LOAD(kv_ptr, rec, valid, C, L3)`` loads chunk C of 64 records of ``REC_BYTES``; ``DEQUANT(raw, scales, dst)``
@@ -380,13 +434,13 @@ def _w_blocks_nope(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride
         mbarrier.wait(empty.index(slot), ((it // 2) & 1) ^ 1)              # a fresh barrier passes phase 1
         vmask.index(slot).store(vc.to(gl.int8))
         dst = kv_n.index(slot)
-        DEQUANT(r0, e0, dst.slice(0, 128, dim=1))
+        DEQUANT(r0, e0, dst.slice(0, 128, dim=1), DEQ_ASM)
         r0, e0 = LOAD(kv_ptr, rec, v, 0, L3)
-        DEQUANT(r1, e1, dst.slice(128, 128, dim=1))
+        DEQUANT(r1, e1, dst.slice(128, 128, dim=1), DEQ_ASM)
         r1, e1 = LOAD(kv_ptr, rec, v, 1, L3)
-        DEQUANT(r2, e2, dst.slice(256, 128, dim=1))
+        DEQUANT(r2, e2, dst.slice(256, 128, dim=1), DEQ_ASM)
         r2, e2 = LOAD(kv_ptr, rec, v, 2, L3)
-        DEQUANT(r3, e3, dst.slice(384, 128, dim=1))
+        DEQUANT(r3, e3, dst.slice(384, 128, dim=1), DEQ_ASM)
         r3, e3 = LOAD(kv_ptr, rec, v, 3, L3)
         if PRODUCER_FENCE:
             fence_async_shared()
@@ -397,14 +451,15 @@ def _w_blocks_nope(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride
 
 @_jit
 def _w_blocks41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
-                num_tok, page, stride_kb, it, PAGE_SHIFT: gl.constexpr, PRODUCER_FENCE: gl.constexpr):
+                num_tok, page, stride_kb, it, PAGE_SHIFT: gl.constexpr, PRODUCER_FENCE: gl.constexpr,
+                DEQ_ASM: gl.constexpr = False):
     """:func:`_w_blocks32` for a V4.1 cache (the main cache, then a V4.1 extra one if any): no RoPE copy; a chunk is
     128 B of a record = 4 scale groups (2 per thread)."""
     # one token per 2 threads; a thread holds 2 scale groups x 8 words = 64 contiguous bytes (4 x 16-B vectors)
     L3: gl.constexpr = gl.BlockedLayout([1, 2, 8], [16, 2, 1], [4, 1, 1], [2, 1, 0])   # [64, 4, 8] words
     return _w_blocks_nope(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
                           num_tok, page, stride_kb, it, PAGE_SHIFT, PRODUCER_FENCE, 528, L3, _w_load_chunk41,
-                          _w_dequant_store41)
+                          _w_dequant_store41, DEQ_ASM)
 
 
 @_jit
@@ -413,7 +468,8 @@ def _w_producer41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr,
                   xkv_ptr, xidx_ptr, xlen_ptr, stride_xkb, xpage, xnum_tok, stride_xib, stride_xis, xtopk,
                   PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr,
                   PRODUCER_FENCE: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_XLEN: gl.constexpr,
-                XPAGE_SHIFT: gl.constexpr, XFMT: gl.constexpr, PROFILE: gl.constexpr = 0):
+                XPAGE_SHIFT: gl.constexpr, XFMT: gl.constexpr, PROFILE: gl.constexpr = 0,
+                DEQ_ASM: gl.constexpr = False):
     """Worker partition (4 warps), V4.1 main cache (528 B/token: 512 e4m3 incl. RoPE, 16 UE8M0 exponents): as
     :func:`_w_producer` without the RoPE copy; a chunk is 128 B of a record = 4 scale groups (2 per thread).
     HAS_EXTRA: then the request's extra-cache blocks, V4.1 (XFMT 2, :func:`_w_blocks41`) or FP4 (XFMT 3,
@@ -430,7 +486,7 @@ def _w_producer41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr,
                                 it)
         else:
             it = _w_blocks41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo,
-                             t_end, num_tok, page, stride_kb, it, PAGE_SHIFT, PRODUCER_FENCE)
+                             t_end, num_tok, page, stride_kb, it, PAGE_SHIFT, PRODUCER_FENCE, DEQ_ASM)
         if HAS_EXTRA:
             x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
             if XFMT == 3:
@@ -460,7 +516,7 @@ def _w_load_chunk_fp4(kv_ptr, rec, valid, C: gl.constexpr, L3: gl.constexpr):
 
 
 @_jit
-def _w_dequant_store_fp4(raw, eb, dst):
+def _w_dequant_store_fp4(raw, eb, dst, ASM: gl.constexpr = False):
     """8 FP4 scale groups: [64, 8, 2] words -> [64, 128] bf16 -> ``dst``, with the single-partition kernel's ops and
     element order (``_g_nib``: e2m1 magnitude to fp32 bits x 2^126, x fp32(e4m3 scale), exact in bf16; element
     16 g + 8 w + 2 k + c = nibble c of byte k of word w of group g, the joins of ``_g_dequant_store``)."""
@@ -607,10 +663,12 @@ def _sparse_decode_gluon_ws_kernel(
     b, s_q, h_q, topk, acc_rows, sm_scale_log2,
     PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, PRODUCER_FENCE: gl.constexpr, FMT: gl.constexpr, PROFILE: gl.constexpr = 0,
+    DEQ_ASM: gl.constexpr = False,
 ):
     """``PROFILE`` (timing diagnostic, never dispatched; results meaningless): 1 = the producer only runs the ring
     protocol (no gather, no dequant: the consumers' time alone), 2 = the consumers release each slot at once (no
-    math: the producer's time alone); 0 = the kernel."""
+    math: the producer's time alone); 0 = the kernel. ``DEQ_ASM``: the producer dequantises through the inline-PTX
+    :func:`_w_e4m3x4` (same values; :data:`WS_DEQ_ASM`)."""
     q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty = _w_smem(FMT)
     if FMT == 0:
         gl.warp_specialize([
@@ -621,7 +679,7 @@ def _sparse_decode_gluon_ws_kernel(
             (_w_producer, (kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
                            stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, None, None, None, None,
                            None, None, None, None, None, PAGE_SHIFT, HAS_LEN, SBLOCK, PRODUCER_FENCE, False, False, 0,
-                           0, PROFILE)),
+                           0, PROFILE, DEQ_ASM)),
         ], [4], [PRODUCER_REGS])
     else:
         gl.warp_specialize([
@@ -632,7 +690,7 @@ def _sparse_decode_gluon_ws_kernel(
             (_w_producer41, (kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
                              stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, None, None, None,
                              None, None, None, None, None, None, PAGE_SHIFT, HAS_LEN, SBLOCK, PRODUCER_FENCE, False,
-                             False, 0, 0, PROFILE)),
+                             False, 0, 0, PROFILE, DEQ_ASM)),
         ], [4], [PRODUCER_REGS])
 
 
@@ -695,13 +753,15 @@ def supported_ws(q: torch.Tensor, k_cache: torch.Tensor, fmt: str, extra_k_cache
 def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None,
                                   extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
                                   extra_topk_length=None, config=None, _spec=None, *,
-                                  producer_regs=None, maxnreg=None, producer_fence=None, _profile=0):
+                                  producer_regs=None, maxnreg=None, producer_fence=None, _profile=0,
+                                  deq_asm=None):
     """Drop-in for ``launch_sparse_decode_gluon`` (same arguments and outputs; the caller checked
     :func:`supported_ws`; ``config`` ignored; ``_spec`` as there: the public op's cached call plan standing for the
     specialisation facts, or None to compute them with :func:`deepkernels._launch.spec_key`). Launches through a
     :class:`deepkernels._launch.KernelLauncher` (direct compiled-kernel launch once bound). Keyword-only tuning knobs
     (benchmarks): producer ``setmaxnreg``, launch ``maxnreg``, producer-side proxy fence; ``_profile`` 1 / 2: the
-    kernel's timing diagnostics (consumers alone / producer alone; no extra cache; output meaningless)."""
+    kernel's timing diagnostics (consumers alone / producer alone; no extra cache; output meaningless);
+    ``deq_asm``: the inline-PTX dequantisation (no extra cache; default :data:`WS_DEQ_ASM`)."""
     from . import sparse_decode as sd
     from .combine import combine_splits_
     from .metadata import SCHED_BLOCK
@@ -757,6 +817,8 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
                       producer_regs or _producer_regs(fmt), fence, GLUON_FMTS[fmt])
         if _profile:     # only then: the kernel's own launches keep their constexprs (and compiled kernel)
             names, constexprs = names + ("PROFILE", ), constexprs + (int(_profile), )
+        if WS_DEQ_ASM if deq_asm is None else deq_asm:
+            names, constexprs = names + ("DEQ_ASM", ), constexprs + (True, )
     launcher = cached_launcher(_LAUNCHERS, kernel, (constexprs, opts, spec),
                                lambda: dict(zip(names, constexprs), num_warps=opts[0], maxnreg=opts[1]),
                                _LAUNCHER_LIMIT)
@@ -782,7 +844,7 @@ _LAUNCHER_LIMIT = 1024
 
 def compile_sm90_ws(page_shift: int = 6, has_len: bool = True, has_sink: bool = True, producer_regs=None,
                     maxnreg=None, producer_fence=None, fmt: str = "v32", xfmt: str | None = None,
-                    xpage_shift: int = 6, has_xlen: bool = True, profile: int = 0):
+                    xpage_shift: int = 6, has_xlen: bool = True, profile: int = 0, deq_asm=None):
     """Cross-compile the WS kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch;
     ``fmt``: main-cache format ("v32" / "v41"); ``xfmt``: extra-cache format (None: no extra cache, the
     no-extra kernel; "v32" / "v41" / "fp4": the extra-cache kernel, with ``xpage_shift`` / ``has_xlen``).
@@ -802,6 +864,8 @@ def compile_sm90_ws(page_shift: int = 6, has_len: bool = True, has_sink: bool = 
                   FMT=GLUON_FMTS[fmt])
     if profile:
         consts["PROFILE"] = int(profile)
+    if WS_DEQ_ASM if deq_asm is None else deq_asm:
+        consts["DEQ_ASM"] = True
     hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
                                                                   "stride_ib", "stride_is"]
     return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)
