@@ -819,7 +819,9 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
             names, constexprs = names + ("PROFILE", ), constexprs + (int(_profile), )
         if WS_DEQ_ASM if deq_asm is None else deq_asm:
             names, constexprs = names + ("DEQ_ASM", ), constexprs + (True, )
-    launcher = cached_launcher(_LAUNCHERS, kernel, (constexprs, opts, spec),
+    # the key names the constexprs too: the optional ones (PROFILE, DEQ_ASM) make tuples of different meaning whose
+    # values can compare equal (True == 1)
+    launcher = cached_launcher(_LAUNCHERS, kernel, (names, constexprs, opts, spec),
                                lambda: dict(zip(names, constexprs), num_warps=opts[0], maxnreg=opts[1]),
                                _LAUNCHER_LIMIT)
     launcher((parts * s_q * (h_q // BLOCK_H), ), *ptrs, *ints, scale * _LOG2E)
