@@ -547,8 +547,9 @@ def test_contiguous_gluon_dispatch_rule(monkeypatch):
     monkeypatch.setattr("deepkernels._backend.interpret_mode", lambda: False)
     d = SimpleNamespace(dtype=torch.bfloat16, is_cuda=True)
     rule = grouped._gluon_contiguous_config
-    assert rule(32768, 4096, 7168, True, True, d, 128, None) is _gluon_fp8.GLUON_WS_128_S6
-    assert rule(10112, 7168, 2048, True, True, d, 128, None) is _gluon_fp8.GLUON_WS_128_S6
+    monkeypatch.delenv("DEEPKERNELS_GROUPED_EPI", raising=False)       # default: the TMA-store-epilogue twin
+    assert rule(32768, 4096, 7168, True, True, d, 128, None) is _gluon_fp8.GLUON_WS_128_S6_EPI
+    assert rule(10112, 7168, 2048, True, True, d, 128, None) is _gluon_fp8.GLUON_WS_128_S6_EPI
     for args in [(4096, 4096, 7168, True, True, d, 128, None),      # M_sum below the measured envelope
                  (32768, 2048, 7168, True, True, d, 128, None),     # N below it
                  (32768, 4096, 1024, True, True, d, 128, None),     # K below it
@@ -563,6 +564,8 @@ def test_contiguous_gluon_dispatch_rule(monkeypatch):
     monkeypatch.setenv("DEEPKERNELS_GROUPED_GLUON", "0")
     assert rule(32768, 4096, 7168, True, True, d, 128, None) is None
     monkeypatch.setenv("DEEPKERNELS_GROUPED_GLUON", "1")
+    assert rule(512, 256, 512, True, True, d, 64, None) is _gluon_fp8.GLUON_WS_128_S6_EPI
+    monkeypatch.setenv("DEEPKERNELS_GROUPED_EPI", "0")
     assert rule(512, 256, 512, True, True, d, 64, None) is _gluon_fp8.GLUON_WS_128_S6
 
 
@@ -578,8 +581,9 @@ def test_masked_gluon_dispatch_rule(monkeypatch):
     monkeypatch.setattr("deepkernels._backend.interpret_mode", lambda: False)
     d = SimpleNamespace(dtype=torch.bfloat16, is_cuda=True)
     rule = grouped._gluon_masked_config
+    monkeypatch.delenv("DEEPKERNELS_GROUPED_EPI", raising=False)       # default: the TMA-store-epilogue twin
     for args in [(1024, 4096, 7168, 1024), (256, 7168, 2048, 256), (4096, 4096, 7168, 300)]:
-        assert rule(*args, True, d, None) is _gluon_fp8.GLUON_WS_128_S4, args
+        assert rule(*args, True, d, None) is _gluon_fp8.GLUON_WS_128_S4_EPI, args
     for args, is_fp8, dd, cfg in [((1024, 4096, 7168, 128), True, d, None),    # expected_m below the envelope
                                   ((1024, 2048, 7168, 1024), True, d, None),   # N below it
                                   ((1024, 4096, 1024, 1024), True, d, None),   # K below it
@@ -594,6 +598,8 @@ def test_masked_gluon_dispatch_rule(monkeypatch):
     monkeypatch.setenv("DEEPKERNELS_GROUPED_GLUON", "0")
     assert rule(1024, 4096, 7168, 1024, True, d, None) is None
     monkeypatch.setenv("DEEPKERNELS_GROUPED_GLUON", "1")
+    assert rule(64, 256, 512, 8, True, d, None) is _gluon_fp8.GLUON_WS_128_S4_EPI
+    monkeypatch.setenv("DEEPKERNELS_GROUPED_EPI", "0")
     assert rule(64, 256, 512, 8, True, d, None) is _gluon_fp8.GLUON_WS_128_S4
 
 

@@ -45,20 +45,20 @@ def _ptxas(ptx):
 # ----------------------------------------------------------------------------------------------- host tier
 @needs_gluon
 def test_epi_config_switch(monkeypatch):
-    """DEEPKERNELS_GROUPED_EPI=1 swaps the grouped configs for their EPI twins (same envelope); unset / 0: the
-    register-epilogue configs as before."""
+    """The grouped configs are their EPI twins by default (unset, "1", or anything but "0"; same envelope);
+    DEEPKERNELS_GROUPED_EPI=0: the register-epilogue configs."""
     from deepkernels.gemm import grouped
     monkeypatch.setattr(grouped, "_gluon_gate", lambda is_fp8, d, cfg: (G, False))
     contig = lambda: grouped._gluon_contiguous_config(8192, 4096, 7168, True, True, None, 128, None)  # noqa: E731
     masked = lambda: grouped._gluon_masked_config(1024, 4096, 7168, 1024, True, None, None)  # noqa: E731
-    for env in (None, "0", ""):
+    for env in (None, "1"):
         if env is None:
             monkeypatch.delenv("DEEPKERNELS_GROUPED_EPI", raising=False)
         else:
             monkeypatch.setenv("DEEPKERNELS_GROUPED_EPI", env)
-        assert contig() is G.GLUON_WS_128_S6 and masked() is G.GLUON_WS_128_S4
-    monkeypatch.setenv("DEEPKERNELS_GROUPED_EPI", "1")
-    assert contig() is G.GLUON_WS_128_S6_EPI and masked() is G.GLUON_WS_128_S4_EPI
+        assert contig() is G.GLUON_WS_128_S6_EPI and masked() is G.GLUON_WS_128_S4_EPI
+    monkeypatch.setenv("DEEPKERNELS_GROUPED_EPI", "0")
+    assert contig() is G.GLUON_WS_128_S6 and masked() is G.GLUON_WS_128_S4
     # outside the envelope: still the Triton kernel
     assert grouped._gluon_contiguous_config(4096, 4096, 7168, True, True, None, 128, None) is None
     assert grouped._gluon_masked_config(1024, 4096, 7168, 128, True, None, None) is None

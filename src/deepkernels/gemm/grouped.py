@@ -198,11 +198,12 @@ def _gluon_contiguous_config(m_sum, n, k, is_fp8, b_kmajor, d, alignment, cfg):
     ``DEEPKERNELS_GROUPED_GLUON=1`` forces it wherever it applies, ``=0`` or ``DEEPKERNELS_DISABLE_GLUON=1``
     never uses it.
 
-    ``DEEPKERNELS_GROUPED_EPI=1`` (A/B switch, off by default; the TMA-store epilogue is not yet run on a GPU)
-    returns the TMA-store-epilogue twin ``GLUON_WS_128_S6_EPI`` instead (same rule): 64-row slices whose rows all
-    belong to the pass's group go registers -> shared -> TMA store. Read when a call signature's plan is built (its
-    first call); the plan cache key does not include it, so flipping it later in a process only affects new
-    signatures (or clear ``grouped._PLANS``)."""
+    The config is the TMA-store-epilogue twin ``GLUON_WS_128_S6_EPI`` (64-row slices whose rows all belong to the
+    pass's group go registers -> shared -> TMA store; others the register store) unless
+    ``DEEPKERNELS_GROUPED_EPI=0``: on by default since its first device run (session 15, H200, git f4256ee7e1e5,
+    results/grouped_gemm_epi-h200-2026-11-29-s15.json): 15/15 GPU tests, bit-identical to the register epilogue on
+    the 4 DeepGEMM contiguous shapes and 1.005-1.20x it (whole call; K 2048 shapes 1.19-1.20x, K 7168 1.005-1.03x).
+    The switch is part of the cached plan's signature (``_env_sig``)."""
     gate = _gluon_gate(is_fp8, d, cfg) if b_kmajor else None
     if gate is None:
         return None
@@ -223,10 +224,12 @@ def _gluon_masked_config(m_max, n, k, expected_m, is_fp8, d, cfg):
     64-row tiles, was not measured). ``DEEPKERNELS_GROUPED_GLUON=1`` forces it wherever it applies, ``=0`` or
     ``DEEPKERNELS_DISABLE_GLUON`` never uses it.
 
-    ``DEEPKERNELS_GROUPED_EPI=1`` (A/B switch, off by default; the TMA-store epilogue is not yet run on a GPU)
-    returns the TMA-store-epilogue twin ``GLUON_WS_128_S4_EPI`` instead (same rule): 64-row slices wholly below
-    ``masked_m[g]`` are TMA-stored, the slice crossing it through the masked register store. Read when a call
-    signature's plan is built, as for the contiguous switch."""
+    The config is the TMA-store-epilogue twin ``GLUON_WS_128_S4_EPI`` (64-row slices wholly below ``masked_m[g]``
+    TMA-stored, the slice crossing it through the masked register store) unless ``DEEPKERNELS_GROUPED_EPI=0``: on by
+    default since its first device run (session 15, same run as the contiguous one): bit-identical on the 6 DeepGEMM
+    masked shapes and faster in CUDA-graph replay at all 6 (1.05-1.28x: 63 vs 67, 34 vs 43, 67 vs 71, 37 vs 45,
+    71 vs 74, 40 vs 48 us); the direct launches' whole-call times at these 40-90 us sizes are host-bound and scatter
+    (0.58-1.17x); the public op with the switch 0.98-1.65x the public op without it."""
     gate = _gluon_gate(is_fp8, d, cfg)
     if gate is None:
         return None
@@ -237,9 +240,10 @@ def _gluon_masked_config(m_max, n, k, expected_m, is_fp8, d, cfg):
 
 
 def _epi_switch() -> bool:
-    """``DEEPKERNELS_GROUPED_EPI=1``: the grouped Gluon configs' TMA-store-epilogue twins (A/B, not the default)."""
+    """The grouped Gluon configs' TMA-store-epilogue twins: on unless ``DEEPKERNELS_GROUPED_EPI=0`` (measured
+    session 15; the register-epilogue configs stay available for A/B)."""
     import os
-    return os.environ.get("DEEPKERNELS_GROUPED_EPI", "") == "1"
+    return os.environ.get("DEEPKERNELS_GROUPED_EPI", "1") != "0"
 
 
 class _GluonPlan:
@@ -247,8 +251,8 @@ class _GluonPlan:
     call signature, so every launch has the same specialisation: the first call goes through the checked launcher
     and binds a :class:`deepkernels._launch.KernelLauncher`; later calls build the two TMA descriptors and call the
     compiled kernel directly (``_go_m_masked`` / ``_go_m_contiguous``: no re-checks, no argument binding). A
-    TMA-store-epilogue config (``DEEPKERNELS_GROUPED_EPI=1``) whose d is not TMA-able becomes its register-epilogue
-    twin at the first call (d's strides and alignment are part of the signature)."""
+    TMA-store-epilogue config (the default; ``DEEPKERNELS_GROUPED_EPI=0`` turns it off) whose d is not TMA-able
+    becomes its register-epilogue twin at the first call (d's strides and alignment are part of the signature)."""
 
     __slots__ = ("config", "masked", "launcher", "go")
 
