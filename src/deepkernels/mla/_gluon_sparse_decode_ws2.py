@@ -1,0 +1,423 @@
+"""Warp-specialised Gluon sparse MLA decode, "dense-decode consumer" variant (issue #6; not dispatched:
+:data:`DISPATCH` False; NOT YET RUN ON A GPU).
+
+Same contract, argument list and constexprs as :func:`_gluon_sparse_decode_ws._sparse_decode_gluon_ws_kernel`
+(read that module's docstring): one CTA per (scheduler part, query position, 64-head block), persistent over the
+requests of its part; split boundaries clamped to the token line, the last split of a request running to its end;
+indices valid iff ``position < topk_length`` and ``0 <= idx < num_blocks * page_block_size`` (anything else never
+dereferenced, its K/V row zero); single-split requests write ``out``/``lse`` (sink applied), split requests write
+``O/L`` and ``log2 L + m`` to accumulator row ``num_splits[req] + split`` for the unchanged ``combine_splits_``.
+Formats V3.2 (FMT 0, 656 B/token, d_qk 576: RoPE in a separate ``kv_p`` tile) and V4.1 (FMT 2, 528 B/token, d_qk
+512); no extra cache. Launcher :func:`launch_sparse_decode_gluon_ws2` is a drop-in for
+``launch_sparse_decode_gluon_ws`` (extra cache: ValueError).
+
+What differs is the consumer side, which takes the structure of the dense decode Gluon kernel
+(``_gluon_dense_decode._g_softmax_wg`` / ``_g_pv_wg``; also FlashMLA's own sm90 sparse FP8 decode split):
+
+* default partition = softmax warpgroup (4 warps), :func:`_w2_softmax_wg`: Q of the request to shared memory, then
+  per 64-token block: wait ``ready[slot]``, ``fence.proxy.async``, the FULL S = Q K^T (64 x 64, m64n64k16 wgmmas,
+  ``warps_per_cta=[4, 1]``; NoPE k-steps then RoPE k-steps for V3.2), mask with the producer's ``vmask[slot]``, the
+  online softmax with the expressions of ``_w_consumer`` (row reductions inside the warpgroup: no cross-warpgroup
+  reduction, per-row l for both formats), hand bf16 P + alpha to the PV warpgroup (``pready`` / ``pfree``),
+  ``O[:, :256] = O[:, :256] * alpha + P V[:, :256]``, arrive ``empty[slot]``.
+* worker 0 = PV warpgroup (4 warps), :func:`_w2_pv_wg`: per block wait ``ready[slot]`` (already passed: keeps the
+  acquire of the producer's stores direct) and ``pready``, ``fence.proxy.async``, read alpha, rescale
+  ``O[:, 256:]``, ``O[:, 256:] += P V[:, 256:]``, arrive ``pfree`` and ``empty[slot]``.
+* worker 1 = the producer of the WS kernel, imported unchanged (``_w_producer`` V3.2 / ``_w_producer41`` V4.1, 4
+  warps, same arguments as the WS kernel passes): gather + dequant into the 2-slot ring, validity mask per slot.
+
+Barrier protocol (all mbarriers; ``it`` = ring counter over the CTA's blocks, ``msg`` = handshake counter):
+
+1. ``ready[s]`` (count 1): producer -> both consumer warpgroups (each waits parity ``(it // 2) & 1``).
+2. ``empty[s]`` (count 2): one arrive per consumer warpgroup after its P V of the slot completed (the softmax WG's
+   after its S and P V: it is also the last reader of the RoPE tile); the producer waits parity ``((it//2)&1)^1``.
+3. ``pready`` (count 1): softmax WG -> PV WG, "P and alpha (or at a request's end: the epilogue scale) are in
+   shared memory"; PV waits parity ``msg & 1``.
+4. ``pfree`` (count 1): PV WG -> softmax WG, "P / alpha buffer read (its P V completed)"; the softmax WG waits
+   parity ``(msg & 1) ^ 1`` before overwriting P / alpha.
+5. Per request one extra message: the per-row output scale (``1/L``, sink applied for single-split requests, 0 for
+   empty rows) through the alpha buffer; each warpgroup then writes its 256 columns of ``out`` / ``o_acc``, the
+   softmax WG also ``lse`` / ``l_acc`` (``_g_epilogue``'s expressions).
+
+Invalid tokens need no tail zeroing: the producer's masked loads give exact-zero K/V rows and p = 0 for them.
+
+Shared memory (cross-compiled, Triton 3.6): V3.2 Q 64 KB + 8 KB RoPE, ring 2 x (64 KB + 8 KB), P 8 KB, + validity
+masks 128 B, alpha 256 B, 6 mbarriers: 229,904 B of the 232,448 B limit (the WS kernel: 230,052 B); V4.1 (no RoPE
+tiles) 205,328 B.
+
+Registers (launch ``maxnreg`` 168, 12 warps; ``setmaxnreg``: PV warpgroup :data:`WS2_PV_REGS` = 160, producer 136
+(V3.2) / 120 (V4.1), the softmax warpgroup gets the rest: 208 / 224; ptxas of the Triton 3.6 wheel): 0 spill
+instructions in both consumer token loops for both formats; producer block loop 5 (V3.2) / 14 (V4.1) spill
+instructions, as in the WS kernel (see tests/test_mla_sparse_decode_ws2.py for the bounds).
+
+Prediction (H200, h_q 128, topk 2048; per (CTA, 64-token block)): the WS kernel's consumers measured 3.1 us/block
+alone (its producer alone 3.6 us, the kernel 4.6 us). Here the softmax WG issues S as 36 m64n64k16 wgmmas (Q read
+once per k-step for 64 columns instead of twice for 2 x 32: half the Q shared-memory traffic of S), its row
+reductions stay in-warpgroup (no shared scratch, no CTA barrier), and the two warpgroups are coupled only by the
+P handshake (no CTA-wide barrier at all), so PV_R of block j overlaps S of block j+1: the dense decode kernel runs
+the same math at ~2.0 us/block. Expected consumer time ~2.0-2.4 us/block; the block time then becomes the
+producer's (~3.6 us alone, maybe less with the consumers no longer stalling the ring): ~3.6-4.0 us/block ->
+290-320 TFLOPS at V3.2 h_q 128 (1.15-1.25x ws); V4.1 similar ratio. The producer is the next limit.
+Not yet run on a GPU: correctness (tolerance vs the reference; not bit-identical to the WS kernel: the per-block
+row sums are reduced in another order) and speed are for the device run (benchmarks/device_sparse_ws2.sh).
+"""
+from __future__ import annotations
+
+import torch
+
+from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, fence_async_shared, mbarrier,  # noqa: F401
+                      warpgroup_mma, warpgroup_mma_wait)
+from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
+from .._launch import cached_launcher, spec_key
+from ._gluon_sparse_decode import GLUON_FMTS, _g_part, _g_req_range, _page_shift, supported
+from ._gluon_sparse_decode_ws import (WS_FMTS, WS_MAXNREG, WS_PRODUCER_FENCE, WS_PRODUCER_REGS,
+                                      WS_PRODUCER_REGS_V41, _w_producer, _w_producer41)
+
+__all__ = ["available", "supported_ws2", "launch_sparse_decode_gluon_ws2", "compile_sm90_ws2", "DISPATCH",
+           "WS2_PV_REGS", "WS2_NUM_WARPS"]
+
+BLOCK_H = 64
+WS2_NUM_WARPS = 4        # the default partition (softmax warpgroup); + 4 PV + 4 producer warps = 12
+WS2_PV_REGS = 160        # setmaxnreg of the PV warpgroup (128 accumulator registers + addresses)
+# sparse_decode.py does not send calls here: the lead wires dispatch after a GPU run
+DISPATCH = False
+_LOG2E = 1.4426950408889634
+
+
+# ----------------------------------------------------------------------------------------------- device code
+
+@_jit
+def _w2_write_half(o, inv, hb, req64, si64, nsp, base_row, split, out_ptr, oacc_ptr, s_q, h_q, acc_rows,
+                   COL0: gl.constexpr, O_L: gl.constexpr):
+    """Columns [COL0, COL0 + 256) of a request's output: ``o * inv`` to ``out`` (single split, bf16) or to the
+    accumulator row ``base_row + split`` (``_g_epilogue``'s addressing and masks)."""
+    heads_o = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, O_L))
+    da = COL0 + gl.arange(0, 256, gl.SliceLayout(0, O_L))
+    o = o * inv[:, None]
+    if nsp <= 1:
+        row_off_o = (req64 * s_q + si64) * h_q + heads_o.to(gl.int64)
+        gl.store(out_ptr + row_off_o[:, None] * 512 + da[None, :], o.to(gl.bfloat16))
+    else:
+        acc_row = (base_row + split).to(gl.int64)
+        ok = (acc_row >= 0) & (acc_row < acc_rows)
+        a_off_o = (acc_row * s_q + si64) * h_q + heads_o.to(gl.int64)
+        gl.store(oacc_ptr + a_off_o[:, None] * 512 + da[None, :], o, mask=((heads_o >= 0) & ok)[:, None])
+
+
+@_jit
+def _w2_scale(m_i, l_i, hb, req64, si64, nsp, base_row, split, sink_ptr, lse_ptr, lacc_ptr, s_q, h_q, acc_rows,
+              sm_scale_log2, HAS_SINK: gl.constexpr, S_L: gl.constexpr):
+    """``_g_epilogue``'s per-row part: stores ``lse`` (single split: natural log, +inf for an empty row) or the
+    base-2 ``log2 L + m`` (-inf empty) to ``l_acc``; returns the per-row output scale (1 / (L + sink term) or 1 / L,
+    0 for an empty row)."""
+    empty = (l_i == 0.0) | (l_i != l_i)
+    l_safe = gl.where(empty, 1.0, l_i)
+    m_log2 = m_i * sm_scale_log2
+    heads = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, S_L))
+    if nsp <= 1:
+        denom = l_safe
+        if HAS_SINK:
+            sink = gl.load(sink_ptr + heads) * 1.4426950408889634
+            denom = l_safe + gl.exp2(sink - gl.where(empty, 0.0, m_log2))
+        inv = gl.where(empty, 0.0, 1.0 / denom)
+        lse = gl.where(empty, float("inf"), (gl.log2(l_safe) + m_log2) * 0.6931471805599453)
+        row_off = (req64 * s_q + si64) * h_q + heads.to(gl.int64)
+        gl.store(lse_ptr + row_off, lse)
+    else:
+        inv = gl.where(empty, 0.0, 1.0 / l_safe)
+        acc_row = (base_row + split).to(gl.int64)
+        ok = (acc_row >= 0) & (acc_row < acc_rows)
+        a_off = (acc_row * s_q + si64) * h_q + heads.to(gl.int64)
+        gl.store(lacc_ptr + a_off, gl.where(empty, float("-inf"), gl.log2(l_safe) + m_log2),
+                 mask=(heads >= 0) & ok)
+    return inv
+
+
+@_jit
+def _w2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr, len_ptr,
+                   sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs,
+                   stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2,
+                   HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr, FMT: gl.constexpr):
+    """Default partition (4 warps): Q, the full S = Q K^T, the online softmax, P + alpha to the PV warpgroup,
+    O[:, :256] += P V[:, :256]; per request the output scale to the PV warpgroup, its half of the output and lse."""
+    D_V: gl.constexpr = 512
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    LS: gl.constexpr = gl.SliceLayout(0, S_L)
+    hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
+    si64 = si.to(gl.int64)
+    hq = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, LP))
+    dq = gl.arange(0, 64, gl.SliceLayout(0, LP))
+    s_zero = gl.zeros([64, 64], gl.float32, S_L)
+    it = 0
+    msg = 0
+    for req in range(begin_req, end_req + 1):
+        req64 = req.to(gl.int64)
+        gl.thread_barrier()            # every S wgmma of the previous request (this warpgroup's) read Q
+        q_rows = q_ptr + req64 * stride_qb + si64 * stride_qs + hq.to(gl.int64)[:, None] * stride_qh
+        for c in gl.static_range(8):
+            q_n.slice(c * 64, 64, dim=1).store(gl.load(q_rows + (c * 64 + dq)[None, :]))
+        if FMT == 0:
+            q_p.store(gl.load(q_rows + (D_V + dq)[None, :]))
+        fence_async_shared()
+        gl.thread_barrier()
+        n, base_row, nsp, split, t_lo, _, t_end = _g_req_range(req, begin_req, end_req, begin_blk, end_blk,
+                                                               begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
+                                                               SBLOCK)
+        nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+        m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))   # running max of raw q.k
+        l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
+        acc = gl.zeros([64, 256], gl.float32, O_L)
+        for j in range(nblocks):
+            slot = it % 2
+            mbarrier.wait(ready.index(slot), (it // 2) & 1)
+            fence_async_shared()     # the producer's shared stores (generic proxy) before the wgmma reads
+            tok = warpgroup_mma(q_n, kv_n.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            if FMT == 0:
+                tok = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok, is_async=True)
+            valid = vmask.index(slot).load(LS) != 0
+            s = warpgroup_mma_wait(0, deps=(tok, ))
+            # online softmax step (the expressions of _w_consumer / _g_attend; row sum per block)
+            s = gl.where(valid[None, :], s, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
+            p = gl.exp2((s - m_safe[:, None]) * sm_scale_log2)
+            l_i = l_i * alpha + gl.sum(p, 1)
+            m_i = m_new
+            # P and alpha to the PV warpgroup (once it released the previous ones)
+            mbarrier.wait(pfree, (msg & 1) ^ 1)
+            p_smem.store(p.to(gl.bfloat16))
+            a_smem.store(alpha)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(pready)
+            msg += 1
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+            tok_o = warpgroup_mma(p_smem, kv_n.index(slot).slice(0, 256, dim=1), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+            mbarrier.arrive(empty.index(slot))
+            it += 1
+
+        # epilogue: lse / l_acc here, the output scale to the PV warpgroup, own half of the output
+        inv = _w2_scale(m_i, l_i, hb, req64, si64, nsp, base_row, split, sink_ptr, lse_ptr, lacc_ptr, s_q, h_q,
+                        acc_rows, sm_scale_log2, HAS_SINK, S_L)
+        mbarrier.wait(pfree, (msg & 1) ^ 1)
+        a_smem.store(inv)
+        gl.thread_barrier()
+        mbarrier.arrive(pready)
+        msg += 1
+        _w2_write_half(acc, gl.convert_layout(inv, gl.SliceLayout(1, O_L)), hb, req64, si64, nsp, base_row, split,
+                       out_ptr, oacc_ptr, s_q, h_q, acc_rows, 0, O_L)
+
+
+@_jit
+def _w2_pv_wg(kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr, oacc_ptr,
+              b, s_q, h_q, topk, acc_rows, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr):
+    """Worker partition (4 warps): O[:, 256:] = O[:, 256:] * alpha + P V[:, 256:] per block; per request the
+    output scale from the softmax warpgroup and its half of the output."""
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
+    si64 = si.to(gl.int64)
+    it = 0
+    msg = 0
+    for req in range(begin_req, end_req + 1):
+        req64 = req.to(gl.int64)
+        n, base_row, nsp, split, t_lo, _, t_end = _g_req_range(req, begin_req, end_req, begin_blk, end_blk,
+                                                               begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
+                                                               SBLOCK)
+        nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+        acc = gl.zeros([64, 256], gl.float32, O_L)
+        for j in range(nblocks):
+            slot = it % 2
+            mbarrier.wait(ready.index(slot), (it // 2) & 1)    # passed already (the softmax WG sent P after it)
+            mbarrier.wait(pready, msg & 1)
+            fence_async_shared()     # the producer's V stores (generic proxy) before this warpgroup's wgmma
+            alpha = a_smem.load(gl.SliceLayout(1, O_L))
+            acc = acc * alpha[:, None]
+            tok = warpgroup_mma(p_smem, kv_n.index(slot).slice(256, 256, dim=1), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(tok, ))
+            mbarrier.arrive(pfree)
+            mbarrier.arrive(empty.index(slot))
+            msg += 1
+            it += 1
+        mbarrier.wait(pready, msg & 1)
+        inv = a_smem.load(gl.SliceLayout(1, O_L))
+        gl.thread_barrier()
+        mbarrier.arrive(pfree)
+        msg += 1
+        # the request's accumulator-row facts again, after the token loop (fewer values live across it)
+        hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
+        n, base_row, nsp, split, t_lo, _, t_end = _g_req_range(req, begin_req, end_req, begin_blk, end_blk,
+                                                               begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
+                                                               SBLOCK)
+        _w2_write_half(acc, inv, hb, req64, si.to(gl.int64), nsp, base_row, split, out_ptr, oacc_ptr, s_q, h_q,
+                       acc_rows, 256, O_L)
+
+
+@_jit
+def _w2_smem(FMT: gl.constexpr):
+    """Shared memory: Q, the 2-slot K (= V) ring, P, the alpha / scale vector; V3.2 (FMT 0) also the RoPE tiles
+    (V4.1: ``p_smem`` stands in, never read); per slot the 64 tokens' validity (int8); mbarriers ``ready`` (count 1),
+    ``empty`` (count 2: one arrive per consumer warpgroup), ``pready`` / ``pfree`` (count 1), initialised."""
+    D_V: gl.constexpr = 512
+    SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, D_V], gl.bfloat16)
+    SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
+    q_n = gl.allocate_shared_memory(gl.bfloat16, [64, D_V], SH_N)
+    kv_n = gl.allocate_shared_memory(gl.bfloat16, [2, 64, D_V], SH_N)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
+    if FMT == 0:
+        q_p = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
+        kv_p = gl.allocate_shared_memory(gl.bfloat16, [2, 64, 64], SH_P)
+    else:
+        q_p = p_smem
+        kv_p = p_smem
+    a_smem = gl.allocate_shared_memory(gl.float32, [64], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    vmask = gl.allocate_shared_memory(gl.int8, [2, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    pready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    pfree = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)      # one arrive per consumer warpgroup
+    mbarrier.init(pready, count=1)
+    mbarrier.init(pfree, count=1)
+    return q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree
+
+
+_NO_SPEC = ["page", "num_tok", "b", "s_q", "h_q", "topk", "acc_rows"]
+
+
+@_jit(do_not_specialize=_NO_SPEC)
+def _sparse_decode_gluon_ws2_kernel(
+    q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+    stride_qb, stride_qs, stride_qh, stride_kb, page, num_tok, stride_ib, stride_is,
+    b, s_q, h_q, topk, acc_rows, sm_scale_log2,
+    PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, PRODUCER_FENCE: gl.constexpr, FMT: gl.constexpr, PROFILE: gl.constexpr = 0,
+    DEQ_ASM: gl.constexpr = False, PV_REGS: gl.constexpr = 160,
+):
+    """The WS kernel's arguments and constexprs (``PROFILE`` 1: the producer runs only the ring protocol -- the
+    consumers' time alone; ``DEQ_ASM``: the producer's inline-PTX dequant) + ``PV_REGS``, the PV warpgroup's
+    ``setmaxnreg``. Partitions: softmax warpgroup (default, 4 warps), PV warpgroup (4), producer (4)."""
+    q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree = _w2_smem(FMT)
+    if FMT == 0:
+        gl.warp_specialize([
+            (_w2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr,
+                              len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                              stride_qb, stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2,
+                              HAS_LEN, HAS_SINK, SBLOCK, FMT)),
+            (_w2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
+                         oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK)),
+            (_w_producer, (kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
+                           stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, None, None, None, None,
+                           None, None, None, None, None, PAGE_SHIFT, HAS_LEN, SBLOCK, PRODUCER_FENCE, False, False, 0,
+                           0, PROFILE, DEQ_ASM)),
+        ], [4, 4], [PV_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_w2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr,
+                              len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                              stride_qb, stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2,
+                              HAS_LEN, HAS_SINK, SBLOCK, FMT)),
+            (_w2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
+                         oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK)),
+            (_w_producer41, (kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
+                             stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, None, None, None,
+                             None, None, None, None, None, None, PAGE_SHIFT, HAS_LEN, SBLOCK, PRODUCER_FENCE, False,
+                             False, 0, 0, PROFILE, DEQ_ASM)),
+        ], [4, 4], [PV_REGS, PRODUCER_REGS])
+
+
+# ----------------------------------------------------------------------------------------------- host code
+
+def supported_ws2(q: torch.Tensor, k_cache: torch.Tensor, fmt: str, extra_k_cache=None, config=None) -> bool:
+    """``supported_ws`` restricted to calls without an extra cache: the single-partition kernel's gate
+    (``_gluon_sparse_decode.supported``) and a V3.2 or V4.1 main cache."""
+    if fmt not in WS_FMTS or extra_k_cache is not None:
+        return False
+    return supported(q, k_cache, fmt, extra_k_cache, config)
+
+
+def _producer_regs(fmt: str) -> int:
+    return WS_PRODUCER_REGS_V41 if fmt == "v41" else WS_PRODUCER_REGS
+
+
+def launch_sparse_decode_gluon_ws2(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None,
+                                   extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
+                                   extra_topk_length=None, config=None, _spec=None, *, pv_regs=None,
+                                   producer_regs=None, maxnreg=None, producer_fence=None, _profile=0):
+    """Drop-in for ``launch_sparse_decode_gluon_ws`` without an extra cache (same arguments and outputs; the caller
+    checked :func:`supported_ws2`; ``config`` ignored; ``_spec`` as there). Keyword-only tuning knobs (benchmarks):
+    PV / producer ``setmaxnreg``, launch ``maxnreg``, producer-side proxy fence, ``_profile`` 1 (the producer runs
+    only the ring protocol: the consumers' time alone; output meaningless)."""
+    from . import sparse_decode as sd
+    from .combine import combine_splits_
+    from .metadata import SCHED_BLOCK
+
+    if extra_k_cache is not None or fmt not in WS_FMTS:
+        raise ValueError(f"launch_sparse_decode_gluon_ws2: main cache {fmt!r}, extra cache "
+                         f"{'given' if extra_k_cache is not None else None}: V3.2 or V4.1 main cache, no extra cache "
+                         f"only")
+    b, s_q, h_q, _ = q.shape
+    parts = sched.shape[0]
+    acc_rows = b + parts
+    dev = q.device
+    o_acc = torch.empty(acc_rows, s_q, h_q, 512, dtype=torch.float32, device=dev)
+    l_acc = torch.empty(acc_rows, s_q, h_q, dtype=torch.float32, device=dev)
+    if sd._POISON_OUTPUTS:
+        for t in (out, lse_buf, o_acc, l_acc):
+            t.fill_(float("nan"))
+    kv = k_cache.view(torch.uint8)
+    topk = indices.shape[2]
+    dummy = l_acc
+    ptrs = (q, kv, indices, topk_length if topk_length is not None else dummy,
+            attn_sink if attn_sink is not None else dummy, sched, num_splits, out, lse_buf, o_acc, l_acc)
+    ints = (q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1],
+            indices.stride(0), indices.stride(1), b, s_q, h_q, topk, acc_rows)
+    if _spec is None:
+        spec = spec_key(*ptrs, *ints)
+    else:   # sched/num_splits/acc_rows are the only launch facts the public op's signature does not fix
+        spec = (_spec, acc_rows < 2 ** 31, sched.dtype, sched.data_ptr() & 15 == 0, num_splits.dtype,
+                num_splits.data_ptr() & 15 == 0)
+    fence = WS_PRODUCER_FENCE if producer_fence is None else bool(producer_fence)
+    opts = (WS2_NUM_WARPS, maxnreg or WS_MAXNREG)
+    names = _CONSTEXPRS
+    constexprs = (_page_shift(kv.shape[1]), topk_length is not None, attn_sink is not None, SCHED_BLOCK,
+                  producer_regs or _producer_regs(fmt), fence, GLUON_FMTS[fmt], pv_regs or WS2_PV_REGS)
+    if _profile:
+        names, constexprs = names + ("PROFILE", ), constexprs + (int(_profile), )
+    launcher = cached_launcher(_LAUNCHERS, _sparse_decode_gluon_ws2_kernel, (names, constexprs, opts, spec),
+                               lambda: dict(zip(names, constexprs), num_warps=opts[0], maxnreg=opts[1]),
+                               _LAUNCHER_LIMIT)
+    launcher((parts * s_q * (h_q // BLOCK_H), ), *ptrs, *ints, scale * _LOG2E)
+    combine_splits_(out, lse_buf.transpose(1, 2), o_acc, l_acc, num_splits, attn_sink=attn_sink,
+                    lengths=topk_length, topk=topk, extra_lengths=None, extra_topk=None, rne=False, _spec=_spec)
+
+
+_CONSTEXPRS = ("PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS", "PRODUCER_FENCE", "FMT", "PV_REGS")
+_LAUNCHERS: dict = {}   # (kernel, (constexprs, options, specialisation)) -> KernelLauncher
+_LAUNCHER_LIMIT = 1024
+
+
+def compile_sm90_ws2(fmt: str = "v32", page_shift: int = 6, has_len: bool = True, has_sink: bool = True,
+                     pv_regs=None, producer_regs=None, maxnreg=None, producer_fence=None, profile: int = 0):
+    """Cross-compile the kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch. Returns
+    the CompiledKernel (``.asm['ptx']``, ``.metadata.shared``)."""
+    fn = _sparse_decode_gluon_ws2_kernel
+    sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", sink_ptr="*fp32", meta_ptr="*i32",
+               nsplits_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32", oacc_ptr="*fp32", lacc_ptr="*fp32",
+               stride_qb="i32", stride_qs="i32", stride_qh="i32", stride_kb="i32", page="i32", num_tok="i32",
+               stride_ib="i32", stride_is="i32", b="i32", s_q="i32", h_q="i32", topk="i32", acc_rows="i32",
+               sm_scale_log2="fp32")
+    consts = dict(PAGE_SHIFT=page_shift, HAS_LEN=has_len, HAS_SINK=has_sink, SBLOCK=64,
+                  PRODUCER_REGS=producer_regs or _producer_regs(fmt),
+                  PRODUCER_FENCE=WS_PRODUCER_FENCE if producer_fence is None else bool(producer_fence),
+                  FMT=GLUON_FMTS[fmt], PV_REGS=pv_regs or WS2_PV_REGS)
+    if profile:
+        consts["PROFILE"] = int(profile)
+    hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
+                                                                  "stride_ib", "stride_is"]
+    return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=WS2_NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)
