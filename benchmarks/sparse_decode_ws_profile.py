@@ -4,8 +4,9 @@ diagnostics on the same schedule and inputs (``launch_sparse_decode_gluon_ws(...
 * ``consumers`` (PROFILE 1): the producer runs only the ring protocol (no gather, no dequant), the consumers do all
   their per-block work -> the consumers' time alone;
 * ``producer`` (PROFILE 2): the consumers release every slot at once (no math) -> the producer's time alone;
-* ``ws_asm`` / ``producer_asm``: the same with the producer's inline-PTX dequantisation (``deq_asm=True``), checked
-  bit-identical to the default kernel's output (V4.1 also with a 128-register producer, ``_p128``).
+* ``ws_asm`` / ``producer_asm``: the same with the producer's inline-PTX dequantisation (``deq_asm=True``);
+  ``*_pf``: with the producer's L2 prefetch of block j+2 (``pf_l2=True``); the real kernels (PROFILE 0) are checked
+  bit-identical to the default kernel's output.
 
 If the kernel time is close to one of them, that side is the limit; if it is well above both, the hand-off (ring
 depth, barriers) is. Reported per row: ms, TFLOPS-equivalent (FlashMLA counting, the kernel's FLOPs over each
@@ -53,14 +54,15 @@ def main(path: str) -> int:
             ctas = parts * s_q * (h_q // 64)
             blocks = b * s_q * (h_q // 64) * (topk // 64)      # (CTA, 64-token block) work items
             row = dict(fmt=fmt, b=b, s_q=s_q, h_q=h_q, topk=topk, parts=parts, ctas=ctas, flop=flop)
-            variants = [("ws", 0, False, None), ("consumers", 1, False, None), ("producer", 2, False, None),
-                        ("ws_asm", 0, True, None), ("producer_asm", 2, True, None)]
-            if fmt == "v41":   # the asm dequant spills in V4.1's 120-register producer; 128 leaves it fewer
-                variants += [("ws_asm_p128", 0, True, 128), ("producer_asm_p128", 2, True, 128)]
+            # (name, PROFILE, inline-PTX dequant, L2 prefetch of block j+2)
+            variants = [("ws", 0, False, False), ("consumers", 1, False, False), ("producer", 2, False, False),
+                        ("ws_asm", 0, True, False), ("producer_asm", 2, True, False),
+                        ("ws_pf", 0, False, True), ("producer_pf", 2, False, True),
+                        ("ws_asm_pf", 0, True, True), ("producer_asm_pf", 2, True, True)]
             ref = None
-            for name, prof, asm, preg in variants:
-                fn = (lambda p=prof, a=asm, r=preg: W.launch_sparse_decode_gluon_ws(
-                    out, lse, q, cache, ind, sched, ns, d_qk ** -0.5, fmt, _profile=p, deq_asm=a, producer_regs=r))
+            for name, prof, asm, pf in variants:
+                fn = (lambda p=prof, a=asm, f=pf: W.launch_sparse_decode_gluon_ws(
+                    out, lse, q, cache, ind, sched, ns, d_qk ** -0.5, fmt, _profile=p, deq_asm=a, pf_l2=f))
                 try:
                     out.fill_(float("nan"))
                     fn()
@@ -82,7 +84,9 @@ def main(path: str) -> int:
             print("%s h_q=%3d b=%3d s_q=%d  " % (fmt, h_q, b, s_q) + "  ".join(
                 "%s %.1f TF (%.2f us/blk)" % (n, row.get(n + "_tflops_equiv", float("nan")),
                                               row.get(n + "_us_per_block", float("nan")))
-                for n, *_ in variants) + "  asm bit-identical %s" % row.get("ws_asm_bit_identical"), flush=True)
+                for n, *_ in variants) + "  bit-identical asm %s pf %s asm+pf %s" % (
+                    row.get("ws_asm_bit_identical"), row.get("ws_pf_bit_identical"),
+                    row.get("ws_asm_pf_bit_identical")), flush=True)
             json.dump(dict(provenance=provenance(), rows=rows), open(path, "w"), indent=1)
             del cache
             torch.cuda.empty_cache()

@@ -593,27 +593,41 @@ def test_compile_sm90_ws_deq_asm(fmt):
     assert W.WS_DEQ_ASM is False
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("fmt", FMTS)
+def test_compile_sm90_ws_pf_l2(fmt):
+    """The producer's L2 prefetch option compiles: one ``cp.async.bulk.prefetch.L2`` of the format's record size
+    per token in the prologue and in the block loop; not in the default kernel; not the default until measured."""
+    rb = {"v32": 656, "v41": 528}[fmt]
+    assert "cp.async.bulk.prefetch" not in W.compile_sm90_ws(fmt=fmt).asm["ptx"]
+    ptx = W.compile_sm90_ws(fmt=fmt, pf_l2=True).asm["ptx"]
+    assert len(re.findall(r"cp\.async\.bulk\.prefetch\.L2\.global \[[^\]]+\], %d;" % rb, ptx)) == 2
+    assert W.WS_PF_L2 is False
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("knob", ["WS_DEQ_ASM", "WS_PF_L2"])
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("b,s_q,h_q,topk,s_k,page,nonpow2", [(4, 2, 128, 576, 4096, 64, True),
                                                             (3, 1, 64, 100, 300, 16, True),
                                                             (2, 2, 64, 128, 200, 64, False)])
-def test_gpu_ws_deq_asm_bit_identical(fmt, b, s_q, h_q, topk, s_k, page, nonpow2, poison, monkeypatch):
-    """The inline-PTX dequant gives the default dequant's output bit for bit (same ops: e4m3 pair -> f16x2, f16 ->
-    f32, mul.rn.f32, cvt.rn.bf16x2.f32), through the public op on the WS kernel; and both pass the reference check
-    (NaN in every unreferenced cache token, junk indices, non-power-of-two V3.2 scales)."""
+def test_gpu_ws_deq_asm_bit_identical(knob, fmt, b, s_q, h_q, topk, s_k, page, nonpow2, poison, monkeypatch):
+    """The producer options -- inline-PTX dequant (same ops: e4m3 pair -> f16x2, f16 -> f32, mul.rn.f32,
+    cvt.rn.bf16x2.f32) and the L2 prefetch of block j+2 -- give the default kernel's output bit for bit, through the
+    public op on the WS kernel; and pass the reference check (NaN in every unreferenced cache token, junk indices,
+    non-power-of-two V3.2 scales)."""
     kw = make_case(b, s_q, h_q, fmt, topk, s_k, page, nonpow2=nonpow2, with_len=True, device="cuda")
     took = []
     real = W.launch_sparse_decode_gluon_ws
 
     def spy(*a, **k):
-        took.append(W.WS_DEQ_ASM)
+        took.append(getattr(W, knob))
         return real(*a, **k)
     monkeypatch.setattr(W, "launch_sparse_decode_gluon_ws", spy)
     monkeypatch.setattr(sd, "_PLANS", {})
     outs = []
     for on in (False, True):
-        monkeypatch.setattr(W, "WS_DEQ_ASM", on)
+        monkeypatch.setattr(W, knob, on)
         outs.append(_public(kw))
     assert took == [False, True], took
     for x, y in zip(outs[1], outs[0]):

@@ -165,6 +165,9 @@ WS_PRODUCER_FENCE = False     # also fence.proxy.async in the producer before ``
 # the producer's V3.2 / V4.1 dequantisation through one inline-PTX block per word (_w_e4m3x4: same values, ~37 % fewer
 # producer instructions per block); False until a device run shows it bit-identical and faster
 WS_DEQ_ASM = False
+# the producer also prefetches block j+2's records into L2 (cp.async.bulk.prefetch.L2, one per token): False until
+# measured
+WS_PF_L2 = False
 # sparse_decode.py sends the calls supported_ws() takes here (True since its first device run, 2026-11-29, git
 # 9385c63fe481: GPU tests passed, bit-identical to the single-partition kernel, 1.20-1.30x it -- 229-266 TFLOPS at
 # h_q 128, topk 2048; results/mla_sparse_decode_ws-h200-2026-11-29.json)
@@ -274,9 +277,31 @@ def _w_dequant_store(raw, sc, dst, ASM: gl.constexpr = False):
 
 
 @_jit
+def _w_prefetch_l2(kv_ptr, rec, valid, RB: gl.constexpr):
+    """``cp.async.bulk.prefetch.L2`` of each valid token's whole record (``RB`` bytes, a multiple of 16; records at
+    16-byte aligned addresses only: the others are skipped) -- no registers or shared memory held, so the producer
+    can ask for block j+2 while block j+1's records are in flight in registers (:data:`WS_PF_L2`)."""
+    gl.static_assert(RB == 656 or RB == 528 or RB == 288)
+    ptrs = kv_ptr + rec
+    ok = (valid & ((rec & 15) == 0)).to(gl.int32)
+    if RB == 656:
+        gl.inline_asm_elementwise(
+            asm="{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], 656; mov.u32 $0, 0; }",
+            constraints="=r,l,r", args=[ptrs, ok], dtype=gl.int32, is_pure=False, pack=1)
+    elif RB == 528:
+        gl.inline_asm_elementwise(
+            asm="{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], 528; mov.u32 $0, 0; }",
+            constraints="=r,l,r", args=[ptrs, ok], dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise(
+            asm="{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], 288; mov.u32 $0, 0; }",
+            constraints="=r,l,r", args=[ptrs, ok], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@_jit
 def _w_blocks32(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
                 num_tok, page, stride_kb, it, dr, PAGE_SHIFT: gl.constexpr, PRODUCER_FENCE: gl.constexpr,
-                DEQ_ASM: gl.constexpr = False):
+                DEQ_ASM: gl.constexpr = False, PF_L2: gl.constexpr = False):
     """The producer's block loop over positions [t_lo, t_end) of the index row of (req, query si64) of a V3.2 cache
     (the main cache, then the extra one if any), ring counter ``it`` in and out; ``dr``: the RoPE columns (made by
     the caller, before its request loop, as before this was a helper: same instruction order)."""
@@ -295,9 +320,15 @@ def _w_blocks32(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, str
     r1, s1 = _w_load_chunk(kv_ptr, rec, v, 1, LW)
     r2, s2 = _w_load_chunk(kv_ptr, rec, v, 2, LW)
     r3, s3 = _w_load_chunk(kv_ptr, rec, v, 3, LW)
+    if PF_L2:       # block 1's records towards L2 (block j+2's in iteration j)
+        ia, va = _g_load_idx(idx_row, t_lo + 64, t_end, num_tok, LT)
+        _w_prefetch_l2(kv_ptr, _g_rows(ia, va, page, stride_kb, 656, PAGE_SHIFT), va, 656)
     for j in range(nblocks):
         slot = it % 2
         t0 = t_lo + j * 64
+        if PF_L2:
+            ia, va = _g_load_idx(idx_row, t0 + 128, t_end, num_tok, LT)
+            _w_prefetch_l2(kv_ptr, _g_rows(ia, va, page, stride_kb, 656, PAGE_SHIFT), va, 656)
         recp = gl.convert_layout(rec, LTP)      # block j's records and validity for the RoPE copy
         vp = gl.convert_layout(v, LTP)
         i1, v = _g_load_idx(idx_row, t0 + 64, t_end, num_tok, LT)          # block j+1 (may be all invalid)
@@ -350,7 +381,7 @@ def _w_producer(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
                 PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr,
                 PRODUCER_FENCE: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_XLEN: gl.constexpr,
                 XPAGE_SHIFT: gl.constexpr, XFMT: gl.constexpr, PROFILE: gl.constexpr = 0,
-                DEQ_ASM: gl.constexpr = False):
+                DEQ_ASM: gl.constexpr = False, PF_L2: gl.constexpr = False):
     """Worker partition (4 warps): gather + dequantise every 64-token block of this CTA's (request, block) line
     into ring slot ``it % 2`` (``it`` counts blocks over the requests, as the consumers do). HAS_EXTRA (the ``x*``
     arguments; constexpr None placeholders without): after a request's main blocks, its blocks of the V3.2 extra
@@ -370,7 +401,8 @@ def _w_producer(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
                                 it)
         else:
             it = _w_blocks32(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is,
-                             t_lo, t_end, num_tok, page, stride_kb, it, dr, PAGE_SHIFT, PRODUCER_FENCE, DEQ_ASM)
+                             t_lo, t_end, num_tok, page, stride_kb, it, dr, PAGE_SHIFT, PRODUCER_FENCE, DEQ_ASM,
+                             PF_L2)
         if HAS_EXTRA:
             x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
             it = _w_blocks32(kv_n, kv_p, vmask, ready, empty, xkv_ptr, xidx_ptr, req, si64, stride_xib, stride_xis,
@@ -411,7 +443,7 @@ def _w_dequant_store41(raw, eb, dst, ASM: gl.constexpr = False):
 def _w_blocks_nope(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
                    num_tok, page, stride_kb, it, PAGE_SHIFT: gl.constexpr, PRODUCER_FENCE: gl.constexpr,
                    REC_BYTES: gl.constexpr, L3: gl.constexpr, LOAD: gl.constexpr, DEQUANT: gl.constexpr,
-                   DEQ_ASM: gl.constexpr = False):
+                   DEQ_ASM: gl.constexpr = False, PF_L2: gl.constexpr = False):
     """The producer's block loop for a cache without a RoPE tile (V4.1, FP4): the next block's 4 chunks in flight
     while the current block is dequantised into ring slot ``it % 2``, its validity mask beside it, then ``ready``.
     ``LOAD(kv_ptr, rec, valid, C, L3)`` loads chunk C of 64 records of ``REC_BYTES``; ``DEQUANT(raw, scales, dst)``
@@ -425,9 +457,15 @@ def _w_blocks_nope(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride
     r1, e1 = LOAD(kv_ptr, rec, v, 1, L3)
     r2, e2 = LOAD(kv_ptr, rec, v, 2, L3)
     r3, e3 = LOAD(kv_ptr, rec, v, 3, L3)
+    if PF_L2:       # block 1's records towards L2 (block j+2's in iteration j)
+        ia, va = _g_load_idx(idx_row, t_lo + 64, t_end, num_tok, LT)
+        _w_prefetch_l2(kv_ptr, _g_rows(ia, va, page, stride_kb, REC_BYTES, PAGE_SHIFT), va, REC_BYTES)
     for j in range(nblocks):
         slot = it % 2
         t0 = t_lo + j * 64
+        if PF_L2:
+            ia, va = _g_load_idx(idx_row, t0 + 128, t_end, num_tok, LT)
+            _w_prefetch_l2(kv_ptr, _g_rows(ia, va, page, stride_kb, REC_BYTES, PAGE_SHIFT), va, REC_BYTES)
         vc = v                                   # block j's validity
         i1, v = _g_load_idx(idx_row, t0 + 64, t_end, num_tok, LT)          # block j+1 (may be all invalid)
         rec = _g_rows(i1, v, page, stride_kb, REC_BYTES, PAGE_SHIFT)
@@ -452,14 +490,14 @@ def _w_blocks_nope(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride
 @_jit
 def _w_blocks41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
                 num_tok, page, stride_kb, it, PAGE_SHIFT: gl.constexpr, PRODUCER_FENCE: gl.constexpr,
-                DEQ_ASM: gl.constexpr = False):
+                DEQ_ASM: gl.constexpr = False, PF_L2: gl.constexpr = False):
     """:func:`_w_blocks32` for a V4.1 cache (the main cache, then a V4.1 extra one if any): no RoPE copy; a chunk is
     128 B of a record = 4 scale groups (2 per thread)."""
     # one token per 2 threads; a thread holds 2 scale groups x 8 words = 64 contiguous bytes (4 x 16-B vectors)
     L3: gl.constexpr = gl.BlockedLayout([1, 2, 8], [16, 2, 1], [4, 1, 1], [2, 1, 0])   # [64, 4, 8] words
     return _w_blocks_nope(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
                           num_tok, page, stride_kb, it, PAGE_SHIFT, PRODUCER_FENCE, 528, L3, _w_load_chunk41,
-                          _w_dequant_store41, DEQ_ASM)
+                          _w_dequant_store41, DEQ_ASM, PF_L2)
 
 
 @_jit
@@ -469,7 +507,7 @@ def _w_producer41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr,
                   PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr,
                   PRODUCER_FENCE: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_XLEN: gl.constexpr,
                 XPAGE_SHIFT: gl.constexpr, XFMT: gl.constexpr, PROFILE: gl.constexpr = 0,
-                DEQ_ASM: gl.constexpr = False):
+                DEQ_ASM: gl.constexpr = False, PF_L2: gl.constexpr = False):
     """Worker partition (4 warps), V4.1 main cache (528 B/token: 512 e4m3 incl. RoPE, 16 UE8M0 exponents): as
     :func:`_w_producer` without the RoPE copy; a chunk is 128 B of a record = 4 scale groups (2 per thread).
     HAS_EXTRA: then the request's extra-cache blocks, V4.1 (XFMT 2, :func:`_w_blocks41`) or FP4 (XFMT 3,
@@ -486,7 +524,7 @@ def _w_producer41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr,
                                 it)
         else:
             it = _w_blocks41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo,
-                             t_end, num_tok, page, stride_kb, it, PAGE_SHIFT, PRODUCER_FENCE, DEQ_ASM)
+                             t_end, num_tok, page, stride_kb, it, PAGE_SHIFT, PRODUCER_FENCE, DEQ_ASM, PF_L2)
         if HAS_EXTRA:
             x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
             if XFMT == 3:
@@ -663,12 +701,13 @@ def _sparse_decode_gluon_ws_kernel(
     b, s_q, h_q, topk, acc_rows, sm_scale_log2,
     PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, PRODUCER_FENCE: gl.constexpr, FMT: gl.constexpr, PROFILE: gl.constexpr = 0,
-    DEQ_ASM: gl.constexpr = False,
+    DEQ_ASM: gl.constexpr = False, PF_L2: gl.constexpr = False,
 ):
     """``PROFILE`` (timing diagnostic, never dispatched; results meaningless): 1 = the producer only runs the ring
     protocol (no gather, no dequant: the consumers' time alone), 2 = the consumers release each slot at once (no
     math: the producer's time alone); 0 = the kernel. ``DEQ_ASM``: the producer dequantises through the inline-PTX
-    :func:`_w_e4m3x4` (same values; :data:`WS_DEQ_ASM`)."""
+    :func:`_w_e4m3x4` (same values; :data:`WS_DEQ_ASM`); ``PF_L2``: it also asks L2 for block j+2's records
+    (:func:`_w_prefetch_l2`, :data:`WS_PF_L2`)."""
     q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty = _w_smem(FMT)
     if FMT == 0:
         gl.warp_specialize([
@@ -679,7 +718,7 @@ def _sparse_decode_gluon_ws_kernel(
             (_w_producer, (kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
                            stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, None, None, None, None,
                            None, None, None, None, None, PAGE_SHIFT, HAS_LEN, SBLOCK, PRODUCER_FENCE, False, False, 0,
-                           0, PROFILE, DEQ_ASM)),
+                           0, PROFILE, DEQ_ASM, PF_L2)),
         ], [4], [PRODUCER_REGS])
     else:
         gl.warp_specialize([
@@ -690,7 +729,7 @@ def _sparse_decode_gluon_ws_kernel(
             (_w_producer41, (kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
                              stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, None, None, None,
                              None, None, None, None, None, None, PAGE_SHIFT, HAS_LEN, SBLOCK, PRODUCER_FENCE, False,
-                             False, 0, 0, PROFILE, DEQ_ASM)),
+                             False, 0, 0, PROFILE, DEQ_ASM, PF_L2)),
         ], [4], [PRODUCER_REGS])
 
 
@@ -754,14 +793,15 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
                                   extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
                                   extra_topk_length=None, config=None, _spec=None, *,
                                   producer_regs=None, maxnreg=None, producer_fence=None, _profile=0,
-                                  deq_asm=None):
+                                  deq_asm=None, pf_l2=None):
     """Drop-in for ``launch_sparse_decode_gluon`` (same arguments and outputs; the caller checked
     :func:`supported_ws`; ``config`` ignored; ``_spec`` as there: the public op's cached call plan standing for the
     specialisation facts, or None to compute them with :func:`deepkernels._launch.spec_key`). Launches through a
     :class:`deepkernels._launch.KernelLauncher` (direct compiled-kernel launch once bound). Keyword-only tuning knobs
     (benchmarks): producer ``setmaxnreg``, launch ``maxnreg``, producer-side proxy fence; ``_profile`` 1 / 2: the
     kernel's timing diagnostics (consumers alone / producer alone; no extra cache; output meaningless);
-    ``deq_asm``: the inline-PTX dequantisation (no extra cache; default :data:`WS_DEQ_ASM`)."""
+    ``deq_asm``: the inline-PTX dequantisation (no extra cache; default :data:`WS_DEQ_ASM`); ``pf_l2``: the
+    producer's L2 prefetch of block j+2 (no extra cache; default :data:`WS_PF_L2`)."""
     from . import sparse_decode as sd
     from .combine import combine_splits_
     from .metadata import SCHED_BLOCK
@@ -819,6 +859,8 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
             names, constexprs = names + ("PROFILE", ), constexprs + (int(_profile), )
         if WS_DEQ_ASM if deq_asm is None else deq_asm:
             names, constexprs = names + ("DEQ_ASM", ), constexprs + (True, )
+        if WS_PF_L2 if pf_l2 is None else pf_l2:
+            names, constexprs = names + ("PF_L2", ), constexprs + (True, )
     # the key names the constexprs too: the optional ones (PROFILE, DEQ_ASM) make tuples of different meaning whose
     # values can compare equal (True == 1)
     launcher = cached_launcher(_LAUNCHERS, kernel, (names, constexprs, opts, spec),
@@ -846,7 +888,7 @@ _LAUNCHER_LIMIT = 1024
 
 def compile_sm90_ws(page_shift: int = 6, has_len: bool = True, has_sink: bool = True, producer_regs=None,
                     maxnreg=None, producer_fence=None, fmt: str = "v32", xfmt: str | None = None,
-                    xpage_shift: int = 6, has_xlen: bool = True, profile: int = 0, deq_asm=None):
+                    xpage_shift: int = 6, has_xlen: bool = True, profile: int = 0, deq_asm=None, pf_l2=None):
     """Cross-compile the WS kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch;
     ``fmt``: main-cache format ("v32" / "v41"); ``xfmt``: extra-cache format (None: no extra cache, the
     no-extra kernel; "v32" / "v41" / "fp4": the extra-cache kernel, with ``xpage_shift`` / ``has_xlen``).
@@ -864,10 +906,9 @@ def compile_sm90_ws(page_shift: int = 6, has_len: bool = True, has_sink: bool = 
                   PRODUCER_REGS=producer_regs or _producer_regs(fmt),
                   PRODUCER_FENCE=WS_PRODUCER_FENCE if producer_fence is None else bool(producer_fence),
                   FMT=GLUON_FMTS[fmt])
-    if profile:
-        consts["PROFILE"] = int(profile)
-    if WS_DEQ_ASM if deq_asm is None else deq_asm:
-        consts["DEQ_ASM"] = True
+    # the optional constexprs always, in parameter order (the cross-compile binds constexprs by position)
+    consts.update(PROFILE=int(profile), DEQ_ASM=bool(WS_DEQ_ASM if deq_asm is None else deq_asm),
+                  PF_L2=bool(WS_PF_L2 if pf_l2 is None else pf_l2))
     hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
                                                                   "stride_ib", "stride_is"]
     return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)
