@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# WS2 sparse decode (dense-decode consumer structure; deepkernels.mla._gluon_sparse_decode_ws2), first device run:
+#   GIT_SHA=<sha> OUT=$OUT bash benchmarks/device_sparse_ws2.sh        (repo root, clean export)
+# 0. provenance (cap 15 s);
+# 1. smoke GPU test under a hang guard (an mbarrier protocol bug hangs; cap 60 s);
+# 2. the GPU tier of tests/test_mla_sparse_decode_ws2.py (cap 145 s, --timeout=60 per test if pytest_timeout);
+# 3. benchmarks/sparse_decode_ws2.py: ws vs ws2 (+ ws2 consumers alone), V3.2 + V4.1, 4 shapes (cap 60 s; skipped
+#    when the smoke test timed out).
+# Total caps 280 s. One tarball $OUT/sparse_ws2.tgz + summaries on stdout; no step stops the others (except 1 -> 3).
+set -u
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+export GIT_SHA="${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+OUT=${OUT:-/tmp/sparse_ws2_out}
+W=$(mktemp -d)
+mkdir -p "$OUT"
+unset TRITON_INTERPRET
+T0=$(date +%s)
+el() { echo "$(( $(date +%s) - T0 )) s"; }
+echo "GIT_SHA=$GIT_SHA"
+timeout -k 2 15 python3 -c 'import json, sys; from deepkernels.bench.runner import provenance
+json.dump(provenance(), open(sys.argv[1], "w"), indent=1)' "$W/env.json" 2>&1
+TO=""; python3 -c "import pytest_timeout" 2>/dev/null && TO="--timeout=60"
+
+echo "== 1. smoke (cap 60s)"
+timeout -k 5 60 python3 -m pytest tests/test_mla_sparse_decode_ws2.py -m gpu -k smoke -q -rfs -p no:cacheprovider \
+  > "$W/smoke.log" 2>&1
+SMOKE=$?
+echo "smoke rc=$SMOKE ($(el))"
+tail -5 "$W/smoke.log"
+
+echo "== 2. WS2 GPU tier (cap 145s)"
+timeout -k 5 145 python3 -m pytest tests/test_mla_sparse_decode_ws2.py -m gpu -q -rfs -p no:cacheprovider $TO \
+  --junitxml="$W/ws2_tests.xml" > "$W/ws2_tests.log" 2>&1
+echo "tests rc=$? ($(el))"
+tail -3 "$W/ws2_tests.log"; grep -E "^FAILED|^ERROR" "$W/ws2_tests.log" | head -20
+timeout -k 2 10 python3 benchmarks/junit_summary.py "$W/ws2_tests.xml" "$W/env.json" \
+  "$W/ws2_tests.json" "sparse decode ws2"
+
+if [ "$SMOKE" = 124 ] || [ "$SMOKE" = 137 ]; then
+  echo "== 3. bench SKIPPED (smoke test timed out: rc $SMOKE)"
+else
+  echo "== 3. ws vs ws2 bench (cap 60s)"
+  timeout -k 5 60 python3 benchmarks/sparse_decode_ws2.py "$W/sparse_decode_ws2.json" > "$W/bench.log" 2>&1
+  echo "bench rc=$? ($(el))"
+  tail -10 "$W/bench.log"
+fi
+
+tar czf "$OUT/sparse_ws2.tgz" -C "$W" .
+echo "== done ($(el))"
+exit 0
