@@ -41,25 +41,36 @@ Barrier protocol (all mbarriers; ``it`` = ring counter over the CTA's blocks, ``
 
 Invalid tokens need no tail zeroing: the producer's masked loads give exact-zero K/V rows and p = 0 for them.
 
-Shared memory (cross-compiled, Triton 3.6): V3.2 Q 64 KB + 8 KB RoPE, ring 2 x (64 KB + 8 KB), P 8 KB, + validity
-masks 128 B, alpha 256 B, 6 mbarriers: 229,904 B of the 232,448 B limit (the WS kernel: 230,052 B); V4.1 (no RoPE
-tiles) 205,328 B.
+Shared memory (cross-compiled, Triton 3.6, ``metadata.shared``): V3.2 Q 64 KB + 8 KB RoPE, ring 2 x (64 KB + 8 KB),
+P 8 KB, + validity masks 128 B, alpha 256 B, 6 mbarriers, warp_specialize state: 230,064 B of the 232,448 B limit
+(the WS kernel: 230,052 B; its cross-warpgroup reduction scratch is gone, the alpha buffer and 2 mbarriers are new);
+V4.1 (no RoPE tiles) 205,472 B.
 
 Registers (launch ``maxnreg`` 168, 12 warps; ``setmaxnreg``: PV warpgroup :data:`WS2_PV_REGS` = 160, producer 136
-(V3.2) / 120 (V4.1), the softmax warpgroup gets the rest: 208 / 224; ptxas of the Triton 3.6 wheel): 0 spill
-instructions in both consumer token loops for both formats; producer block loop 5 (V3.2) / 14 (V4.1) spill
-instructions, as in the WS kernel (see tests/test_mla_sparse_decode_ws2.py for the bounds).
+(V3.2, ``WS_PRODUCER_REGS``) / 120 (V4.1, ``WS_PRODUCER_REGS_V41``), the softmax warpgroup gets the rest: 208 (V3.2)
+/ 224 (V4.1)). ptxas of the Triton 3.6 wheel, page shift 6 / -1 x lengths x sink: spill instructions in the
+softmax token loop (605 / 569 SASS instructions, 40 / 36 HGMMA) 0, in the PV token loop (~187 instructions, 4 HGMMA)
+0, in the producer block loop 5-6 (V3.2, ~1,320-1,340 instructions) / 12-14 (V4.1, ~1,380-1,400) -- the WS kernel's
+producer numbers; 84-92 B (V3.2) / 56-60 B (V4.1) spill stores in all. The PV warpgroup's loop spilled 4 (PV 160),
+6 (168), 2 (176; and the softmax loop then 5 at 192) until the per-request accumulator-row facts were re-loaded
+after its token loop instead of kept live across it. Gluon's ``mbarrier.arrive`` in a 4-warp partition is a named
+128-thread barrier + one predicated arrive (SASS ``BAR.SYNC 0x2, 0x80`` + ``SYNCS.ARRIVE``).
 
-Prediction (H200, h_q 128, topk 2048; per (CTA, 64-token block)): the WS kernel's consumers measured 3.1 us/block
-alone (its producer alone 3.6 us, the kernel 4.6 us). Here the softmax WG issues S as 36 m64n64k16 wgmmas (Q read
-once per k-step for 64 columns instead of twice for 2 x 32: half the Q shared-memory traffic of S), its row
-reductions stay in-warpgroup (no shared scratch, no CTA barrier), and the two warpgroups are coupled only by the
-P handshake (no CTA-wide barrier at all), so PV_R of block j overlaps S of block j+1: the dense decode kernel runs
-the same math at ~2.0 us/block. Expected consumer time ~2.0-2.4 us/block; the block time then becomes the
-producer's (~3.6 us alone, maybe less with the consumers no longer stalling the ring): ~3.6-4.0 us/block ->
-290-320 TFLOPS at V3.2 h_q 128 (1.15-1.25x ws); V4.1 similar ratio. The producer is the next limit.
-Not yet run on a GPU: correctness (tolerance vs the reference; not bit-identical to the WS kernel: the per-block
-row sums are reduced in another order) and speed are for the device run (benchmarks/device_sparse_ws2.sh).
+Prediction (H200, h_q 128, topk 2048, per (CTA, 64-token block); measured today: WS kernel 4.6 us = 252 TFLOPS,
+its consumers alone 3.1 us, its producer alone 3.6 us; dense decode ~2.0 us for the same math). Tensor work per
+block: S 64x64x576 = 2.36 M MAC (36 m64n64k16; Q read once per k-step for 64 token columns: half the Q
+shared-memory traffic of the WS kernel's two m64n32 halves), P V 64x512x64 = 2.1 M MAC (4 m64n256k16 per
+warpgroup): ~2,200 clk at 2,048 MAC/clk/SM = 1.2 us at 1.83 GHz, + the softmax (~300-400 clk, in-warpgroup
+reductions, no CTA-wide barrier) of which the PV warpgroup's P V_right hides part, S_j+1 overlapping P V_right_j:
+consumers ~2.0-2.4 us/block, like the dense decode kernel. The block time then becomes the producer's: ~3.6-3.9
+us/block (the producer shares issue slots with 8 consumer warps as before) -> V3.2 ~290-320 TFLOPS at h_q 128
+(1.15-1.28x the WS kernel), ws2 consumers alone (bench's ``_profile=1`` row) ~2.0-2.4 us/block; V4.1 the same
+ratio on its 219-257 TFLOPS (~250-300); h_q 64: the same per-block gain. Beyond this the producer (gather +
+dequant, 3.6 us) is the limit, not the consumers.
+
+NOT YET RUN ON A GPU: correctness (tolerance vs the reference; not bit-identical to the WS kernel: the row sums are
+reduced over 64 columns in one warpgroup instead of 2 x 32 + a cross-warpgroup add), the mbarrier protocol (a bug
+hangs: benchmarks/device_sparse_ws2.sh runs a smoke test under ``timeout`` first) and speed are for the device run.
 """
 from __future__ import annotations
 
