@@ -162,12 +162,15 @@ WS_PRODUCER_REGS = 136        # setmaxnreg of the producer; the 8 consumer warps
 WS_PRODUCER_REGS_V41 = 120
 WS_MAXNREG = 168              # launch cap: 12 warps x 32 x 168 <= 64K registers; Triton hands the consumers the rest
 WS_PRODUCER_FENCE = False     # also fence.proxy.async in the producer before ``ready`` (the consumer always fences)
-# the producer's V3.2 / V4.1 dequantisation through one inline-PTX block per word (_w_e4m3x4: same values, ~37 % fewer
-# producer instructions per block); False until a device run shows it bit-identical and faster
-WS_DEQ_ASM = False
-# the producer also prefetches block j+2's records into L2 (cp.async.bulk.prefetch.L2, one per token): False until
-# measured
-WS_PF_L2 = False
+# Producer options per main-cache format (no extra cache), measured session 15 (H200, git 63bd59e28dc7,
+# results/sparse_decode_ws_profile-h200-2026-11-29-s15c.json; 12/12 bit-identity GPU tests): the dequantisation through
+# one inline-PTX block per word (_w_e4m3x4: same values; V3.2 producer loop 1,320 -> 968 SASS instructions) and an L2
+# prefetch of block j+2's records (cp.async.bulk.prefetch.L2, one per token). V3.2, both: 1.066-1.076x the kernel
+# without them at all 4 shapes (h_q 128 b 128 s_q 1: 272.9 vs 254.8 TFLOPS; s_q 2: 286.0 vs 268.2; b 64: 247.4 vs
+# 231.7; h_q 64: 233.1 vs 216.6), bit-identical; the producer alone 3.57 -> 3.17 us per block. V4.1: the asm dequant
+# spills in its 120-register producer (42 STL in the loop) and ran 0.64x; the prefetch alone 0.95-1.00x: neither.
+WS_DEQ_ASM = frozenset({"v32"})
+WS_PF_L2 = frozenset({"v32"})
 # sparse_decode.py sends the calls supported_ws() takes here (True since its first device run, 2026-11-29, git
 # 9385c63fe481: GPU tests passed, bit-identical to the single-partition kernel, 1.20-1.30x it -- 229-266 TFLOPS at
 # h_q 128, topk 2048; results/mla_sparse_decode_ws-h200-2026-11-29.json)
@@ -800,8 +803,8 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
     :class:`deepkernels._launch.KernelLauncher` (direct compiled-kernel launch once bound). Keyword-only tuning knobs
     (benchmarks): producer ``setmaxnreg``, launch ``maxnreg``, producer-side proxy fence; ``_profile`` 1 / 2: the
     kernel's timing diagnostics (consumers alone / producer alone; no extra cache; output meaningless);
-    ``deq_asm``: the inline-PTX dequantisation (no extra cache; default :data:`WS_DEQ_ASM`); ``pf_l2``: the
-    producer's L2 prefetch of block j+2 (no extra cache; default :data:`WS_PF_L2`)."""
+    ``deq_asm``: the inline-PTX dequantisation (no extra cache; default: ``fmt in`` :data:`WS_DEQ_ASM`); ``pf_l2``:
+    the producer's L2 prefetch of block j+2 (no extra cache; default: ``fmt in`` :data:`WS_PF_L2`)."""
     from . import sparse_decode as sd
     from .combine import combine_splits_
     from .metadata import SCHED_BLOCK
@@ -857,9 +860,9 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
                       producer_regs or _producer_regs(fmt), fence, GLUON_FMTS[fmt])
         if _profile:     # only then: the kernel's own launches keep their constexprs (and compiled kernel)
             names, constexprs = names + ("PROFILE", ), constexprs + (int(_profile), )
-        if WS_DEQ_ASM if deq_asm is None else deq_asm:
+        if (fmt in WS_DEQ_ASM) if deq_asm is None else deq_asm:
             names, constexprs = names + ("DEQ_ASM", ), constexprs + (True, )
-        if WS_PF_L2 if pf_l2 is None else pf_l2:
+        if (fmt in WS_PF_L2) if pf_l2 is None else pf_l2:
             names, constexprs = names + ("PF_L2", ), constexprs + (True, )
     # the key names the constexprs too: the optional ones (PROFILE, DEQ_ASM) make tuples of different meaning whose
     # values can compare equal (True == 1)
@@ -907,8 +910,8 @@ def compile_sm90_ws(page_shift: int = 6, has_len: bool = True, has_sink: bool = 
                   PRODUCER_FENCE=WS_PRODUCER_FENCE if producer_fence is None else bool(producer_fence),
                   FMT=GLUON_FMTS[fmt])
     # the optional constexprs always, in parameter order (the cross-compile binds constexprs by position)
-    consts.update(PROFILE=int(profile), DEQ_ASM=bool(WS_DEQ_ASM if deq_asm is None else deq_asm),
-                  PF_L2=bool(WS_PF_L2 if pf_l2 is None else pf_l2))
+    consts.update(PROFILE=int(profile), DEQ_ASM=bool((fmt in WS_DEQ_ASM) if deq_asm is None else deq_asm),
+                  PF_L2=bool((fmt in WS_PF_L2) if pf_l2 is None else pf_l2))
     hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
                                                                   "stride_ib", "stride_is"]
     return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)
