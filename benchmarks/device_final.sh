@@ -2,7 +2,8 @@
 # A session's closing device call: the whole GPU tier (every test file, `-m gpu`, pytest-xdist workers sharing the
 # GPU, a per-test timeout), then `deepkernels bench` (all suites, JSON + roofline PNG), then optional extra steps.
 #   usage (repo root, on the device): GIT_SHA=<sha> [T_TESTS=300] [T_BENCH=150] [NPROC=4] \
-#          (T_TESTS=0 / T_BENCH=0 skip the GPU tier / the bench) \
+#          (T_TESTS=0 / T_BENCH=0 skip the GPU tier / the bench; a PRE step may write DEEPKERNELS_*=v lines to its
+#          $OUT/export_env to switch them on for the rest of the run) \
 #          [PRE="benchmarks/device_x.sh:150 ..."] [EXTRA="benchmarks/device_y.sh:90 ..."] [GPU_TESTS="tests/a.py ..."] \
 #          bash benchmarks/device_final.sh
 # Results: $OUT/results.tar.gz (every log, junit XML, JSON), $OUT/bench.json, $OUT/roofline.png.
@@ -37,6 +38,14 @@ for step in ${PRE:-}; do
     off=$(sort -u "$flag" | paste -sd, -)
     export DEEPKERNELS_DISABLE_GLUON="${DEEPKERNELS_DISABLE_GLUON:+$DEEPKERNELS_DISABLE_GLUON,}$off"
     echo "DEEPKERNELS_DISABLE_GLUON=$DEEPKERNELS_DISABLE_GLUON from here on" | tee -a "$W/env.txt"
+  fi
+  # a step that writes DEEPKERNELS_*=value lines to its $OUT/export_env (e.g. its kernel passed and won) switches
+  # them on for everything after it
+  exp="$W/$(basename "${step%%:*}" .sh)/export_env"
+  if [ -s "$exp" ]; then
+    while IFS= read -r kv; do
+      case "$kv" in DEEPKERNELS_[A-Z0-9_]*=[A-Za-z0-9_,]*) export "$kv"; echo "$kv from here on" | tee -a "$W/env.txt";; esac
+    done < "$exp"
   fi
 done
 

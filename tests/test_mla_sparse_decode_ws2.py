@@ -207,8 +207,10 @@ def test_launch_args_on_cpu(monkeypatch):
         fn, meta, grid, args = calls[-1]
         assert fn is W2._sparse_decode_gluon_ws2_kernel and grid == (5 * s_q * 2, )
         assert len(args) == sum(1 for p in fn.params if not p.is_constexpr)
-        assert set(meta) - {"num_warps", "maxnreg"} == {p.name for p in fn.params if p.is_constexpr} - {
-            "PROFILE", "DEQ_ASM"}
+        assert set(meta) - {"num_warps", "maxnreg"} == {p.name for p in fn.params if p.is_constexpr}
+        assert meta["PROFILE"] == 0
+        # the producer options follow the WS kernel's per-format choice (V3.2: inline-PTX dequant + L2 prefetch)
+        assert meta["DEQ_ASM"] == (fmt in W.WS_DEQ_ASM) and meta["PF_L2"] == (fmt in W.WS_PF_L2)
         assert meta["num_warps"] == 4 and meta["maxnreg"] == W.WS_MAXNREG
         assert meta["FMT"] == G.GLUON_FMTS[fmt] and meta["SBLOCK"] == SCHED_BLOCK and meta["PAGE_SHIFT"] == 6
         assert meta["HAS_LEN"] and meta["HAS_SINK"] and meta["PV_REGS"] == W2.WS2_PV_REGS
@@ -402,3 +404,39 @@ def test_gpu_ws2_close_to_ws(fmt, poison):
     fin = torch.isfinite(l1)
     assert torch.equal(fin, torch.isfinite(l2)) and torch.equal(l1[~fin], l2[~fin])
     torch.testing.assert_close(l2[fin], l1[fin], rtol=1e-5, atol=1e-5)
+
+
+def test_public_op_dispatch_switch(monkeypatch):
+    """CPU, launches stubbed: the public op sends the calls the WS kernel takes (no extra cache) to WS2 only while
+    dispatch_on() -- DISPATCH (False by default) or DEEPKERNELS_SPARSE_WS2=1; =0 forces the WS kernel; calls with an
+    extra cache stay on the WS kernel; with the WS kernel switched off (DISPATCH False) WS2 is never chosen."""
+    took = []
+    for name, mod, attr in (("ws", W, "launch_sparse_decode_gluon_ws"), ("ws2", W2, "launch_sparse_decode_gluon_ws2"),
+                            ("single", G, "launch_sparse_decode_gluon"), ("triton", sd, "_launch_sparse_decode")):
+        monkeypatch.setattr(mod, attr, lambda *a, _n=name, **k: took.append(_n))
+    monkeypatch.setattr(W, "supported", lambda *a, **k: True)
+    monkeypatch.setattr(W2, "supported", lambda *a, **k: True)
+    monkeypatch.setattr(G, "supported", lambda *a, **k: True)
+    monkeypatch.setattr(sd, "use_kernels", lambda *t: True)
+    monkeypatch.setattr(sd, "_PLANS", {})
+    monkeypatch.delenv("DEEPKERNELS_SPARSE_WS2", raising=False)
+    plain = {f: make_case(2, 1, 64, f, 64, 80, 16) for f in ("v32", "v41")}
+    extra = make_case(2, 1, 64, "v41", 64, 80, 16, xfmt="fp4", xtopk=64)
+    assert W2.DISPATCH is False and not W2.dispatch_on()
+    for kw in plain.values():
+        _public(kw)
+    assert took == ["ws", "ws"], took
+    monkeypatch.setenv("DEEPKERNELS_SPARSE_WS2", "1")
+    for kw in (*plain.values(), extra):
+        _public(kw)
+    assert took[-3:] == ["ws2", "ws2", "ws"], took
+    monkeypatch.setattr(W2, "DISPATCH", True)
+    monkeypatch.setenv("DEEPKERNELS_SPARSE_WS2", "0")
+    _public(plain["v32"])
+    assert took[-1] == "ws"
+    monkeypatch.delenv("DEEPKERNELS_SPARSE_WS2")
+    _public(plain["v32"])
+    assert took[-1] == "ws2"
+    monkeypatch.setattr(W, "DISPATCH", False)
+    _public(plain["v32"])
+    assert took[-1] == "single"

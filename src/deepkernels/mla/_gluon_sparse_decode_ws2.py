@@ -74,6 +74,8 @@ hangs: benchmarks/device_sparse_ws2.sh runs a smoke test under ``timeout`` first
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, fence_async_shared, mbarrier,  # noqa: F401
@@ -81,17 +83,27 @@ from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, fence_async_
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 from .._launch import cached_launcher, spec_key
 from ._gluon_sparse_decode import GLUON_FMTS, _g_part, _g_req_range, _page_shift, supported
+from . import _gluon_sparse_decode_ws as _ws
 from ._gluon_sparse_decode_ws import (WS_FMTS, WS_MAXNREG, WS_PRODUCER_FENCE, WS_PRODUCER_REGS,
                                       WS_PRODUCER_REGS_V41, _w_producer, _w_producer41)
 
 __all__ = ["available", "supported_ws2", "launch_sparse_decode_gluon_ws2", "compile_sm90_ws2", "DISPATCH",
-           "WS2_PV_REGS", "WS2_NUM_WARPS"]
+           "dispatch_on", "WS2_PV_REGS", "WS2_NUM_WARPS"]
 
 BLOCK_H = 64
 WS2_NUM_WARPS = 4        # the default partition (softmax warpgroup); + 4 PV + 4 producer warps = 12
 WS2_PV_REGS = 160        # setmaxnreg of the PV warpgroup (128 accumulator registers + addresses)
-# sparse_decode.py does not send calls here: the lead wires dispatch after a GPU run
+# sparse_decode.py sends the calls the WS kernel would take (no extra cache) here only while dispatch_on(): DISPATCH
+# (False until a GPU run shows the kernel correct and faster) or the DEEPKERNELS_SPARSE_WS2 override
 DISPATCH = False
+
+
+def dispatch_on() -> bool:
+    """Whether sparse_decode.py sends the calls the WS kernel would take (no extra cache) here instead:
+    ``DEEPKERNELS_SPARSE_WS2=1`` / ``=0`` override :data:`DISPATCH` (read per call; the device scripts switch it for a
+    whole run once this kernel's GPU tier passed and its bench beat the WS kernel)."""
+    env = os.environ.get("DEEPKERNELS_SPARSE_WS2", "")
+    return DISPATCH if env not in ("0", "1") else env == "1"
 _LOG2E = 1.4426950408889634
 
 
@@ -308,11 +320,11 @@ def _sparse_decode_gluon_ws2_kernel(
     b, s_q, h_q, topk, acc_rows, sm_scale_log2,
     PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, PRODUCER_FENCE: gl.constexpr, FMT: gl.constexpr, PROFILE: gl.constexpr = 0,
-    DEQ_ASM: gl.constexpr = False, PV_REGS: gl.constexpr = 160,
+    DEQ_ASM: gl.constexpr = False, PV_REGS: gl.constexpr = 160, PF_L2: gl.constexpr = False,
 ):
     """The WS kernel's arguments and constexprs (``PROFILE`` 1: the producer runs only the ring protocol -- the
-    consumers' time alone; ``DEQ_ASM``: the producer's inline-PTX dequant) + ``PV_REGS``, the PV warpgroup's
-    ``setmaxnreg``. Partitions: softmax warpgroup (default, 4 warps), PV warpgroup (4), producer (4)."""
+    consumers' time alone; ``DEQ_ASM`` / ``PF_L2``: the producer's inline-PTX dequant / L2 prefetch of block j+2, as
+    in the WS kernel) + ``PV_REGS``, the PV warpgroup's ``setmaxnreg``. Partitions: softmax warpgroup (default, 4 warps), PV warpgroup (4), producer (4)."""
     q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree = _w2_smem(FMT)
     if FMT == 0:
         gl.warp_specialize([
@@ -325,7 +337,7 @@ def _sparse_decode_gluon_ws2_kernel(
             (_w_producer, (kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
                            stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, None, None, None, None,
                            None, None, None, None, None, PAGE_SHIFT, HAS_LEN, SBLOCK, PRODUCER_FENCE, False, False, 0,
-                           0, PROFILE, DEQ_ASM)),
+                           0, PROFILE, DEQ_ASM, PF_L2)),
         ], [4, 4], [PV_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
@@ -338,7 +350,7 @@ def _sparse_decode_gluon_ws2_kernel(
             (_w_producer41, (kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
                              stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, None, None, None,
                              None, None, None, None, None, None, PAGE_SHIFT, HAS_LEN, SBLOCK, PRODUCER_FENCE, False,
-                             False, 0, 0, PROFILE, DEQ_ASM)),
+                             False, 0, 0, PROFILE, DEQ_ASM, PF_L2)),
         ], [4, 4], [PV_REGS, PRODUCER_REGS])
 
 
@@ -359,11 +371,13 @@ def _producer_regs(fmt: str) -> int:
 def launch_sparse_decode_gluon_ws2(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None,
                                    extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
                                    extra_topk_length=None, config=None, _spec=None, *, pv_regs=None,
-                                   producer_regs=None, maxnreg=None, producer_fence=None, _profile=0):
+                                   producer_regs=None, maxnreg=None, producer_fence=None, _profile=0, deq_asm=None,
+                                   pf_l2=None):
     """Drop-in for ``launch_sparse_decode_gluon_ws`` without an extra cache (same arguments and outputs; the caller
     checked :func:`supported_ws2`; ``config`` ignored; ``_spec`` as there). Keyword-only tuning knobs (benchmarks):
     PV / producer ``setmaxnreg``, launch ``maxnreg``, producer-side proxy fence, ``_profile`` 1 (the producer runs
-    only the ring protocol: the consumers' time alone; output meaningless)."""
+    only the ring protocol: the consumers' time alone; output meaningless); ``deq_asm`` / ``pf_l2``: the producer
+    options (default: the WS kernel's per-format choice, ``fmt in`` its ``WS_DEQ_ASM`` / ``WS_PF_L2``)."""
     from . import sparse_decode as sd
     from .combine import combine_splits_
     from .metadata import SCHED_BLOCK
@@ -398,8 +412,8 @@ def launch_sparse_decode_gluon_ws2(out, lse_buf, q, k_cache, indices, sched, num
     names = _CONSTEXPRS
     constexprs = (_page_shift(kv.shape[1]), topk_length is not None, attn_sink is not None, SCHED_BLOCK,
                   producer_regs or _producer_regs(fmt), fence, GLUON_FMTS[fmt], pv_regs or WS2_PV_REGS)
-    if _profile:
-        names, constexprs = names + ("PROFILE", ), constexprs + (int(_profile), )
+    constexprs += (int(_profile), bool((fmt in _ws.WS_DEQ_ASM) if deq_asm is None else deq_asm),
+                   bool((fmt in _ws.WS_PF_L2) if pf_l2 is None else pf_l2))
     launcher = cached_launcher(_LAUNCHERS, _sparse_decode_gluon_ws2_kernel, (names, constexprs, opts, spec),
                                lambda: dict(zip(names, constexprs), num_warps=opts[0], maxnreg=opts[1]),
                                _LAUNCHER_LIMIT)
@@ -408,13 +422,15 @@ def launch_sparse_decode_gluon_ws2(out, lse_buf, q, k_cache, indices, sched, num
                     lengths=topk_length, topk=topk, extra_lengths=None, extra_topk=None, rne=False, _spec=_spec)
 
 
-_CONSTEXPRS = ("PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS", "PRODUCER_FENCE", "FMT", "PV_REGS")
+_CONSTEXPRS = ("PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS", "PRODUCER_FENCE", "FMT", "PV_REGS",
+               "PROFILE", "DEQ_ASM", "PF_L2")
 _LAUNCHERS: dict = {}   # (kernel, (constexprs, options, specialisation)) -> KernelLauncher
 _LAUNCHER_LIMIT = 1024
 
 
 def compile_sm90_ws2(fmt: str = "v32", page_shift: int = 6, has_len: bool = True, has_sink: bool = True,
-                     pv_regs=None, producer_regs=None, maxnreg=None, producer_fence=None, profile: int = 0):
+                     pv_regs=None, producer_regs=None, maxnreg=None, producer_fence=None, profile: int = 0,
+                     deq_asm=None, pf_l2=None):
     """Cross-compile the kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch. Returns
     the CompiledKernel (``.asm['ptx']``, ``.metadata.shared``)."""
     fn = _sparse_decode_gluon_ws2_kernel
@@ -426,9 +442,10 @@ def compile_sm90_ws2(fmt: str = "v32", page_shift: int = 6, has_len: bool = True
     consts = dict(PAGE_SHIFT=page_shift, HAS_LEN=has_len, HAS_SINK=has_sink, SBLOCK=64,
                   PRODUCER_REGS=producer_regs or _producer_regs(fmt),
                   PRODUCER_FENCE=WS_PRODUCER_FENCE if producer_fence is None else bool(producer_fence),
-                  FMT=GLUON_FMTS[fmt], PV_REGS=pv_regs or WS2_PV_REGS)
-    if profile:
-        consts["PROFILE"] = int(profile)
+                  FMT=GLUON_FMTS[fmt])
+    # every constexpr, in parameter order (the cross-compile binds constexprs by position)
+    consts.update(PROFILE=int(profile), DEQ_ASM=bool((fmt in _ws.WS_DEQ_ASM) if deq_asm is None else deq_asm),
+                  PV_REGS=pv_regs or WS2_PV_REGS, PF_L2=bool((fmt in _ws.WS_PF_L2) if pf_l2 is None else pf_l2))
     hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
                                                                   "stride_ib", "stride_is"]
     return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=WS2_NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)

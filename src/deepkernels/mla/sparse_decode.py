@@ -36,6 +36,7 @@ from ..quant.kvcache import KV_FORMATS
 from ..reference.mla_sparse import detect_sparse_formats, sparse_decode_ref
 from . import _gluon_sparse_decode as _gsd
 from . import _gluon_sparse_decode_ws as _gsdw
+from . import _gluon_sparse_decode_ws2 as _gsdw2
 from . import _sparse_kernels as _sk
 from .combine import combine_splits_
 from .decode import FlashMLASchedMeta, _nonpositive_scale, _num_sms   # _num_sms honours set_mla_num_sms, set_num_sms
@@ -418,6 +419,9 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
         if (_gsdw.DISPATCH and plan.fmt in _gsdw.DISPATCH_FMTS and (not has_x or _gsdw.DISPATCH_EXTRA)
                 and _gsdw.supported_ws(q, k_cache, plan.fmt, extra_k_cache)):
             launch = _gsdw.launch_sparse_decode_gluon_ws
+            # the split-consumer WS kernel in its place (no extra cache) while _gsdw2.dispatch_on()
+            if not has_x and _gsdw2.dispatch_on() and _gsdw2.supported_ws2(q, k_cache, plan.fmt):
+                launch = _gsdw2.launch_sparse_decode_gluon_ws2
         elif plan.fmt in _gsd.DISPATCH_FMTS and _gsd.supported(q, k_cache, plan.fmt, extra_k_cache):
             launch = _gsd.launch_sparse_decode_gluon
     config, batch_invariant = plan.config, _BATCH_INVARIANT
