@@ -165,7 +165,7 @@ def test_launcher_has_the_ws_launch_contract():
     assert [p.name for p in p2 if not p.is_constexpr] == [p.name for p in pw if not p.is_constexpr]
     assert {p.name for p in p2 if p.is_constexpr} >= {"PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS",
                                                        "PRODUCER_FENCE", "FMT", "PROFILE", "DEQ_ASM", "PV_REGS"}
-    assert W2.DISPATCH is False
+    assert W2.DISPATCH is True and W2.DISPATCH_FMTS == frozenset({"v41"})
 
 
 def test_supported_ws2_gate_on_cpu(monkeypatch):
@@ -407,9 +407,10 @@ def test_gpu_ws2_close_to_ws(fmt, poison):
 
 
 def test_public_op_dispatch_switch(monkeypatch):
-    """CPU, launches stubbed: the public op sends the calls the WS kernel takes (no extra cache) to WS2 only while
-    dispatch_on() -- DISPATCH (False by default) or DEEPKERNELS_SPARSE_WS2=1; =0 forces the WS kernel; calls with an
-    extra cache stay on the WS kernel; with the WS kernel switched off (DISPATCH False) WS2 is never chosen."""
+    """CPU, launches stubbed: the public op sends the calls the WS kernel takes (no extra cache) to WS2 for the formats
+    in DISPATCH_FMTS (V4.1, measured faster; V3.2 stays on WS); DEEPKERNELS_SPARSE_WS2=1 / =0 override that for every
+    format; calls with an extra cache stay on the WS kernel; with the WS kernel switched off (its DISPATCH False)
+    WS2 is not chosen either."""
     took = []
     for name, mod, attr in (("ws", W, "launch_sparse_decode_gluon_ws"), ("ws2", W2, "launch_sparse_decode_gluon_ws2"),
                             ("single", G, "launch_sparse_decode_gluon"), ("triton", sd, "_launch_sparse_decode")):
@@ -422,21 +423,19 @@ def test_public_op_dispatch_switch(monkeypatch):
     monkeypatch.delenv("DEEPKERNELS_SPARSE_WS2", raising=False)
     plain = {f: make_case(2, 1, 64, f, 64, 80, 16) for f in ("v32", "v41")}
     extra = make_case(2, 1, 64, "v41", 64, 80, 16, xfmt="fp4", xtopk=64)
-    assert W2.DISPATCH is False and not W2.dispatch_on()
-    for kw in plain.values():
+    assert W2.DISPATCH_FMTS == frozenset({"v41"}) and W2.dispatch_on("v41") and not W2.dispatch_on("v32")
+    for kw in (*plain.values(), extra):
         _public(kw)
-    assert took == ["ws", "ws"], took
+    assert took == ["ws", "ws2", "ws"], took
     monkeypatch.setenv("DEEPKERNELS_SPARSE_WS2", "1")
     for kw in (*plain.values(), extra):
         _public(kw)
     assert took[-3:] == ["ws2", "ws2", "ws"], took
-    monkeypatch.setattr(W2, "DISPATCH", True)
     monkeypatch.setenv("DEEPKERNELS_SPARSE_WS2", "0")
-    _public(plain["v32"])
-    assert took[-1] == "ws"
+    for kw in plain.values():
+        _public(kw)
+    assert took[-2:] == ["ws", "ws"], took
     monkeypatch.delenv("DEEPKERNELS_SPARSE_WS2")
-    _public(plain["v32"])
-    assert took[-1] == "ws2"
     monkeypatch.setattr(W, "DISPATCH", False)
-    _public(plain["v32"])
-    assert took[-1] == "single"
+    _public(plain["v41"])
+    assert took[-1] == "triton"          # V4.1 without the WS kernels: Triton (the single-partition kernel is V3.2's)

@@ -359,9 +359,12 @@ def _use_gluon(m: int, n: int, k: int, d, c, sfb_per_row: bool):
     before the next tile's epilogue) was the fastest of the Triton table, the register-epilogue Gluon configs S4/S6
     and the TMA-store S6 config at 13 of 18 shapes and within 1.7 % of TMA-store S6 at the other 5; vs the Triton
     table 1.18-1.80x (e.g. M 1024: (32768, 512) 47 vs 76 us, (24576, 1536) 80 vs 117, (7168, 2048) 38 vs 46,
-    (7168, 16384) 257 vs 304; M 4096: (32768, 512) 161 vs 290, (7168, 16384) 977 vs 1191); vs cuBLAS blockwise
-    1.12-1.86x at K <= 2048 and 0.88-0.95x at K >= 7168. The session's first run (M 4096 only, git 3d9a1b17f99b)
-    agreed. So: M >= 1024 (smaller M not measured; M <= 128 has its own table configs), any K.
+    (7168, 16384) 257 vs 304; M 4096: (32768, 512) 161 vs 290, (7168, 16384) 977 vs 1191). (That run's cuBLAS
+    column timed ``_scaled_mm`` plus a copy into D, 10-120 us at M 4096: its "vs cuBLAS" ratios are not comparable
+    and the script no longer copies.) The session's closing ``deepkernels bench`` (git 13766f45741b, results/
+    h200-2026-11-29-s15.json) against cuBLAS blockwise in the same process, M 4096: 0.82-1.07x (K 512 1.07, K 1536
+    0.97, K 2048 0.96, K >= 7168 0.82-0.87), before this dispatch 0.68-0.89x. So: M >= 1024 (smaller M not
+    measured; M <= 128 has its own table configs), any K.
     A D that TMA cannot address (``_gluon_fp8.d_tma_ok``: row stride or base not 16-byte aligned -- part of the
     cached plan's signature) gets the register-epilogue config where that one beat the Triton table (K >= 7168,
     results/gemm_gluon-h200-2026-11-29.json: S4 for N <= 2112, S6 above) and the Triton table elsewhere."""

@@ -1,5 +1,5 @@
-"""Warp-specialised Gluon sparse MLA decode, "dense-decode consumer" variant (issue #6; not dispatched:
-:data:`DISPATCH` False; NOT YET RUN ON A GPU).
+"""Warp-specialised Gluon sparse MLA decode, "dense-decode consumer" variant (issue #6; dispatched for V4.1 main caches
+without an extra cache, :data:`DISPATCH_FMTS`; measured section "Measured" at the end).
 
 Same contract, argument list and constexprs as :func:`_gluon_sparse_decode_ws._sparse_decode_gluon_ws_kernel`
 (read that module's docstring): one CTA per (scheduler part, query position, 64-head block), persistent over the
@@ -68,9 +68,18 @@ us/block (the producer shares issue slots with 8 consumer warps as before) -> V3
 ratio on its 219-257 TFLOPS (~250-300); h_q 64: the same per-block gain. Beyond this the producer (gather +
 dequant, 3.6 us) is the limit, not the consumers.
 
-NOT YET RUN ON A GPU: correctness (tolerance vs the reference; not bit-identical to the WS kernel: the row sums are
-reduced over 64 columns in one warpgroup instead of 2 x 32 + a cross-warpgroup add), the mbarrier protocol (a bug
-hangs: benchmarks/device_sparse_ws2.sh runs a smoke test under ``timeout`` first) and speed are for the device run.
+Not bit-identical to the WS kernel: the row sums are reduced over 64 columns in one warpgroup instead of 2 x 32 + a
+cross-warpgroup add (max |diff| of out 3.05e-5 on the bench inputs); checked against the reference with FlashMLA's
+tolerances.
+
+Measured (H200, session 15, git 13766f45741b, ``benchmarks/device_sparse_ws2.sh`` as the first step of the closing
+device call; results/sparse_decode_ws2-h200-2026-11-29-s15.json): smoke test and 41/41 GPU tests (grid, corner cases,
+split counts with the combine, graph capture) through the public op. The consumers alone (``_profile=1``) 2.14-2.44
+us per block at h_q 128 (prediction 2.0-2.4: inside; the WS kernel's consumers ~3.0), but the kernel stays
+producer-bound: V3.2 (producer with the inline-PTX dequant + L2 prefetch) 0.977-0.994x the WS kernel (266 vs 272
+TFLOPS at h_q 128 b 128 s_q 1), V4.1 1.038-1.049x (250.6 vs 240.4; 211.9 vs 204.1 at h_q 64). Prediction for the
+kernel (1.15-1.28x) missed: the producer, not the consumers, sets the block time (~3.2-3.6 us alone, ~4.2-4.4 with
+the consumers sharing the SM). Dispatched for V4.1 only.
 """
 from __future__ import annotations
 
@@ -88,22 +97,31 @@ from ._gluon_sparse_decode_ws import (WS_FMTS, WS_MAXNREG, WS_PRODUCER_FENCE, WS
                                       WS_PRODUCER_REGS_V41, _w_producer, _w_producer41)
 
 __all__ = ["available", "supported_ws2", "launch_sparse_decode_gluon_ws2", "compile_sm90_ws2", "DISPATCH",
-           "dispatch_on", "WS2_PV_REGS", "WS2_NUM_WARPS"]
+           "DISPATCH_FMTS", "dispatch_on", "WS2_PV_REGS", "WS2_NUM_WARPS"]
 
 BLOCK_H = 64
 WS2_NUM_WARPS = 4        # the default partition (softmax warpgroup); + 4 PV + 4 producer warps = 12
 WS2_PV_REGS = 160        # setmaxnreg of the PV warpgroup (128 accumulator registers + addresses)
-# sparse_decode.py sends the calls the WS kernel would take (no extra cache) here only while dispatch_on(): DISPATCH
-# (False until a GPU run shows the kernel correct and faster) or the DEEPKERNELS_SPARSE_WS2 override
-DISPATCH = False
+# sparse_decode.py sends the calls the WS kernel would take (no extra cache) here for the main-cache formats in
+# DISPATCH_FMTS (or as DEEPKERNELS_SPARSE_WS2 overrides): V4.1 since its first device run (session 15, H200, git
+# 13766f45741b, results/sparse_decode_ws2-h200-2026-11-29-s15.json: 41/41 GPU tests through the public op; V4.1
+# 1.038-1.049x the WS kernel at all 4 bench shapes, 250.6 vs 240.4 TFLOPS at h_q 128 b 128 s_q 1); V3.2 stays on the
+# WS kernel (0.977-0.994x: both are producer-bound -- WS2's consumers alone take 2.1-2.4 us per block against the
+# WS consumers' ~3.0, the producer ~3.2-3.6)
+DISPATCH_FMTS = frozenset({"v41"})
+DISPATCH = True           # (the WS2 path exists; which formats take it: DISPATCH_FMTS)
 
 
-def dispatch_on() -> bool:
-    """Whether sparse_decode.py sends the calls the WS kernel would take (no extra cache) here instead:
-    ``DEEPKERNELS_SPARSE_WS2=1`` / ``=0`` override :data:`DISPATCH` (read per call; the device scripts switch it for a
-    whole run once this kernel's GPU tier passed and its bench beat the WS kernel)."""
+def dispatch_on(fmt: str) -> bool:
+    """Whether sparse_decode.py sends a call with main-cache format ``fmt`` that the WS kernel would take (no extra
+    cache) here instead: ``fmt in DISPATCH_FMTS`` (with :data:`DISPATCH`), ``DEEPKERNELS_SPARSE_WS2=1`` / ``=0``
+    override it for every format (read per call; the device scripts switch it for a whole run)."""
     env = os.environ.get("DEEPKERNELS_SPARSE_WS2", "")
-    return DISPATCH if env not in ("0", "1") else env == "1"
+    if env in ("0", "1"):
+        return env == "1"
+    return DISPATCH and fmt in DISPATCH_FMTS
+
+
 _LOG2E = 1.4426950408889634
 
 
