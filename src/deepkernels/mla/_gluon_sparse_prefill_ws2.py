@@ -1,0 +1,325 @@
+"""Sparse top-k MLA prefill, "dense-decode consumer" variant of the warp-specialised Gluon kernel (not dispatched:
+:data:`DISPATCH` False; not yet run on a GPU).
+
+Same contract, arguments and outputs as :func:`_gluon_sparse_prefill._sparse_prefill_gluon_ws_kernel` (read that
+module's docstring): one CTA per (query token, 64-head group), the token's top-k KV rows gathered 64 at a time by the
+WS kernel's producer (:func:`_gluon_sparse_prefill._g_ws_producer`, imported unchanged: 4 warps, masked cp.async into
+a 2-slot ring of ``[64, 512]`` (+ ``[64, 64]`` RoPE) tiles, invalid rows zero-filled and never dereferenced), online
+softmax in base 2 with the running max in raw-score units, P rounded to bf16 only as the PV operand, the epilogue of
+``_g_finish`` (out = O / (L [+ exp(sink - m)]) in bf16, lse / max_logits in natural-log units, rows without a valid
+token: out 0, lse +inf, max_logits -inf). d_qk 576 (D_PE 64) and 512 (D_PE 0), as :func:`supported` accepts.
+
+What differs is the consumer side, which takes the structure of the sparse decode WS2 kernel
+(:mod:`._gluon_sparse_decode_ws2`, itself the dense decode kernel's): instead of 8 consumer warps splitting S by token
+columns (m64n32 wgmmas, ``warps_per_cta=[4, 2]``, cross-warpgroup row max / sum through shared memory, a CTA-wide
+barrier before P V),
+
+* default partition = softmax warpgroup (4 warps), :func:`_p2_softmax_wg`: Q to shared memory once, then per
+  64-token block: the block's 64 indices from global memory (validity: ``0 <= idx < s_kv`` and position ``< n``,
+  the old consumer's expression; loaded before the ``ready`` wait so the latency hides under it), wait
+  ``ready[slot]``, ``fence.proxy.async``, the FULL S = Q K^T (64 x 64, m64n64k16 wgmmas, ``warps_per_cta=[4, 1]``,
+  32 NoPE + 4 RoPE k-steps), -inf for invalid tokens, the online softmax (row reductions inside the warpgroup),
+  bf16 P + alpha to the PV warpgroup (``pready`` / ``pfree``), ``O[:, :256] = O[:, :256] * alpha + P V[:, :256]``,
+  arrive ``empty[slot]``. Epilogue: the row statistics (``_g_finish``'s expressions: lse, max_logits stored here),
+  the per-row output scale to the PV warpgroup through the alpha buffer, its half ``out[:, :256]``.
+* worker 0 = PV warpgroup (4 warps), :func:`_p2_pv_wg`: per block wait ``ready[slot]`` (already passed: keeps the
+  acquire of the producer's copies direct) and ``pready``, ``fence.proxy.async``, alpha, rescale ``O[:, 256:]``,
+  ``O[:, 256:] += P V[:, 256:]``, arrive ``pfree`` and ``empty[slot]``; epilogue: the scale, ``out[:, 256:]``.
+* worker 1 = the WS producer (4 warps), unchanged.
+
+Barrier protocol (mbarriers; ``j`` = block counter of the CTA, one query token per CTA so no request loop):
+
+1. ``ready[s]`` (count 1): producer -> both consumer warpgroups (each waits parity ``(j // 2) & 1``); the
+   producer's per-thread ``cp.async.mbarrier.arrive`` (net zero) + one ordinary arrive, as in the WS kernel.
+2. ``empty[s]`` (count 2): one arrive per consumer warpgroup after its P V of the slot completed (the softmax WG's
+   after its S and P V: it is also the only reader of the RoPE tile); the producer waits parity ``((j//2)&1)^1``.
+3. ``pready`` (count 1): softmax WG -> PV WG, "P and alpha (after the last block: the output scale) are in shared
+   memory"; the PV WG waits parity ``j & 1`` (the scale message: ``num_blocks & 1``).
+4. ``pfree`` (count 1): PV WG -> softmax WG, "P / alpha read (its P V completed)"; the softmax WG waits parity
+   ``(j & 1) ^ 1`` before overwriting P / alpha (and ``(num_blocks & 1) ^ 1`` before writing the scale).
+
+Shared memory (cross-compiled, Triton 3.6, ``metadata.shared``): d_qk 576: Q 64 KB + 8 KB, ring 2 x (64 + 8) KB,
+P 8 KB, alpha 256 B, 6 mbarriers: 230,016 B of the 232,448 B limit (the WS kernel: 230,528 B with its
+cross-warpgroup reduction scratch); d_qk 512: 205,440 B.
+
+Registers (launch ``maxnreg`` :data:`WS2_MAXNREG` = 168, 12 warps; ``setmaxnreg``: producer 40 (the WS kernel's
+``WS_PRODUCER_REGS``), PV warpgroup :data:`WS2_PV_REGS` = 232, softmax warpgroup the rest, 232). ptxas of the
+Triton 3.6 wheel, all 6 (d_pe, has_len, has_sink) configurations: 0 spill instructions in the softmax token loop
+(~520-560 SASS instructions, 40 / 36 HGMMA), 0 in the PV token loop (4 HGMMA), 0 bytes spill stores in all.
+
+Prediction (H200, s_q 4096, h_q 128, topk 2048; per (CTA, 64-token block)). The WS kernel measures 354-394 TFLOPS =
+2 * 64 * 64 * 1088 flop per block / (132 SMs) -> ~1.34-1.49 us per block per SM, and its consumer structure alone
+measures ~3.0 us per block in the decode kernel with its (slower) producer -- i.e. in prefill the consumer, with
+cp.async gathers cheap enough to hide, is what sets the block time. The WS2 consumers measured 2.14-2.44 us per
+block in decode against ~3.0 for the old consumer structure (0.71-0.81x) -- the full m64n64 S reads Q once per
+k-step for 64 tokens (half the Q shared-memory traffic of two m64n32 halves), there is no cross-warpgroup reduction
+and no CTA-wide barrier, and the PV warpgroup's P V[:, 256:] runs under the softmax warpgroup's next S. Tensor work
+per block is 4.46 M MAC = ~2,180 clk at 2,048 MAC/clk/SM (~1.2 us at 1.83 GHz) -- wait: in prefill one CTA per SM
+does not run alone: the WS kernel's 224 KB of shared memory allows one CTA per SM, so the per-block time is the
+CTA's own. Scaling the WS kernel's per-block time by the decode ratio gives 0.71-0.81 x -> 1.05-1.2 us?  No: the
+tensor floor (1.2 us at m64 wgmmas from one warpgroup at a time, S and P V of consecutive blocks overlapping across
+the two warpgroups) caps it; predicted ~1.25-1.35 us per block -> 420-470 TFLOPS (1.10-1.25x the WS kernel), with
+the producer (4 warps, 72 KB per block from L2 / HBM at ~2.3 us per 2 blocks in flight) next in line. Uncertain:
+the producer's cp.async issue shares the SM's issue slots; the index reload in the softmax warpgroup (L1 hit: the
+producer just read the same 256 B) is on its critical path only when the ready wait does not cover it.
+
+Not bit-identical to the WS kernel (row sums over 64 columns in one warpgroup instead of 2 x 32 + an add):
+tolerance checks only.
+"""
+from __future__ import annotations
+
+import torch
+
+from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, fence_async_shared, mbarrier,  # noqa: F401
+                      warpgroup_mma, warpgroup_mma_wait)
+from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
+from .._launch import cached_launcher, spec_key
+from ._gluon_sparse_prefill import (BLOCK_H, D_V, WS_MAXNREG, WS_PRODUCER_REGS, _g_ws_producer, _g_ws_rows,
+                                    supported)
+
+__all__ = ["available", "supported_ws2", "launch_sparse_prefill_gluon_ws2", "compile_sm90_ws2", "DISPATCH",
+           "WS2_PV_REGS", "WS2_MAXNREG", "WS2_PRODUCER_REGS", "WS2_NUM_WARPS"]
+
+DISPATCH = False          # prefill.py does not route here (not yet run on a GPU)
+WS2_NUM_WARPS = 4         # the default partition (softmax warpgroup); + 4 PV + 4 producer warps = 12
+WS2_MAXNREG = WS_MAXNREG  # 168: 12 warps x 32 x 168 = 64,512 of the 65,536 registers
+WS2_PRODUCER_REGS = WS_PRODUCER_REGS   # 40: the WS kernel's producer value (cp.async addresses only)
+WS2_PV_REGS = 232         # setmaxnreg of the PV warpgroup; the softmax warpgroup gets the rest (168 * 3 - 40 - 232)
+_LOG2E = 1.4426950408889634
+
+supported_ws2 = supported
+
+
+# ----------------------------------------------------------------------------------------------- device code
+
+@_jit
+def _p2_write_half(o, inv, tok, hb, out_ptr, stride_os, stride_oh, COL0: gl.constexpr, O_L: gl.constexpr):
+    """Columns [COL0, COL0 + 256) of the CTA's output rows: ``o * inv`` in bf16 (``_g_finish``'s addressing)."""
+    offs_ho = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, O_L))
+    offs_d = COL0 + gl.arange(0, 256, gl.SliceLayout(0, O_L))
+    o = o * inv[:, None]
+    o_rows = out_ptr + tok * stride_os + offs_ho.to(gl.int64)[:, None] * stride_oh
+    gl.store(o_rows + offs_d[None, :], o.to(gl.bfloat16))
+
+
+@_jit
+def _p2_stats(m_i, l_i, tok, hb, sink_ptr, ml_ptr, lse_ptr, sm_scale, H_Q, HAS_SINK: gl.constexpr,
+              S_L: gl.constexpr):
+    """``_g_finish``'s per-row part (same expressions): stores lse and max_logits (natural-log units; empty rows +inf
+    / -inf), returns the output scale 1 / (L [+ exp(sink - m)]) (0 for an empty row)."""
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    offs_h = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, S_L))
+    denom = l_safe
+    if HAS_SINK:
+        sink = gl.load(sink_ptr + offs_h)
+        m_nat = gl.where(empty, 0.0, m_i * sm_scale)
+        denom = l_safe + gl.exp(sink - m_nat)
+    inv = gl.where(empty, 0.0, 1.0 / denom)
+    lse = gl.where(empty, float("inf"), m_i * sm_scale + gl.log(l_safe))
+    mx = gl.where(empty, float("-inf"), m_i * sm_scale)
+    gl.store(lse_ptr + tok * H_Q + offs_h, lse)
+    gl.store(ml_ptr + tok * H_Q + offs_h, mx)
+    return inv
+
+
+@_jit
+def _p2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree, q_ptr, idx_ptr, len_ptr,
+                   sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_qs, stride_qh,
+                   stride_is, stride_os, stride_oh, H_Q, D_PE: gl.constexpr, HAS_LEN: gl.constexpr,
+                   HAS_SINK: gl.constexpr):
+    """Default partition (4 warps): Q, the full S = Q K^T, the online softmax, P + alpha to the PV warpgroup,
+    O[:, :256] += P V[:, :256]; epilogue: lse / max_logits, the output scale to the PV warpgroup, out[:, :256]."""
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    LS: gl.constexpr = gl.SliceLayout(0, S_L)
+    pid = gl.program_id(0)
+    tok = (pid // (H_Q // 64)).to(gl.int64)
+    hb = pid % (H_Q // 64)
+    # Q -> shared memory in 64-column chunks (32 registers of loads live at a time)
+    hq = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, LP))
+    dq = gl.arange(0, 64, gl.SliceLayout(0, LP))
+    q_rows = q_ptr + tok * stride_qs + hq.to(gl.int64)[:, None] * stride_qh
+    for c in gl.static_range(8):
+        q_n.slice(c * 64, 64, dim=1).store(gl.load(q_rows + (c * 64 + dq)[None, :]))
+    if D_PE > 0:
+        q_p.store(gl.load(q_rows + (512 + dq)[None, :]))
+    fence_async_shared()
+    gl.thread_barrier()
+    n, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
+    idx_row = idx_ptr + tok * stride_is
+    m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))   # running max of raw q.k
+    l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
+    acc = gl.zeros([64, 256], gl.float32, O_L)
+    s_zero = gl.zeros([64, 64], gl.float32, S_L)
+    for j in range(num_blocks):
+        slot = j % 2
+        # validity of the block's tokens (the WS consumer's expression), loaded before the ready wait
+        offs_n = j * 64 + gl.arange(0, 64, LS)
+        idx = gl.load(idx_row + offs_n, mask=offs_n < n, other=-1)
+        valid = (idx >= 0) & (idx < s_kv)
+        mbarrier.wait(ready.index(slot), (j // 2) & 1)
+        fence_async_shared()     # the cp.async writes (generic proxy) before the wgmma reads (async proxy)
+        tok_s = warpgroup_mma(q_n, kv_n.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        if D_PE > 0:
+            tok_s = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok_s, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(tok_s, ))
+        # online softmax step (_g_softmax's expressions, row reductions inside this warpgroup)
+        s = gl.where(valid[None, :], s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2((m_i - m_safe) * scale_log2)
+        p = gl.exp2((s - m_safe[:, None]) * scale_log2)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        # P and alpha to the PV warpgroup (once it released the previous ones)
+        mbarrier.wait(pfree, (j & 1) ^ 1)
+        p_smem.store(p.to(gl.bfloat16))
+        a_smem.store(alpha)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(pready)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+        tok_o = warpgroup_mma(p_smem, kv_n.index(slot).slice(0, 256, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+        mbarrier.arrive(empty.index(slot))
+
+    # epilogue: lse / max_logits here, the output scale to the PV warpgroup, own half of the output
+    inv = _p2_stats(m_i, l_i, tok, hb, sink_ptr, ml_ptr, lse_ptr, sm_scale, H_Q, HAS_SINK, S_L)
+    mbarrier.wait(pfree, (num_blocks & 1) ^ 1)
+    a_smem.store(inv)
+    gl.thread_barrier()
+    mbarrier.arrive(pready)
+    _p2_write_half(acc, gl.convert_layout(inv, gl.SliceLayout(1, O_L)), tok, hb, out_ptr, stride_os, stride_oh, 0,
+                   O_L)
+
+
+@_jit
+def _p2_pv_wg(kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, out_ptr, topk, stride_os, stride_oh, H_Q,
+              HAS_LEN: gl.constexpr):
+    """Worker partition (4 warps): O[:, 256:] = O[:, 256:] * alpha + P V[:, 256:] per block; epilogue: the output
+    scale from the softmax warpgroup, out[:, 256:]."""
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    pid = gl.program_id(0)
+    tok = (pid // (H_Q // 64)).to(gl.int64)
+    _, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
+    acc = gl.zeros([64, 256], gl.float32, O_L)
+    for j in range(num_blocks):
+        slot = j % 2
+        mbarrier.wait(ready.index(slot), (j // 2) & 1)    # passed already (the softmax WG sent P after it)
+        mbarrier.wait(pready, j & 1)
+        fence_async_shared()     # the cp.async V writes (generic proxy) before this warpgroup's wgmma
+        alpha = a_smem.load(gl.SliceLayout(1, O_L))
+        acc = acc * alpha[:, None]
+        tok_o = warpgroup_mma(p_smem, kv_n.index(slot).slice(256, 256, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+        mbarrier.arrive(pfree)
+        mbarrier.arrive(empty.index(slot))
+    mbarrier.wait(pready, num_blocks & 1)
+    inv = a_smem.load(gl.SliceLayout(1, O_L))
+    pid = gl.program_id(0)
+    _p2_write_half(acc, inv, (pid // (H_Q // 64)).to(gl.int64), pid % (H_Q // 64), out_ptr, stride_os, stride_oh,
+                   256, O_L)
+
+
+@_jit
+def _p2_smem(D_PE: gl.constexpr):
+    """Shared memory: Q, the 2-slot K (= V) ring, P, the alpha / scale vector; d_qk 576 also the RoPE tiles (d_qk
+    512: the NoPE tiles stand in, never read); mbarriers ``ready`` (count 1), ``empty`` (count 2: one arrive per
+    consumer warpgroup), ``pready`` / ``pfree`` (count 1), initialised."""
+    SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 512], gl.bfloat16)
+    SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
+    q_n = gl.allocate_shared_memory(gl.bfloat16, [64, 512], SH_N)
+    kv_n = gl.allocate_shared_memory(gl.bfloat16, [2, 64, 512], SH_N)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
+    if D_PE > 0:
+        q_p = gl.allocate_shared_memory(gl.bfloat16, [64, D_PE], SH_P)
+        kv_p = gl.allocate_shared_memory(gl.bfloat16, [2, 64, D_PE], SH_P)
+    else:
+        q_p = q_n
+        kv_p = kv_n
+    a_smem = gl.allocate_shared_memory(gl.float32, [64], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    pready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    pfree = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)      # one arrive per consumer warpgroup
+    mbarrier.init(pready, count=1)
+    mbarrier.init(pfree, count=1)
+    return q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree
+
+
+@_jit
+def _sparse_prefill_gluon_ws2_kernel(
+    q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr,
+    s_kv, topk, sm_scale, scale_log2,
+    stride_qs, stride_qh, stride_kvs, stride_is, stride_os, stride_oh, H_Q,
+    D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, PV_REGS: gl.constexpr,
+):
+    """The WS kernel's arguments (``NUM_SLOTS`` fixed at 2) + ``PV_REGS``, the PV warpgroup's ``setmaxnreg``.
+    Partitions: softmax warpgroup (default, 4 warps), PV warpgroup (4), the WS producer (4)."""
+    q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree = _p2_smem(D_PE)
+    gl.warp_specialize([
+        (_p2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree, q_ptr, idx_ptr, len_ptr,
+                          sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_qs, stride_qh,
+                          stride_is, stride_os, stride_oh, H_Q, D_PE, HAS_LEN, HAS_SINK)),
+        (_p2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, out_ptr, topk, stride_os, stride_oh,
+                     H_Q, HAS_LEN)),
+        (_g_ws_producer, (kv_n, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is, H_Q,
+                          D_PE, HAS_LEN, 2)),
+    ], [4, 4], [PV_REGS, PRODUCER_REGS])
+
+
+# ----------------------------------------------------------------------------------------------- host code
+
+_CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "PV_REGS")   # parameter order
+_LAUNCHERS: dict = {}   # (kernel, (names, constexprs, options, specialisation)) -> KernelLauncher
+_LAUNCHER_LIMIT = 1024
+
+
+def launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None,
+                                    topk_length=None, *, pv_regs=None, producer_regs=None, maxnreg=None):
+    """Drop-in for :func:`_gluon_sparse_prefill.launch_sparse_prefill_gluon` (without ``variant``): same
+    out-parameter contract (inputs validated by ``flash_mla_sparse_fwd``; last dims contiguous; the caller checked
+    :func:`supported_ws2`). Keyword-only tuning knobs (benchmarks): PV / producer ``setmaxnreg``, launch
+    ``maxnreg``. Launched through a cached :class:`deepkernels._launch.KernelLauncher` keyed by (constexpr names,
+    constexprs, options, :func:`deepkernels._launch.spec_key` of the arguments)."""
+    s_q, h_q, d_qk = q.shape
+    if s_q == 0:
+        return
+    dummy = lse
+    args = (q, kv, indices, topk_length if topk_length is not None else dummy,
+            attn_sink if attn_sink is not None else dummy, out, max_logits, lse,
+            kv.shape[0], indices.shape[-1])
+    ints = (q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), h_q)
+    names = _CONSTEXPRS
+    constexprs = (d_qk - D_V, topk_length is not None, attn_sink is not None,
+                  producer_regs or WS2_PRODUCER_REGS, pv_regs or WS2_PV_REGS)
+    opts = (WS2_NUM_WARPS, maxnreg or WS2_MAXNREG)
+    launcher = cached_launcher(_LAUNCHERS, _sparse_prefill_gluon_ws2_kernel,
+                               (names, constexprs, opts, spec_key(*args, *ints)),
+                               lambda: dict(zip(names, constexprs), num_warps=opts[0], maxnreg=opts[1]),
+                               _LAUNCHER_LIMIT)
+    launcher((s_q * (h_q // BLOCK_H), ), *args, float(sm_scale), float(sm_scale) * _LOG2E, *ints)
+
+
+def compile_sm90_ws2(d_pe: int = 64, has_len: bool = False, has_sink: bool = False, pv_regs=None,
+                     producer_regs=None, maxnreg=None):
+    """Cross-compile the kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch. Returns
+    the CompiledKernel (``.asm['ptx']``, ``.metadata.shared``)."""
+    sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "len_ptr": "*i32", "sink_ptr": "*fp32",
+           "out_ptr": "*bf16", "ml_ptr": "*fp32", "lse_ptr": "*fp32",
+           "s_kv": "i32", "topk": "i32", "sm_scale": "fp32", "scale_log2": "fp32",
+           "stride_qs": "i32", "stride_qh": "i32", "stride_kvs": "i32", "stride_is": "i32", "stride_os": "i32",
+           "stride_oh": "i32", "H_Q": "i32"}
+    # every constexpr, in parameter order (the cross-compile binds constexprs by position)
+    consts = dict(zip(_CONSTEXPRS, (d_pe, has_len, has_sink, producer_regs or WS2_PRODUCER_REGS,
+                                    pv_regs or WS2_PV_REGS)))
+    hinted = ("q_ptr", "kv_ptr", "idx_ptr", "out_ptr", "stride_qs", "stride_qh", "stride_kvs", "stride_os",
+              "stride_oh")
+    return _compile_sm90_gluon(_sparse_prefill_gluon_ws2_kernel, sig, consts, hinted, num_warps=WS2_NUM_WARPS,
+                               maxnreg=maxnreg or WS2_MAXNREG)
