@@ -582,6 +582,35 @@ def _w_blocks_fp4(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_
 
 
 @_jit
+def _w_block_softmax(q_n, q_p, kv_n, kv_p, vmask, slot, s_zero, m_i, l_i, sm_scale_log2, FMT: gl.constexpr,
+                     PSUM: gl.constexpr, LS: gl.constexpr):
+    """One consumer block step up to P (shared by this kernel's consumers and ``_gluon_sparse_decode_ws2``'s softmax
+    warpgroup): proxy fence after the ``ready`` wait (the producer's generic-proxy shared stores before the wgmma
+    reads), S = Q K^T of ring slot ``slot`` (NoPE k-steps, then RoPE for V3.2) into ``s_zero``'s layout, the
+    producer's validity mask (invalid -> -inf by selection), the online softmax with the running max in raw-score
+    units; ``PSUM``: ``l_i`` is the per-column partial sum ([64, N]), else the row sum. Returns (p, alpha, m, l)."""
+    fence_async_shared()
+    tok = warpgroup_mma(q_n, kv_n.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    if FMT == 0:
+        tok = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok, is_async=True)
+    # block j's validity (position < t_end, 0 <= idx < num_tok), written by the producer next to the slot: no global
+    # load in the token loop (a load in flight at the fence above would stall its MEMBAR.ALL.CTA, and one issued under
+    # S is scheduled by ptxas after the wait, exposed)
+    valid = vmask.index(slot).load(LS) != 0
+    s = warpgroup_mma_wait(0, deps=(tok, ))
+    s = gl.where(valid[None, :], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
+    p = gl.exp2((s - m_safe[:, None]) * sm_scale_log2)
+    if PSUM:
+        l_i = l_i * alpha[:, None] + p
+    else:
+        l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@_jit
 def _w_consumer(q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr,
                 nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh, num_tok,
                 stride_ib, stride_is, b, s_q, h_q, topk, acc_rows, sm_scale_log2, xlen_ptr, xtopk,
@@ -632,26 +661,9 @@ def _w_consumer(q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty, q_ptr, idx_pt
             if PROFILE == 2:             # timing diagnostic (never dispatched): release the slot at once, no math
                 mbarrier.arrive(empty.index(slot))
             else:
-                fence_async_shared()     # the producer's shared stores (generic proxy) before the wgmma reads
-                tok = warpgroup_mma(q_n, kv_n.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                if FMT == 0:
-                    tok = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok, is_async=True)
-                # block j's validity (position < t_end, 0 <= idx < num_tok), written by the producer next to the
-                # slot: no global load in this loop (a load in flight at the fence above would stall its
-                # MEMBAR.ALL.CTA, and one issued under S is scheduled by ptxas after the wait, exposed)
-                valid = vmask.index(slot).load(LS) != 0
-                s = warpgroup_mma_wait(0, deps=(tok, ))
                 # online softmax step, exactly as _gluon_sparse_decode._g_attend (PSUM off for V3.2, on for V4.1)
-                s = gl.where(valid[None, :], s, float("-inf"))
-                m_new = gl.maximum(m_i, gl.max(s, 1))
-                m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
-                p = gl.exp2((s - m_safe[:, None]) * sm_scale_log2)
-                if FMT == 2:
-                    l_i = l_i * alpha[:, None] + p
-                else:
-                    l_i = l_i * alpha + gl.sum(p, 1)
-                m_i = m_new
+                p, alpha, m_i, l_i = _w_block_softmax(q_n, q_p, kv_n, kv_p, vmask, slot, s_zero, m_i, l_i,
+                                                      sm_scale_log2, FMT, FMT == 2, LS)
                 p_smem.store(p.to(gl.bfloat16))
                 fence_async_shared()
                 gl.thread_barrier()        # both halves of P written before either warpgroup reads it

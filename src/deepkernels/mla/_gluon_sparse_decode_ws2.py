@@ -94,7 +94,7 @@ from .._launch import cached_launcher, spec_key
 from ._gluon_sparse_decode import GLUON_FMTS, _g_part, _g_req_range, _page_shift, supported
 from . import _gluon_sparse_decode_ws as _ws
 from ._gluon_sparse_decode_ws import (WS_FMTS, WS_MAXNREG, WS_PRODUCER_FENCE, WS_PRODUCER_REGS,
-                                      WS_PRODUCER_REGS_V41, _w_producer, _w_producer41)
+                                      WS_PRODUCER_REGS_V41, _w_block_softmax, _w_producer, _w_producer41)
 
 __all__ = ["available", "supported_ws2", "launch_sparse_decode_gluon_ws2", "compile_sm90_ws2", "DISPATCH",
            "DISPATCH_FMTS", "dispatch_on", "WS2_PV_REGS", "WS2_NUM_WARPS"]
@@ -213,20 +213,9 @@ def _w2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pr
         for j in range(nblocks):
             slot = it % 2
             mbarrier.wait(ready.index(slot), (it // 2) & 1)
-            fence_async_shared()     # the producer's shared stores (generic proxy) before the wgmma reads
-            tok = warpgroup_mma(q_n, kv_n.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            if FMT == 0:
-                tok = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok, is_async=True)
-            valid = vmask.index(slot).load(LS) != 0
-            s = warpgroup_mma_wait(0, deps=(tok, ))
-            # online softmax step (the expressions of _w_consumer / _g_attend; row sum per block)
-            s = gl.where(valid[None, :], s, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 1))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
-            p = gl.exp2((s - m_safe[:, None]) * sm_scale_log2)
-            l_i = l_i * alpha + gl.sum(p, 1)
-            m_i = m_new
+            # S of the whole block and the online softmax step (the WS consumers' expressions; row sum per block)
+            p, alpha, m_i, l_i = _w_block_softmax(q_n, q_p, kv_n, kv_p, vmask, slot, s_zero, m_i, l_i, sm_scale_log2,
+                                                  FMT, False, LS)
             # P and alpha to the PV warpgroup (once it released the previous ones)
             mbarrier.wait(pfree, (msg & 1) ^ 1)
             p_smem.store(p.to(gl.bfloat16))
