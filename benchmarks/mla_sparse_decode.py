@@ -107,6 +107,31 @@ def make_indices(b, s_q, topk, s_k, device):
     return phys.int().contiguous()
 
 
+def kernel_case(fmt, b, s_q, h_q, topk=2048, s_k=8192, device="cuda"):
+    """Inputs and schedule of one no-extra-cache sparse decode case for the kernel-level A/B scripts
+    (``sparse_decode_ws_profile.py``, ``sparse_decode_ws2.py``): the public op's config, SM parts and schedule, plus
+    the FLOP count (FlashMLA counting), the CTA count and the (CTA, 64-token block) work items."""
+    from types import SimpleNamespace
+    d_qk = 576 if fmt == "v32" else 512
+    cache = make_cache(fmt, b * s_k, device)
+    q = torch.randn(b, s_q, h_q, d_qk, device=device).clamp_(-1, 1).bfloat16()
+    ind = make_indices(b, s_q, topk, s_k, device)
+    parts = sd._num_sm_parts(q.device, s_q, h_q, sd.sparse_decode_config(h_q, fmt))
+    sched, ns = compute_schedule(sd._token_counts(b, topk, None, 0, None, False, q.device), parts)
+    return SimpleNamespace(fmt=fmt, b=b, s_q=s_q, h_q=h_q, topk=topk, s_k=s_k, d_qk=d_qk, cache=cache, q=q, ind=ind,
+                           sched=sched, ns=ns, parts=parts, scale=d_qk ** -0.5,
+                           flop=2 * h_q * b * s_q * topk * (d_qk + 512), ctas=parts * s_q * (h_q // 64),
+                           blocks=b * s_q * (h_q // 64) * (topk // 64))
+
+
+def warm_clocks(n=200):
+    """A few hundred bf16 matmuls so the GPU clocks are up before the first timing."""
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    for _ in range(n):
+        x @ x
+    del x
+
+
 def torch_reference(q, caches, scale):
     """Gather + dequant (torch) + bmm. caches: list of (cache, fmt, indices, full) where ``full`` is a pre-dequantised
     bf16 copy used only for MODEL1 (its per-block split layout cannot be gathered per token). Returns

@@ -22,32 +22,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def main(path: str) -> int:
     import mla_sparse_decode as B
-    import deepkernels.mla.sparse_decode as sd
     from deepkernels.mla import _gluon_sparse_decode_ws as W
     from deepkernels.mla import _gluon_sparse_decode_ws2 as W2
-    from deepkernels.mla.metadata import compute_schedule
     from deepkernels.bench.runner import provenance
     from triton.testing import do_bench
 
     topk, s_k = 2048, 8192
     rows = []
-    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    for _ in range(200):       # clocks up
-        x @ x
-    del x
+    B.warm_clocks()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for fmt in ("v32", "v41"):
         for b, s_q, h_q in ((128, 1, 128), (128, 2, 128), (64, 1, 128), (128, 1, 64)):
-            d_qk = 576 if fmt == "v32" else 512
-            cache = B.make_cache(fmt, b * s_k, "cuda")
-            q = torch.randn(b, s_q, h_q, d_qk, device="cuda").clamp_(-1, 1).bfloat16()
-            ind = B.make_indices(b, s_q, topk, s_k, "cuda")
-            cfg = sd.sparse_decode_config(h_q, fmt)
-            parts = sd._num_sm_parts(q.device, s_q, h_q, cfg)
-            sched, ns = compute_schedule(sd._token_counts(b, topk, None, 0, None, False, q.device), parts)
-            flop = 2 * h_q * b * s_q * topk * (d_qk + 512)
-            ctas = parts * s_q * (h_q // 64)
-            blocks = b * s_q * (h_q // 64) * (topk // 64)      # (CTA, 64-token block) work items
+            c = B.kernel_case(fmt, b, s_q, h_q, topk, s_k)
+            d_qk, cache, q, ind, sched, ns, parts = c.d_qk, c.cache, c.q, c.ind, c.sched, c.ns, c.parts
+            flop, ctas, blocks = c.flop, c.ctas, c.blocks
             row = dict(fmt=fmt, b=b, s_q=s_q, h_q=h_q, topk=topk, s_k=s_k, parts=parts, ctas=ctas, flop=flop)
             outs = {}
             variants = [("ws", W.launch_sparse_decode_gluon_ws, {}),
