@@ -30,6 +30,7 @@ from deepkernels.mla.prefill import (SPARSE_CANDIDATES, SPARSE_CONFIGS, _launch_
                                      flash_mla_sparse_fwd)
 from deepkernels.mla import _gluon_dense_prefill as _gdp  # noqa: E402
 from deepkernels.mla import _gluon_sparse_prefill as _gsp  # noqa: E402
+from deepkernels.mla import _gluon_sparse_prefill_ws2 as _gsp2  # noqa: E402
 from deepkernels.reference.mla_prefill import sparse_prefill_ref  # noqa: E402
 
 FLASHMLA_H200 = {8192: 588.0, 32768: 510.0, 65536: 521.0, 131072: 494.0}
@@ -101,13 +102,18 @@ def sparse_inputs(s_q, s_kv, topk, h_q, d_qk, sink):
     return q, kv, ind, sk
 
 
-# Gluon sparse config label -> variant of launch_sparse_prefill_gluon (None: the dispatched one)
-GLUON_SPARSE = {"gluon": None, "gluon-ws": "ws"}
+# Gluon sparse config label -> variant of launch_sparse_prefill_gluon (None: the dispatched one; "ws2": the
+# split-consumer kernel of mla/_gluon_sparse_prefill_ws2.py)
+GLUON_SPARSE = {"gluon": None, "gluon-ws": "ws", "gluon-ws2": "ws2"}
 
 
 def _launch_cfg(cfg):
     """The launcher for one candidate: a Triton config tuple or a Gluon label of :data:`GLUON_SPARSE`
-    (mla/_gluon_sparse_prefill.py: "gluon" = the dispatched variant, "gluon-ws")."""
+    (mla/_gluon_sparse_prefill.py: "gluon" = the dispatched variant, "gluon-ws"; "gluon-ws2" =
+    mla/_gluon_sparse_prefill_ws2.py)."""
+    if isinstance(cfg, str) and GLUON_SPARSE.get(cfg) == "ws2":   # the split-consumer module (not a variant)
+        return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp2.launch_sparse_prefill_gluon_ws2(
+            out, ml, lse, q, kv, ind, scale, sk, tl)
     if isinstance(cfg, str) and cfg in GLUON_SPARSE:
         variant = GLUON_SPARSE[cfg]
         return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp.launch_sparse_prefill_gluon(
@@ -248,6 +254,7 @@ def main(argv=None):
     ap.add_argument("--gluon", action="store_true", help="also time the Gluon kernels (sm90 only)")
     ap.add_argument("--gluon-skip", default="", help="comma-separated Gluon sparse labels not to time "
                     "(e.g. gluon-ws)")
+    ap.add_argument("--s-kv", default="", help="comma-separated sparse s_kv values (default: 8K/32K/64K/128K)")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="tiny shapes on the CPU (run with TRITON_INTERPRET=1) to check the script itself")
     args = ap.parse_args(argv)
@@ -265,7 +272,9 @@ def main(argv=None):
     rows = Rows(args.out, provenance())
     print(json.dumps(rows.prov), flush=True)
     if args.only in (None, "sparse"):
-        run_sparse(rows, args.sweep, [8192] if args.quick else [8192, 32768, 65536, 131072], gluon=args.gluon,
+        s_kvs = [int(x) for x in args.s_kv.split(",")] if args.s_kv else (
+            [8192] if args.quick else [8192, 32768, 65536, 131072])
+        run_sparse(rows, args.sweep, s_kvs, gluon=args.gluon,
                    gluon_skip=tuple(c for c in args.gluon_skip.split(",") if c))
     if args.only in (None, "dense"):
         run_dense(rows, args.sweep, [4096] if args.quick else [4096, 8192], gluon=args.gluon)

@@ -1,5 +1,5 @@
 """Sparse top-k MLA prefill, "dense-decode consumer" variant of the warp-specialised Gluon kernel (not dispatched:
-:data:`DISPATCH` False; not yet run on a GPU).
+:data:`DISPATCH` False unless ``DEEPKERNELS_SPARSE_PREFILL_WS2=1``, :func:`dispatch_on`; first GPU run: session 16).
 
 Same contract, arguments and outputs as :func:`_gluon_sparse_prefill._sparse_prefill_gluon_ws_kernel` (read that
 module's docstring): one CTA per (query token, 64-head group), the token's top-k KV rows gathered 64 at a time by the
@@ -42,8 +42,9 @@ Shared memory (cross-compiled, Triton 3.6, ``metadata.shared``): d_qk 576: Q 64 
 P 8 KB, alpha 256 B, 6 mbarriers: 230,016 B of the 232,448 B limit (the WS kernel: 230,528 B with its
 cross-warpgroup reduction scratch); d_qk 512: 205,440 B.
 
-Registers (launch ``maxnreg`` :data:`WS2_MAXNREG` = 168, 12 warps; ``setmaxnreg``: producer 40 (the WS kernel's
-``WS_PRODUCER_REGS``), PV warpgroup :data:`WS2_PV_REGS` = 232, softmax warpgroup the rest, 232). ptxas of the
+Registers (launch ``maxnreg`` :data:`WS2_MAXNREG` = 168, 12 warps; ``setmaxnreg``: producer
+:data:`WS2_PRODUCER_REGS` = 56 (the WS kernel's 40 left 8-26 spill instructions in this kernel's producer loop), PV
+warpgroup :data:`WS2_PV_REGS` = 216, softmax warpgroup the rest, 232). ptxas of the
 Triton 3.6 wheel, all 6 (d_pe, has_len, has_sink) configurations: 0 spill instructions in the softmax token loop
 (~520-560 SASS instructions, 40 / 36 HGMMA), 0 in the PV token loop (4 HGMMA), 0 bytes spill stores in all.
 
@@ -68,26 +69,39 @@ tolerance checks only.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, fence_async_shared, mbarrier,  # noqa: F401
                       warpgroup_mma, warpgroup_mma_wait)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 from .._launch import cached_launcher, spec_key
-from ._gluon_sparse_prefill import (BLOCK_H, D_V, WS_MAXNREG, WS_PRODUCER_REGS, _g_ws_producer, _g_ws_rows,
-                                    supported)
+from ._gluon_sparse_prefill import BLOCK_H, D_V, WS_MAXNREG, _g_ws_producer, _g_ws_rows, supported
 
-__all__ = ["available", "supported_ws2", "launch_sparse_prefill_gluon_ws2", "compile_sm90_ws2", "DISPATCH",
+__all__ = ["available", "supported_ws2", "dispatch_on", "launch_sparse_prefill_gluon_ws2", "compile_sm90_ws2", "DISPATCH",
            "WS2_PV_REGS", "WS2_MAXNREG", "WS2_PRODUCER_REGS", "WS2_NUM_WARPS"]
 
 DISPATCH = False          # prefill.py does not route here (not yet run on a GPU)
 WS2_NUM_WARPS = 4         # the default partition (softmax warpgroup); + 4 PV + 4 producer warps = 12
 WS2_MAXNREG = WS_MAXNREG  # 168: 12 warps x 32 x 168 = 64,512 of the 65,536 registers
-WS2_PRODUCER_REGS = WS_PRODUCER_REGS   # 40: the WS kernel's producer value (cp.async addresses only)
-WS2_PV_REGS = 232         # setmaxnreg of the PV warpgroup; the softmax warpgroup gets the rest (168 * 3 - 40 - 232)
+# setmaxnreg of the producer: the WS kernel's 40 (WS_PRODUCER_REGS) left 8-26 spill instructions in its block loop
+# (d_qk 576 / 512 without topk_length); 56 leaves 0 in all configurations, and the consumers still get 216 / 232
+WS2_PRODUCER_REGS = 56
+WS2_PV_REGS = 216         # setmaxnreg of the PV warpgroup; the softmax warpgroup gets the rest (168 * 3 - 56 - 216)
 _LOG2E = 1.4426950408889634
 
 supported_ws2 = supported
+
+
+def dispatch_on() -> bool:
+    """Whether ``prefill._launch_sparse_prefill`` sends the calls the WS Gluon kernel would take here:
+    ``DEEPKERNELS_SPARSE_PREFILL_WS2=1`` / ``=0`` (read per call; the device scripts switch it for a whole run),
+    else :data:`DISPATCH`."""
+    env = os.environ.get("DEEPKERNELS_SPARSE_PREFILL_WS2", "")
+    if env in ("0", "1"):
+        return env == "1"
+    return DISPATCH
 
 
 # ----------------------------------------------------------------------------------------------- device code

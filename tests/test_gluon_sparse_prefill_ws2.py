@@ -1,0 +1,339 @@
+"""Sparse prefill, WS2 variant (softmax warpgroup + PV warpgroup + the WS producer;
+deepkernels.mla._gluon_sparse_prefill_ws2, not dispatched): compile tier on any machine (sm90 cross-compile: m64n64
+S wgmmas of the softmax warpgroup and no m64n32, the two warpgroups' m64n256 P V wgmmas, 6 mbarriers, setmaxnreg of
+the three partitions, shared memory, ptxas spills per partition loop), a CPU launcher check with the kernel stubbed,
+and a GPU tier: the cases of tests/test_gluon_sparse_prefill.py through :func:`launch_sparse_prefill_gluon_ws2`
+directly and through the public op with its Gluon launch routed here (counted), against the float reference with
+FlashMLA's prefill tolerances (randn/10 inputs, junk indices -1 / >= s_kv, NaN in every unreferenced KV row,
+non-contiguous views, NaN-poisoned outputs), and against the WS variant (tolerance, not bit-identity: the row sums
+are reduced in another order)."""
+from __future__ import annotations
+
+import functools
+import re
+
+import pytest
+import torch
+
+from deepkernels.mla import _gluon_sparse_prefill as G
+from deepkernels.mla import _gluon_sparse_prefill_ws2 as P
+from deepkernels.reference.mla_prefill import sparse_prefill_ref
+from deepkernels.testing.numerics import check_is_allclose
+
+from test_mla_prefill import make_case
+
+pytestmark = pytest.mark.skipif(not P.available(), reason=f"Gluon not importable: {P._IMPORT_ERROR!r}")
+
+
+# ------------------------------------------------------------------ compile tier (CPU cross-compile for sm90)
+def _sass_loops(sass: str):
+    """Innermost loops of a SASS listing as lists of instruction texts (a loop = a backward BRA)."""
+    ins, labels, pending = [], {}, []
+    for line in sass.splitlines():
+        lm = re.match(r"^(\.L_x_\d+):", line)
+        if lm:
+            pending.append(lm.group(1))
+            continue
+        m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(.*?);", line)
+        if m:
+            pc = int(m.group(1), 16)
+            labels.update({p: pc for p in pending})
+            pending = []
+            ins.append((pc, m.group(2)))
+    loops = []
+    for pc, txt in ins:
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", txt)
+        if m and labels.get(m.group(1), 1 << 62) < pc:
+            loops.append((labels[m.group(1)], pc))
+    inner = [lp for lp in loops if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
+    return [[t for pc, t in ins if a <= pc <= b_] for a, b_ in inner]
+
+
+def _n_spill(loop) -> int:
+    return sum(1 for t in loop if re.search(r"\b(STL|LDL)\b", t))
+
+
+def _n_hgmma(loop) -> int:
+    return sum(1 for t in loop if "HGMMA" in t)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(d_pe, has_len, has_sink):
+    k = P.compile_sm90_ws2(d_pe, has_len, has_sink)
+    return k.asm["ptx"], k.metadata.shared
+
+
+@functools.lru_cache(maxsize=None)
+def _ptxas(ptx):
+    from deepkernels.testing.compile import ptxas_sm90
+    return ptxas_sm90(ptx, sass=True)
+
+
+# (d_pe, has_len, has_sink): d_qk 576 and 512 (what supported() accepts), lengths and sinks on and off
+_CONFIGS = [(64, False, False), (64, True, True), (64, False, True), (0, True, False), (0, False, False)]
+_SMEM = {64: 229888, 0: 205296}      # measured (Triton 3.6), max over the configurations
+
+
+def _setmaxnreg(ptx):
+    """The setmaxnreg values besides Triton's 256 / 120 entry and exit dance."""
+    regs = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
+    return sorted({(d, int(n)) for d, n in regs if int(n) not in (120, 256)})
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("d_pe,has_len,has_sink", _CONFIGS)
+def test_compile_sm90_ws2(d_pe, has_len, has_sink):
+    from deepkernels.testing.compile import SM90_SMEM_LIMIT
+    ptx, shared = _compiled(d_pe, has_len, has_sink)
+    k_steps = (512 + d_pe) // 16
+    # softmax WG: the full S as m64n64k16 (no m64n32 split), P V[:, :256] 4 x m64n256k16; PV WG: P V[:, 256:] 4 x
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n64k16") == k_steps
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n32k16") == 0
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16") == 8
+    assert ptx.count("wgmma.mma_async") == k_steps + 8
+    assert shared <= SM90_SMEM_LIMIT and shared <= _SMEM[d_pe] + 64, shared
+    # 6 mbarriers: ready x 2, empty x 2, pready, pfree; waits: producer empty, softmax ready + pfree (loop and
+    # epilogue), PV ready + pready (loop and epilogue) = 7; arrives: producer ready, softmax pready x 2 + empty,
+    # PV pfree + empty = 6
+    assert ptx.count("mbarrier.init.shared") == 6
+    assert ptx.count("mbarrier.try_wait.parity") == 7
+    assert ptx.count("mbarrier.arrive.shared::cta") == 6
+    assert "cp.async.mbarrier.arrive" in ptx and "fence.proxy.async" in ptx
+    assert "cp.async.wait_group" not in ptx     # the producer tracks its copies by the mbarrier, no commit groups
+    # partitions' registers: producer, PV warpgroup, the softmax warpgroup gets the rest of the launch cap
+    soft = (P.WS2_MAXNREG * 12 * 32 - (P.WS2_PRODUCER_REGS + P.WS2_PV_REGS) * 128) // 128 // 8 * 8
+    regs = _setmaxnreg(ptx)
+    assert ("inc", P.WS2_PV_REGS) in regs and ("dec", soft) in regs, regs
+    assert any(r == P.WS2_PRODUCER_REGS for _, r in regs), regs
+    # ptxas (Triton 3.6 wheel), measured: 0 spill instructions in the softmax token loop (36 / 32 S k-steps + 4 P V),
+    # the PV token loop (4 P V k-steps) and the producer block loop (setmaxnreg 56); 0 bytes of spill in all
+    rep = _ptxas(ptx)
+    if rep is None:
+        pytest.skip("ptxas not available")
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep.log)
+    assert spill, rep.log
+    loops = _sass_loops(rep.sass)
+    s_loops = [lp for lp in loops if _n_hgmma(lp) == k_steps + 4]
+    pv_loops = [lp for lp in loops if _n_hgmma(lp) == 4]
+    prod = [lp for lp in loops if not _n_hgmma(lp) and any("LDGSTS" in t for t in lp)]
+    assert len(s_loops) == 1 and len(pv_loops) == 1 and len(prod) == 1, (len(s_loops), len(pv_loops), len(prod))
+    assert _n_spill(s_loops[0]) == 0, f"{_n_spill(s_loops[0])} spill instructions in the softmax token loop"
+    assert _n_spill(pv_loops[0]) == 0, f"{_n_spill(pv_loops[0])} spill instructions in the PV token loop"
+    assert _n_spill(prod[0]) <= 2, f"{_n_spill(prod[0])} spill instructions in the producer block loop"
+    assert int(spill.group(1)) <= 64 and int(spill.group(2)) <= 64, rep.log
+
+
+@pytest.mark.compile
+def test_module_contract():
+    assert P.DISPATCH is False
+    assert P.supported_ws2 is G.supported
+    # the kernel takes the WS kernel's runtime arguments in the same order (a drop-in for the launch)
+    ws_args = [a for a in G._sparse_prefill_gluon_ws_kernel.arg_names if not a.isupper()]
+    ws2_args = [a for a in P._sparse_prefill_gluon_ws2_kernel.arg_names if not a.isupper()]
+    assert ws_args == ws2_args
+    # H_Q is a runtime argument (upper case as in the WS kernel); the rest of the upper-case names are constexprs
+    ws2_upper = [a for a in P._sparse_prefill_gluon_ws2_kernel.arg_names if a.isupper()]
+    assert ws2_upper[0] == "H_Q" and ws2_upper[1:] == list(P._CONSTEXPRS)
+    # registers: 12 warps within the register file, setmaxnreg values multiples of 8 and <= 256
+    assert P.WS2_MAXNREG * 12 * 32 <= 65536
+    soft = (P.WS2_MAXNREG * 12 * 32 - (P.WS2_PRODUCER_REGS + P.WS2_PV_REGS) * 128) // 128
+    assert all(r % 8 == 0 and 24 <= r <= 256 for r in (P.WS2_PRODUCER_REGS, P.WS2_PV_REGS, soft // 8 * 8))
+
+
+@pytest.mark.compile
+def test_launch_args_on_cpu(monkeypatch):
+    """The launcher passes the WS launch's arguments, grid and constexprs (kernel stubbed; CPU tensors)."""
+    seen = {}
+
+    def fake_cached(cache, fn, key, meta, limit):
+        seen["fn"], seen["key"], seen["meta"] = fn, key, meta()
+
+        def launch(grid, *args):
+            seen["grid"], seen["args"] = grid, args
+        return launch
+
+    monkeypatch.setattr(P, "cached_launcher", fake_cached)
+    s_q, h_q, s_kv, topk = 3, 128, 100, 192
+    q = torch.zeros(s_q, h_q, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(s_kv, 1, 576, dtype=torch.bfloat16)
+    ind = torch.zeros(s_q, 1, topk, dtype=torch.int32)
+    out = torch.empty(s_q, h_q, 512, dtype=torch.bfloat16)
+    ml, lse = torch.empty(s_q, h_q), torch.empty(s_q, h_q)
+    tl = torch.zeros(s_q, dtype=torch.int32)
+    P.launch_sparse_prefill_gluon_ws2(out, ml, lse, q, kv, ind, 0.25, None, tl)
+    assert seen["fn"] is P._sparse_prefill_gluon_ws2_kernel
+    assert seen["grid"] == (s_q * 2, )
+    assert seen["meta"] == dict(D_PE=64, HAS_LEN=True, HAS_SINK=False, PRODUCER_REGS=P.WS2_PRODUCER_REGS,
+                                PV_REGS=P.WS2_PV_REGS, num_warps=4, maxnreg=P.WS2_MAXNREG)
+    a = seen["args"]
+    assert a[0] is q and a[1] is kv and a[2] is ind and a[3] is tl and a[4] is lse and a[5] is out
+    assert a[6] is ml and a[7] is lse and a[8:10] == (s_kv, topk)
+    assert a[10] == 0.25 and abs(a[11] - 0.25 * 1.4426950408889634) < 1e-12
+    assert a[12:] == (q.stride(0), q.stride(1), kv.stride(0), ind.stride(0), out.stride(0), out.stride(1), h_q)
+    seen.clear()
+    P.launch_sparse_prefill_gluon_ws2(out[:0], ml[:0], lse[:0], q[:0], kv, ind[:0], 0.25)
+    assert not seen                                  # s_q 0: nothing launched
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("env,expect", [("1", "ws2"), ("0", "ws"), (None, "ws2" if P.DISPATCH else "ws")])
+def test_dispatch_switch(monkeypatch, env, expect):
+    """prefill._launch_sparse_prefill sends the Gluon-eligible call to WS2 iff dispatch_on()
+    (DEEPKERNELS_SPARSE_PREFILL_WS2 overrides DISPATCH); kernels stubbed, CPU tensors."""
+    from deepkernels.mla import prefill
+    if env is None:
+        monkeypatch.delenv("DEEPKERNELS_SPARSE_PREFILL_WS2", raising=False)
+    else:
+        monkeypatch.setenv("DEEPKERNELS_SPARSE_PREFILL_WS2", env)
+    seen = []
+    monkeypatch.setattr(G, "supported", lambda q, kv: True)
+    monkeypatch.setattr(G, "launch_sparse_prefill_gluon", lambda *a, **k: seen.append("ws"))
+    monkeypatch.setattr(P, "launch_sparse_prefill_gluon_ws2", lambda *a, **k: seen.append("ws2"))
+    q = torch.zeros(2, 64, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(10, 1, 576, dtype=torch.bfloat16)
+    ind = torch.zeros(2, 1, 64, dtype=torch.int32)
+    out = torch.empty(2, 64, 512, dtype=torch.bfloat16)
+    ml, lse = torch.empty(2, 64), torch.empty(2, 64)
+    prefill._launch_sparse_prefill(out, ml, lse, q, kv, ind, 0.5)
+    assert seen == [expect]
+
+
+# ------------------------------------------------------------------ GPU tier
+def _run(q, kv, ind, sk, tl, sm_scale=0.5, name=""):
+    s_q, h_q, _ = q.shape
+    out = torch.full((s_q, h_q, 512), float("nan"), dtype=torch.bfloat16, device=q.device)
+    ml = torch.full((s_q, h_q), float("nan"), device=q.device)
+    lse = torch.full((s_q, h_q), float("nan"), device=q.device)
+    assert P.supported_ws2(q, kv)
+    P.launch_sparse_prefill_gluon_ws2(out, ml, lse, q, kv, ind, sm_scale, sk, tl)
+    ro, rml, rlse = sparse_prefill_ref(q, kv, ind, sm_scale, 512, sk, tl)
+    assert check_is_allclose(f"{name} out", out.float(), ro, abs_tol=8e-4, rel_tol=3.01 / 128, cos_diff_tol=7e-6)
+    assert check_is_allclose(f"{name} lse", lse, rlse, abs_tol=1e-6, rel_tol=2.01 / 65536)
+    assert check_is_allclose(f"{name} max_logits", ml, rml, abs_tol=1e-6, rel_tol=2.01 / 65536)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any() and not torch.isnan(ml).any()
+    return out, ml, lse
+
+
+@pytest.fixture
+def ws2_route(monkeypatch):
+    """The public op's Gluon launch goes to launch_sparse_prefill_gluon_ws2; each launch is counted."""
+    calls = []
+
+    def route(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None, topk_length=None, variant=None):
+        assert P.supported_ws2(q, kv)
+        P.launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink, topk_length)
+        calls.append(q.shape)
+
+    monkeypatch.setattr(G, "launch_sparse_prefill_gluon", route)
+    return calls
+
+
+@pytest.mark.gpu
+def test_gpu_ws2_smoke():
+    """One small call (the device script runs this first, under a hang guard)."""
+    q, kv, ind, sk, tl = make_case(5, 300, 192, h_q=128, sink=True, with_len=True, all_invalid=True, device="cuda")
+    _run(q, kv, ind, sk, tl, name="smoke")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d_qk,h_q", [(576, 128), (576, 64), (512, 64), (512, 128)])
+@pytest.mark.parametrize("s_kv,topk", [(592, 128), (1521, 512), (114, 384), (4096, 100)])
+def test_gpu_regular(d_qk, h_q, s_kv, topk):
+    q, kv, ind, sk, tl = make_case(62, s_kv, topk, h_q=h_q, d_qk=d_qk, device="cuda")
+    _run(q, kv, ind, sk, tl, name=f"{d_qk}/{h_q}/{s_kv}/{topk}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d_qk", [576, 512])
+@pytest.mark.parametrize("sink,with_len", [(False, False), (True, False), (False, True), (True, True)])
+def test_gpu_features(sink, with_len, d_qk):
+    q, kv, ind, sk, tl = make_case(213, 1592, 384, h_q=128, d_qk=d_qk, sink=sink, with_len=with_len,
+                                   all_invalid=True, device="cuda")
+    _run(q, kv, ind, sk, tl, name=f"sink={sink} len={with_len}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("s_q,s_kv,topk", [(1, 128, 128), (1234, 4321, 4096), (1024, 32, 2048), (3, 64, 0),
+                                           (5, 200, 16), (5, 300, 48)])
+def test_gpu_corners(s_q, s_kv, topk):
+    # all-invalid rows, blocks with no valid index (s_kv << topk), topk = 0, one partial block
+    q, kv, ind, sk, tl = make_case(s_q, s_kv, topk, h_q=128, sink=True, all_invalid=topk > 0, device="cuda")
+    _run(q, kv, ind, sk, tl)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("s_q,s_kv,topk,with_len", [(37, 1000, 192, False), (29, 3000, 448, True),
+                                                    (16, 100, 320, False), (9, 5000, 1088, True)])
+def test_gpu_odd_blocks(s_q, s_kv, topk, with_len):
+    # an odd number of 64-token blocks: the 2-slot ring and the pready / pfree phases end on either parity; with
+    # topk_length the per-row block count varies (odd, even, 0)
+    q, kv, ind, sk, tl = make_case(s_q, s_kv, topk, h_q=128, sink=True, with_len=with_len, all_invalid=True,
+                                   device="cuda")
+    _run(q, kv, ind, sk, tl, name=f"odd {s_q}/{s_kv}/{topk}/{with_len}")
+
+
+@pytest.mark.gpu
+def test_gpu_topk_length_zero_and_all_invalid():
+    # topk_length 0 for every row / all indices invalid (-1 and >= s_kv): out 0, lse +inf, max_logits -inf
+    q, kv, ind, sk, _ = make_case(7, 500, 256, h_q=128, sink=True, device="cuda")
+    tl = torch.zeros(7, dtype=torch.int32, device="cuda")
+    out, ml, lse = _run(q, kv, ind, sk, tl, name="topk_length 0")
+    assert (out == 0).all() and torch.isinf(lse).all() and (lse > 0).all() and (ml == float("-inf")).all()
+    ind = torch.where(torch.rand(ind.shape, device="cuda") < 0.5, -1, 500 + 7).to(torch.int32)
+    out, ml, lse = _run(q, kv, ind, sk, None, name="all invalid")
+    assert (out == 0).all() and (lse == float("inf")).all() and (ml == float("-inf")).all()
+
+
+@pytest.mark.gpu
+def test_gpu_huge_logits():
+    # FlashMLA d626421: exp2 of the max element is exactly 1 even with huge logits; 3 blocks (odd), the value 32 in
+    # every valid row, the second query's row valid for 100 of 192 positions only
+    q = torch.full((2, 64, 576), 32.0, device="cuda").bfloat16()
+    kv = torch.full((200, 1, 576), 32.0, device="cuda").bfloat16()
+    ind = torch.arange(192, device="cuda", dtype=torch.int32).view(1, 1, 192).repeat(2, 1, 1)
+    ind[1, 0, 100:] = -1
+    out = torch.empty(2, 64, 512, dtype=torch.bfloat16, device="cuda")
+    ml, lse = torch.empty(2, 64, device="cuda"), torch.empty(2, 64, device="cuda")
+    P.launch_sparse_prefill_gluon_ws2(out, ml, lse, q, kv, ind, 1.0)
+    assert torch.isfinite(lse).all() and (out.float() - 32).abs().max() == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d_qk", [576, 512])
+@pytest.mark.parametrize("sink,with_len", [(True, True), (False, False)])
+def test_gpu_public_op_routed(d_qk, sink, with_len, ws2_route):
+    """flash_mla_sparse_fwd (and the out-parameter launcher's checks) with the Gluon launch routed to WS2."""
+    from test_mla_prefill import run_and_check
+    from deepkernels.mla.prefill import flash_mla_sparse_fwd
+    q, kv, ind, sk, tl = make_case(97, 3000, 1024, h_q=128, d_qk=d_qk, sink=sink, with_len=with_len,
+                                   all_invalid=True, device="cuda")
+    run_and_check(q, kv, ind, sk, tl, name=f"public {d_qk}")
+    assert len(ws2_route) == 1, f"{len(ws2_route)} WS2 launches, expected 1"
+    out, ml, lse = flash_mla_sparse_fwd(q, kv, ind, 0.5, attn_sink=sk, topk_length=tl)
+    assert len(ws2_route) == 2, f"{len(ws2_route)} WS2 launches, expected 2"
+    ro, rml, rlse = sparse_prefill_ref(q, kv, ind, 0.5, 512, sk, tl)
+    assert check_is_allclose("public out", out.float(), ro, abs_tol=8e-4, rel_tol=3.01 / 128, cos_diff_tol=7e-6)
+    assert check_is_allclose("public lse", lse, rlse, abs_tol=1e-6, rel_tol=2.01 / 65536)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d_qk", [576, 512])
+def test_gpu_close_to_ws(d_qk):
+    """Against the WS variant on the same inputs: the same empty-row pattern, out / lse / max_logits within
+    tolerance (not bit-identical: row sums over 64 columns in one warpgroup instead of 2 x 32 + an add)."""
+    q, kv, ind, sk, tl = make_case(211, 5000, 1088, h_q=128, d_qk=d_qk, sink=True, with_len=True, all_invalid=True,
+                                   device="cuda")
+    res = []
+    for launch in (lambda *a: G.launch_sparse_prefill_gluon(*a, variant="ws"), P.launch_sparse_prefill_gluon_ws2):
+        out = torch.full((211, 128, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        ml = torch.full((211, 128), float("nan"), device="cuda")
+        lse = torch.full((211, 128), float("nan"), device="cuda")
+        launch(out, ml, lse, q, kv, ind, 0.5, sk, tl)
+        res.append((out.float(), ml, lse))
+    (o1, m1, l1), (o2, m2, l2) = res
+    assert torch.equal(torch.isfinite(l1), torch.isfinite(l2)) and torch.equal(torch.isfinite(m1), torch.isfinite(m2))
+    assert check_is_allclose("ws2 vs ws out", o2, o1, abs_tol=8e-4, rel_tol=3.01 / 128, cos_diff_tol=7e-6)
+    assert (o2 - o1).abs().max() <= 2e-3
+    fin = torch.isfinite(l1)
+    assert (l2[fin] - l1[fin]).abs().max() <= 1e-5
+    assert torch.equal(m1, m2)          # the running max is exact in both (same scores, same max)
