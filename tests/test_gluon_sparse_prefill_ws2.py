@@ -125,7 +125,7 @@ def test_compile_sm90_ws2(d_pe, has_len, has_sink):
 
 @pytest.mark.compile
 def test_module_contract():
-    assert P.DISPATCH is False
+    assert P.DISPATCH is True     # dispatched since session 16 (1.15-1.19x the WS kernel)
     assert P.supported_ws2 is G.supported
     # the kernel takes the WS kernel's runtime arguments in the same order (a drop-in for the launch)
     ws_args = [a for a in G._sparse_prefill_gluon_ws_kernel.arg_names if not a.isupper()]
@@ -216,15 +216,18 @@ def _run(q, kv, ind, sk, tl, sm_scale=0.5, name=""):
 
 @pytest.fixture
 def ws2_route(monkeypatch):
-    """The public op's Gluon launch goes to launch_sparse_prefill_gluon_ws2; each launch is counted."""
+    """The public op's Gluon launch goes to launch_sparse_prefill_gluon_ws2 (DEEPKERNELS_SPARSE_PREFILL_WS2=1, as
+    dispatched by default since session 16); each launch is counted."""
     calls = []
+    launch = P.launch_sparse_prefill_gluon_ws2
 
-    def route(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None, topk_length=None, variant=None):
+    def counted(out, max_logits, lse, q, kv, indices, *args, **kw):
         assert P.supported_ws2(q, kv)
-        P.launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink, topk_length)
+        launch(out, max_logits, lse, q, kv, indices, *args, **kw)
         calls.append(q.shape)
 
-    monkeypatch.setattr(G, "launch_sparse_prefill_gluon", route)
+    monkeypatch.setenv("DEEPKERNELS_SPARSE_PREFILL_WS2", "1")
+    monkeypatch.setattr(P, "launch_sparse_prefill_gluon_ws2", counted)
     return calls
 
 

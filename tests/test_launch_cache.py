@@ -760,10 +760,11 @@ def _gpu_case(path):
         q, k, bt, sl = make_case(4, 1, 128, 1, [300, 1, 4096, 64], device="cuda")
         meta = dk.get_mla_metadata()[0]
         return (lambda: dk.flash_mla_with_kvcache(q, k, bt, sl, 512, meta)), G._LAUNCHERS
-    from deepkernels.mla import _gluon_sparse_prefill as G
+    from deepkernels.mla import _gluon_sparse_prefill as G, _gluon_sparse_prefill_ws2 as G2
     from test_mla_prefill import make_case
     q, kv, ind, *_ = make_case(64, 1024, 128, h_q=128, device="cuda", noncontig=False)
-    return (lambda: dk.flash_mla_sparse_fwd(q, kv, ind, 576 ** -0.5)), G._LAUNCHERS
+    # the split-consumer kernel takes the WS kernel's calls while dispatched (since session 16)
+    return (lambda: dk.flash_mla_sparse_fwd(q, kv, ind, 576 ** -0.5)), (G2 if G2.dispatch_on() else G)._LAUNCHERS
 
 
 def _fast(cache):

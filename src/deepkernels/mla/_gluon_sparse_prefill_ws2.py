@@ -1,5 +1,6 @@
-"""Sparse top-k MLA prefill, "dense-decode consumer" variant of the warp-specialised Gluon kernel (not dispatched:
-:data:`DISPATCH` False unless ``DEEPKERNELS_SPARSE_PREFILL_WS2=1``, :func:`dispatch_on`; first GPU run: session 16).
+"""Sparse top-k MLA prefill, "dense-decode consumer" variant of the warp-specialised Gluon kernel (dispatched:
+:data:`DISPATCH`, ``DEEPKERNELS_SPARSE_PREFILL_WS2=0`` / ``=1`` overrides, :func:`dispatch_on`; measured section
+"Measured" at the end).
 
 Same contract, arguments and outputs as :func:`_gluon_sparse_prefill._sparse_prefill_gluon_ws_kernel` (read that
 module's docstring): one CTA per (query token, 64-head group), the token's top-k KV rows gathered 64 at a time by the
@@ -66,6 +67,13 @@ producer just read the same 256 B) is on its critical path only when the ready w
 
 Not bit-identical to the WS kernel (row sums over 64 columns in one warpgroup instead of 2 x 32 + an add):
 tolerance checks only.
+
+Measured (session 16, H200, git 1c39d4c, ``GIT_SHA=1c39d4c bash benchmarks/device_sparse_prefill_ws2.sh``,
+results/sparse_prefill_ws2-h200-2026-11-29-s16.json; s_q 4096, h_q 128, d_qk 576, topk 2048, do_bench median):
+GPU tests 43/43; s_kv 8K 480.6 / 481.9 TFLOPS (sink / none; WS 403.3 / 403.7: 1.19x), s_kv 64K 430.9 / 433.5 (WS
+373.5 / 376.0: 1.15x) -- the predicted 420-470 at its top (8K above it). Per block 2*64*64*1088 flop / 132 SMs ->
+~1.1 us at 8K, ~1.2 us at 64K (where the gathers miss L2 more). Against FlashMLA on the same GPU (ANCHORS.md, no
+sink): 0.82x / 0.83x; target 640 not reached.
 """
 from __future__ import annotations
 
@@ -82,7 +90,10 @@ from ._gluon_sparse_prefill import BLOCK_H, D_V, WS_MAXNREG, _g_ws_producer, _g_
 __all__ = ["available", "supported_ws2", "dispatch_on", "launch_sparse_prefill_gluon_ws2", "compile_sm90_ws2", "DISPATCH",
            "WS2_PV_REGS", "WS2_MAXNREG", "WS2_PRODUCER_REGS", "WS2_NUM_WARPS"]
 
-DISPATCH = False          # prefill.py does not route here (not yet run on a GPU)
+# prefill.py routes the WS Gluon kernel's calls here since its first device run (session 16, H200, git 1c39d4c,
+# results/sparse_prefill_ws2-h200-2026-11-29-s16.json: 43/43 GPU tests; s_q 4096, h_q 128, topk 2048: 480.6-481.9
+# TFLOPS at s_kv 8K (1.19x WS), 430.9-433.5 at 64K (1.15x WS), sink off/on; errors equal to the WS kernel's)
+DISPATCH = True
 WS2_NUM_WARPS = 4         # the default partition (softmax warpgroup); + 4 PV + 4 producer warps = 12
 WS2_MAXNREG = WS_MAXNREG  # 168: 12 warps x 32 x 168 = 64,512 of the 65,536 registers
 # setmaxnreg of the producer: the WS kernel's 40 (WS_PRODUCER_REGS) left 8-26 spill instructions in its block loop

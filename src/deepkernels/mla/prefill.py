@@ -161,7 +161,8 @@ def _launch_sparse_prefill(out, max_logits, lse, q, kv, indices, sm_scale, attn_
         # Gluon kernel (h_q % 64 == 0 on sm90), warp-specialised variant: 360-401 TFLOPS on the H200 vs 235-258 for
         # this Triton kernel at s_q 4096, h_q 128, topk 2048 (results/mla_prefill_gluon-ws-h200-2026-11-29.json).
         # Explicit configs and DEEPKERNELS_DISABLE_GLUON=1 keep the Triton kernel.
-        # The split-consumer variant (_gluon_sparse_prefill_ws2) takes its place while _gsp2.dispatch_on().
+        # The split-consumer variant (_gluon_sparse_prefill_ws2) takes its place while _gsp2.dispatch_on() (default
+        # since session 16: 431-482 TFLOPS, 1.15-1.19x the WS kernel, results/sparse_prefill_ws2-h200-2026-11-29-s16.json).
         if _gsp2.dispatch_on():
             _gsp2.launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink,
                                                   topk_length)
