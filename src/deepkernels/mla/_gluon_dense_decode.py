@@ -109,7 +109,9 @@ def _g_piece(req, begin_req, end_req, begin_blk, end_blk, begin_split, seqlens_p
 
 @_jit
 def _g_producer(kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr, nsplits_ptr,
-                stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES: gl.constexpr):
+                stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES: gl.constexpr,
+                HALF: gl.constexpr = False, QTMA: gl.constexpr = False, qn_desc=None, qp_desc=None, q_nope=None,
+                q_rope=None, qready=None, qempty=None, rows=None, group=None):
     mb, kvh, part = _g_coords(num_m_blocks, h_kv)
     begin_req, end_req, begin_blk, end_blk, begin_split = _g_record(meta_ptr, part, b)
     col = kvh * 576
@@ -118,15 +120,37 @@ def _g_producer(kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlen
         seqlen, k0, k1 = _g_piece(req, begin_req, end_req, begin_blk, end_blk, begin_split, seqlens_ptr,
                                   nsplits_ptr, max_pages)
         bt_row = bt_ptr + req.to(gl.int64) * stride_btb
+        if QTMA:
+            # Q of this piece (rows contiguous in q seen as [b * s_q * h_q, 576]: h_kv == 1 or s_q == 1, checked
+            # by the launcher) once the softmax warpgroup's last S of the previous piece has completed
+            mbarrier.wait(qempty, ((req - begin_req) & 1) ^ 1)
+            mbarrier.expect(qready, qn_desc.block_type.nbytes + qp_desc.block_type.nbytes)
+            qrow = req * (rows * h_kv) + kvh * group + mb * 64
+            tma.async_copy_global_to_shared(qn_desc, [qrow, 0], qready, q_nope)
+            tma.async_copy_global_to_shared(qp_desc, [qrow, 512], qready, q_rope)
         for t0 in range(k0, k1, 64):
             slot = it % NUM_STAGES
-            mbarrier.wait(kempty.index(slot), ((it // NUM_STAGES) & 1) ^ 1)  # fresh barrier: phase 1 done
-            page = gl.load(bt_row + t0 // 64)
-            page = gl.minimum(gl.maximum(page, 0), num_kv_blocks - 1)
-            bar = kready.index(slot)
-            mbarrier.expect(bar, kn_desc.block_type.nbytes + kp_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(kn_desc, [page * 64, col], bar, k_nope.index(slot))
-            tma.async_copy_global_to_shared(kp_desc, [page * 64, col + 512], bar, k_rope.index(slot))
+            if HALF:
+                # two 32-token halves of the page, each on its own ready/empty pair: the first half is released
+                # by the consumers halfway through P V, so its next load starts earlier
+                page = gl.load(bt_row + t0 // 64)
+                page = gl.minimum(gl.maximum(page, 0), num_kv_blocks - 1)
+                for h in gl.static_range(2):
+                    mbarrier.wait(kempty.index(2 * slot + h), ((it // NUM_STAGES) & 1) ^ 1)
+                    bar = kready.index(2 * slot + h)
+                    mbarrier.expect(bar, kn_desc.block_type.nbytes + kp_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(kn_desc, [page * 64 + h * 32, col], bar,
+                                                    k_nope.index(slot).slice(h * 32, 32, dim=0))
+                    tma.async_copy_global_to_shared(kp_desc, [page * 64 + h * 32, col + 512], bar,
+                                                    k_rope.index(slot).slice(h * 32, 32, dim=0))
+            else:
+                mbarrier.wait(kempty.index(slot), ((it // NUM_STAGES) & 1) ^ 1)  # fresh barrier: phase 1 done
+                page = gl.load(bt_row + t0 // 64)
+                page = gl.minimum(gl.maximum(page, 0), num_kv_blocks - 1)
+                bar = kready.index(slot)
+                mbarrier.expect(bar, kn_desc.block_type.nbytes + kp_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(kn_desc, [page * 64, col], bar, k_nope.index(slot))
+                tma.async_copy_global_to_shared(kp_desc, [page * 64, col + 512], bar, k_rope.index(slot))
             it += 1
 
 
@@ -171,6 +195,26 @@ def _g_send_p(p, alpha, p_smem, a_smem, pready, pfree, msg, k_nope_slot, nvalid,
 
 
 @_jit
+def _g_wait_halves(kready, slot, phase):
+    """Wait until both 32-token halves of the K tile in ring slot ``slot`` have landed."""
+    mbarrier.wait(kready.index(2 * slot), phase)
+    mbarrier.wait(kready.index(2 * slot + 1), phase)
+
+
+@_jit
+def _g_pv_halves(p_smem, v, o, kempty, slot):
+    """``o += P V`` as two commit groups of 32 tokens (2 x m64n256k16 each); the first half-slot is released as
+    soon as its group has completed, the second after the last one. Returns the accumulator."""
+    tok = warpgroup_mma(p_smem.slice(0, 32, dim=1), v.slice(0, 32, dim=0), o, is_async=True)
+    tok = warpgroup_mma(p_smem.slice(32, 32, dim=1), v.slice(32, 32, dim=0), tok, is_async=True)
+    tok = warpgroup_mma_wait(1, deps=(tok, ))
+    mbarrier.arrive(kempty.index(2 * slot))
+    o = warpgroup_mma_wait(0, deps=(tok, ))
+    mbarrier.arrive(kempty.index(2 * slot + 1))
+    return o
+
+
+@_jit
 def _g_out_rows(mb, rows, group, kvh, L: gl.constexpr):
     r = mb * 64 + gl.arange(0, 64, gl.SliceLayout(1, L))
     rmask = r < rows
@@ -202,7 +246,8 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
                   seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                   stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
                   acc_rows, sm_scale, sm_scale_log2,
-                  CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr):
+                  CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, HALF: gl.constexpr = False,
+                  QTMA: gl.constexpr = False, qready=None, qempty=None):
     DT: gl.constexpr = k_nope.dtype
     L_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     L_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
@@ -221,15 +266,18 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
     for req in range(begin_req, end_req + 1):
         seqlen, k0, k1 = _g_piece(req, begin_req, end_req, begin_blk, end_blk, begin_split, seqlens_ptr,
                                   nsplits_ptr, max_pages)
-        # Q of this piece -> shared memory (every wgmma of the previous piece has completed)
-        q_base = q_ptr + req.to(gl.int64) * stride_qb + q_row
-        for c in gl.static_range(8):
-            x = gl.load(q_base[:, None] + (c * 64 + dq)[None, :], mask=rmask_q[:, None], other=0.0)
-            q_nope.slice(c * 64, 64, dim=1).store(x)
-        x = gl.load(q_base[:, None] + (512 + dq)[None, :], mask=rmask_q[:, None], other=0.0)
-        q_rope.store(x)
-        fence_async_shared()
-        gl.thread_barrier()
+        if QTMA:
+            mbarrier.wait(qready, (req - begin_req) & 1)      # Q of this piece, loaded by the producer
+        else:
+            # Q of this piece -> shared memory (every wgmma of the previous piece has completed)
+            q_base = q_ptr + req.to(gl.int64) * stride_qb + q_row
+            for c in gl.static_range(8):
+                x = gl.load(q_base[:, None] + (c * 64 + dq)[None, :], mask=rmask_q[:, None], other=0.0)
+                q_nope.slice(c * 64, 64, dim=1).store(x)
+            x = gl.load(q_base[:, None] + (512 + dq)[None, :], mask=rmask_q[:, None], other=0.0)
+            q_rope.store(x)
+            fence_async_shared()
+            gl.thread_barrier()
 
         if CAUSAL:
             limit = seqlen - (s_q - 1 - sidx_s)
@@ -243,19 +291,31 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
         for j in range(0, n_tiles):
             t0 = k0 + j * 64
             slot = it % NUM_STAGES
-            mbarrier.wait(kready.index(slot), (it // NUM_STAGES) & 1)
+            if HALF:
+                _g_wait_halves(kready, slot, (it // NUM_STAGES) & 1)
+            else:
+                mbarrier.wait(kready.index(slot), (it // NUM_STAGES) & 1)
             tok = warpgroup_mma(q_nope, k_nope.index(slot).permute((1, 0)), zero_s, use_acc=False,
                                 is_async=True)
             tok = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), tok, is_async=True)
             s = warpgroup_mma_wait(0, deps=(tok, ))
+            if QTMA:
+                if j == n_tiles - 1:
+                    mbarrier.arrive(qempty)          # last S of the piece done: the producer may load the next Q
             p, alpha, m_i, l_i = _g_softmax(s, m_i, l_i, t0, lim, sm_scale_log2, L_S)
             _g_send_p(p, alpha, p_smem, a_smem, pready, pfree, msg, k_nope.index(slot), k1 - t0, DT)
             msg += 1
             o = o * gl.convert_layout(alpha, gl.SliceLayout(1, L_O))[:, None]
-            o_tok = warpgroup_mma(p_smem, k_nope.index(slot).slice(0, 256, dim=1), o, is_async=True)
-            o = warpgroup_mma_wait(0, deps=(o_tok, ))
-            mbarrier.arrive(kempty.index(slot))
+            if HALF:
+                o = _g_pv_halves(p_smem, k_nope.index(slot).slice(0, 256, dim=1), o, kempty, slot)
+            else:
+                o_tok = warpgroup_mma(p_smem, k_nope.index(slot).slice(0, 256, dim=1), o, is_async=True)
+                o = warpgroup_mma_wait(0, deps=(o_tok, ))
+                mbarrier.arrive(kempty.index(slot))
             it += 1
+        if QTMA:
+            if n_tiles == 0:
+                mbarrier.arrive(qempty)
 
         # finalise: 1/L to the PV warpgroup, own half + lse
         empty = (l_i == 0.0) | (l_i != l_i)
@@ -287,7 +347,7 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
 @_jit
 def _g_pv_wg(k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
              out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
-             NUM_STAGES: gl.constexpr):
+             NUM_STAGES: gl.constexpr, HALF: gl.constexpr = False):
     L_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     mb, kvh, part = _g_coords(num_m_blocks, h_kv)
     begin_req, end_req, begin_blk, end_blk, begin_split = _g_record(meta_ptr, part, b)
@@ -300,7 +360,10 @@ def _g_pv_wg(k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr,
         o = gl.zeros([64, 256], gl.float32, L_O)
         for t0 in range(k0, k1, 64):
             slot = it % NUM_STAGES
-            mbarrier.wait(kready.index(slot), (it // NUM_STAGES) & 1)
+            if HALF:
+                _g_wait_halves(kready, slot, (it // NUM_STAGES) & 1)
+            else:
+                mbarrier.wait(kready.index(slot), (it // NUM_STAGES) & 1)
             mbarrier.wait(pready, msg & 1)
             alpha = a_smem.load(gl.SliceLayout(1, L_O))
             o = o * alpha[:, None]
@@ -309,10 +372,14 @@ def _g_pv_wg(k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr,
                 _g_zero_tail(v, k1 - t0, 64, 256, 4)
                 fence_async_shared()
                 gl.thread_barrier()
-            tok = warpgroup_mma(p_smem, v, o, is_async=True)
-            o = warpgroup_mma_wait(0, deps=(tok, ))
-            mbarrier.arrive(pfree)
-            mbarrier.arrive(kempty.index(slot))
+            if HALF:
+                o = _g_pv_halves(p_smem, v, o, kempty, slot)
+                mbarrier.arrive(pfree)
+            else:
+                tok = warpgroup_mma(p_smem, v, o, is_async=True)
+                o = warpgroup_mma_wait(0, deps=(tok, ))
+                mbarrier.arrive(pfree)
+                mbarrier.arrive(kempty.index(slot))
             msg += 1
             it += 1
         mbarrier.wait(pready, msg & 1)
@@ -325,6 +392,49 @@ def _g_pv_wg(k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr,
         split = base_row + gl.where(req == begin_req, begin_split, 0)
         _g_write_half(o, inv, req, split, nsp, rmask_o, sidx_o, hidx_o, out_ptr, oacc_ptr, s_q, h_q, acc_rows,
                       256, L_O)
+
+
+@_jit
+def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr, nsplits_ptr,
+                          out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh, stride_btb,
+                          max_pages, num_kv_blocks, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
+                          sm_scale, sm_scale_log2, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
+                          kempty, pready, pfree, CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr,
+                          PV_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, HALF: gl.constexpr,
+                          QTMA: gl.constexpr, qn_desc, qp_desc):
+    """The opt-in variant's partitions (HALF: 32-token half-tile ready/empty pairs; QTMA: Q loaded by the producer
+    with TMA on ``qready``/``qempty``). Kept out of the kernel body so the default's IR is built as before."""
+    if QTMA:
+        qready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        qempty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(qready, count=1)
+        mbarrier.init(qempty, count=1)
+        gl.warp_specialize([
+            (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
+                             seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                             stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
+                             h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, HALF, QTMA, qready,
+                             qempty)),
+            (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
+                        out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
+                        NUM_STAGES, HALF)),
+            (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
+                           nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
+                           HALF, QTMA, qn_desc, qp_desc, q_nope, q_rope, qready, qempty, rows, group)),
+        ], [4, 1], [PV_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
+                             seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                             stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
+                             h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, HALF)),
+            (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
+                        out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
+                        NUM_STAGES, HALF)),
+            (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
+                           nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
+                           HALF)),
+        ], [4, 1], [PV_REGS, PRODUCER_REGS])
 
 
 # Integer arguments that vary per call are not specialised (no recompile when b, h_q, ... become 1 or a multiple
@@ -342,36 +452,46 @@ def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_
                              out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                              stride_qb, stride_qs, stride_qh, stride_btb, max_pages, num_kv_blocks,
                              b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows, sm_scale, sm_scale_log2,
-                             CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr,
-                             PV_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                             qn_desc=None, qp_desc=None, HALF: gl.constexpr = False, QTMA: gl.constexpr = False,
+                             CAUSAL: gl.constexpr = False, NUM_STAGES: gl.constexpr = 2,
+                             PV_REGS: gl.constexpr = 232, PRODUCER_REGS: gl.constexpr = 40):
     DT: gl.constexpr = kn_desc.dtype
     SL: gl.constexpr = kn_desc.layout
+    NSLOT: gl.constexpr = NUM_STAGES * 2 if HALF else NUM_STAGES    # ready/empty pairs (one per half-tile)
     k_nope = gl.allocate_shared_memory(DT, [NUM_STAGES, 64, 512], SL)
     k_rope = gl.allocate_shared_memory(DT, [NUM_STAGES, 64, 64], kp_desc.layout)
     q_nope = gl.allocate_shared_memory(DT, [64, 512], SL)
     q_rope = gl.allocate_shared_memory(DT, [64, 64], kp_desc.layout)
     p_smem = gl.allocate_shared_memory(DT, [64, 64], kp_desc.layout)
     a_smem = gl.allocate_shared_memory(gl.float32, [64], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    kready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    kempty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    kready = gl.allocate_shared_memory(gl.int64, [NSLOT, 1], mbarrier.MBarrierLayout())
+    kempty = gl.allocate_shared_memory(gl.int64, [NSLOT, 1], mbarrier.MBarrierLayout())
     pready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     pfree = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
+    for i in gl.static_range(NSLOT):
         mbarrier.init(kready.index(i), count=1)
         mbarrier.init(kempty.index(i), count=2)  # one arrive per consumer warpgroup
     mbarrier.init(pready, count=1)
     mbarrier.init(pfree, count=1)
-    gl.warp_specialize([
-        (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
-                         seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
-                         stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
-                         acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES)),
-        (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
-                    out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
-                    NUM_STAGES)),
-        (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
-                       nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES)),
-    ], [4, 1], [PV_REGS, PRODUCER_REGS])
+    if HALF or QTMA:
+        _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr, nsplits_ptr,
+                              out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh, stride_btb,
+                              max_pages, num_kv_blocks, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
+                              sm_scale, sm_scale_log2, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
+                              kempty, pready, pfree, CAUSAL, NUM_STAGES, PV_REGS, PRODUCER_REGS, HALF, QTMA,
+                              qn_desc, qp_desc)
+    else:
+        gl.warp_specialize([
+            (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
+                             seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                             stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
+                             acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES)),
+            (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
+                        out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
+                        NUM_STAGES)),
+            (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
+                           nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES)),
+        ], [4, 1], [PV_REGS, PRODUCER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------- host code
@@ -406,7 +526,7 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor, rows: int) -> bool:
 
 
 def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
-                       config=None, _spec=None):
+                       config=None, _spec=None, half_tiles=False, q_tma=False):
     """Launch the Gluon split-KV kernel (no combine). Arguments as in ``decode._dense_launch`` (q ``[b, s_q, h_q,
     576]``, k_cache ``[num_blocks, 64, h_kv, 576]``, block_table ``[b, *]`` int32 with stride(1) == 1, seqlens
     ``[b]`` int32 contiguous, sched ``[parts, 8]`` / num_splits ``[b + 1]`` int32); outputs allocated by the
@@ -415,22 +535,63 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     :class:`deepkernels._launch.KernelLauncher` (direct compiled-kernel launch once bound; ``_LAUNCHERS``) keyed by
     ``_spec``: a hashable object standing for the specialisation facts of every argument (``decode._dense_launch``
     passes its launch key, which covers them: k_cache's dtype fixes the two TMA descriptors' key), or None to
-    compute them here with :func:`deepkernels._launch.spec_key` (descriptors included)."""
+    compute them here with :func:`deepkernels._launch.spec_key` (descriptors included).
+
+    ``half_tiles`` / ``q_tma``: the opt-in variant (module docstring; not dispatched): 32-token half-tile ring
+    barriers, Q loaded by the producer with TMA. ``q_tma`` falls back to the plain Q loads when the query rows of a
+    block are not one strided run (needs h_kv == 1 or s_q == 1 and q viewable as ``[b * s_q * h_q, 576]`` with a
+    16-B aligned base and row pitch): :func:`q_tma_supported`."""
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
-    grid, args = _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc)
-    constexprs = (bool(causal and q.shape[1] > 1), stages, pv_regs, prod_regs)
-    launcher = cached_launcher(_LAUNCHERS, _mla_decode_gluon_kernel,
-                               (constexprs, spec_key(*args) if _spec is None else _spec),
-                               lambda: dict(zip(_CONSTEXPRS, constexprs), num_warps=4), _LAUNCHER_LIMIT,
+    half_tiles = bool(half_tiles)
+    q_tma = bool(q_tma) and q_tma_supported(q, k_cache.shape[2])
+    grid, args = _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc,
+                              32 if half_tiles else 64)
+    causal_c = bool(causal and q.shape[1] > 1)
+    if not (half_tiles or q_tma):
+        constexprs = (causal_c, stages, pv_regs, prod_regs)
+        launcher = cached_launcher(_LAUNCHERS, _mla_decode_gluon_kernel,
+                                   (tuple(zip(_CONSTEXPRS, constexprs)), spec_key(*args) if _spec is None else _spec),
+                                   lambda: dict(zip(_CONSTEXPRS, constexprs), num_warps=4), _LAUNCHER_LIMIT,
+                                   cache_descriptors=True)
+        launcher(grid, *args, scale, scale * _LOG2E)
+        return out, lse
+    # the variant: every constexpr and the two Q descriptors (None without q_tma) passed by position
+    constexprs = (half_tiles, q_tma, causal_c, stages, pv_regs, prod_regs)
+    qd = _q_descs(q) if q_tma else (None, None)
+    key = (tuple(zip(_CONSTEXPRS_VARIANT, constexprs)),
+           spec_key(*args, *qd) if _spec is None else (_spec, "variant"))
+    launcher = cached_launcher(_LAUNCHERS, _mla_decode_gluon_kernel, key, dict(num_warps=4), _LAUNCHER_LIMIT,
                                cache_descriptors=True)
-    launcher(grid, *args, scale, scale * _LOG2E)
+    launcher(grid, *args, scale, scale * _LOG2E, *qd, *constexprs)
     return out, lse
 
 
-def _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc):
+def q_tma_supported(q: torch.Tensor, h_kv: int) -> bool:
+    """The variant's Q-by-TMA precondition: the 64 query rows of a block are consecutive rows of q seen as
+    ``[b * s_q * h_q, 576]`` (h_kv == 1, or s_q == 1), and that view exists with a 16-B aligned base and pitch."""
+    b, s_q, h_q, d = q.shape
+    if not (h_kv == 1 or s_q == 1) or b * s_q * h_q >= 2 ** 31 or q.data_ptr() % 16:
+        return False
+    try:
+        q2 = q.view(b * s_q * h_q, d)
+    except RuntimeError:
+        return False
+    return q2.stride(1) == 1 and (q2.stride(0) * q.element_size()) % 16 == 0 and q2.stride(0) >= d
+
+
+def _q_descs(q):
+    """Two TMA descriptors over q seen as ``[b * s_q * h_q, 576]``: ``[64, 512]`` (NoPE) and ``[64, 64]`` (RoPE)."""
+    b, s_q, h_q, d = q.shape
+    q2 = q.view(b * s_q * h_q, d)
+    lay = _smem_layout()
+    shape2, strides2 = [b * s_q * h_q, d], [q2.stride(0), 1]
+    return (TensorDescriptor(q, shape2, strides2, [64, 512], lay), TensorDescriptor(q, shape2, strides2, [64, 64], lay))
+
+
+def _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc, kt=64):
     """(grid, runtime arguments before the two scales) of a split-KV launch: one CTA per (scheduler part, kv head,
     64-row block of s_q x h_q / h_kv rows); K read through two TMA descriptors over the cache viewed as
-    ``[num_blocks * 64, h_kv * 576]`` (``[64, 512]`` NoPE = V, ``[64, 64]`` RoPE boxes)."""
+    ``[num_blocks * 64, h_kv * 576]`` (``[kt, 512]`` NoPE = V, ``[kt, 64]`` RoPE boxes; kt 32 for half tiles)."""
     b, s_q, h_q, _ = q.shape
     nb, page, h_kv, _ = k_cache.shape
     group = h_q // h_kv
@@ -439,8 +600,8 @@ def _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, 
     lay = _smem_layout()
     shape2 = [nb * page, h_kv * 576]
     strides2 = [k_cache.stride(1), 1]
-    kn_desc = TensorDescriptor(k_cache, shape2, strides2, [64, 512], lay)
-    kp_desc = TensorDescriptor(k_cache, shape2, strides2, [64, 64], lay)
+    kn_desc = TensorDescriptor(k_cache, shape2, strides2, [kt, 512], lay)
+    kp_desc = TensorDescriptor(k_cache, shape2, strides2, [kt, 64], lay)
     qs = q.stride()
     args = (q, kn_desc, kp_desc, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc,
             qs[0], qs[1], qs[2], block_table.stride(0), block_table.shape[1], nb,
@@ -449,14 +610,17 @@ def _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, 
 
 
 _CONSTEXPRS = ("CAUSAL", "NUM_STAGES", "PV_REGS", "PRODUCER_REGS")
+_CONSTEXPRS_VARIANT = ("HALF", "QTMA") + _CONSTEXPRS     # parameter order
 _LAUNCHERS: dict = {}   # (kernel, (constexprs, specialisation)) -> KernelLauncher (deepkernels._launch.cached_launcher)
 _LAUNCHER_LIMIT = 1024
 
 
-def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_splits, scale, causal, config=None):
+def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_splits, scale, causal, config=None,
+                        half_tiles=False, q_tma=False):
     """Whole split-KV step on the Gluon kernel: allocate out/lse/accumulators (NaN-poisoned when
     ``decode._POISON_OUTPUTS``), launch, combine (``combine_splits_`` unchanged). Same arguments and results as
-    ``decode._dense_launch`` (which dispatches here when :func:`supported`); for tests and benchmarks."""
+    ``decode._dense_launch`` (which dispatches here when :func:`supported`); for tests and benchmarks.
+    ``half_tiles`` / ``q_tma``: the opt-in variant (:func:`gluon_dense_launch`)."""
     from . import decode as _dec
     from .combine import combine_splits_
 
@@ -475,24 +639,34 @@ def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_split
     if block_table.stride(1) != 1:
         block_table = block_table.contiguous()
     gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
-                       config)
+                       config, half_tiles=half_tiles, q_tma=q_tma)
     combine_splits_(out, lse, o_acc, l_acc, num_splits, lengths=seqlens, causal=bool(causal and s_q > 1))
     return out, lse
 
 
-def _compile_sm90(config=None, causal=False, dtype="bf16"):
-    """Cross-compile the kernel for sm90 (no GPU needed). Returns the CompiledKernel."""
+def _compile_sm90(config=None, causal=False, dtype="bf16", half_tiles=False, q_tma=False):
+    """Cross-compile the kernel for sm90 (no GPU needed). Returns the CompiledKernel. ``half_tiles`` / ``q_tma``:
+    the opt-in variant (module docstring); both False compile the default kernel exactly as before."""
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
     lay = repr(_smem_layout())
     fn = _mla_decode_gluon_kernel
-    sig = {"q_ptr": f"*{dtype}", "kn_desc": f"tensordesc<{dtype}[64, 512],{lay}>",
-           "kp_desc": f"tensordesc<{dtype}[64, 64],{lay}>", "bt_ptr": "*i32", "seqlens_ptr": "*i32",
+    kt = 32 if half_tiles else 64
+    sig = {"q_ptr": f"*{dtype}", "kn_desc": f"tensordesc<{dtype}[{kt}, 512],{lay}>",
+           "kp_desc": f"tensordesc<{dtype}[{kt}, 64],{lay}>", "bt_ptr": "*i32", "seqlens_ptr": "*i32",
            "meta_ptr": "*i32", "nsplits_ptr": "*i32", "out_ptr": f"*{dtype}", "lse_ptr": "*fp32",
            "oacc_ptr": "*fp32", "lacc_ptr": "*fp32",
            "stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32", "stride_btb": "i32", "max_pages": "i32",
            "num_kv_blocks": "i32", "b": "i32", "s_q": "i32", "h_q": "i32", "group": "i32", "rows": "i32",
            "num_m_blocks": "i32", "h_kv": "i32", "acc_rows": "i32", "sm_scale": "fp32", "sm_scale_log2": "fp32"}
-    consts = dict(CAUSAL=causal, NUM_STAGES=stages, PV_REGS=pv_regs, PRODUCER_REGS=prod_regs)
+    # every optional constexpr, in parameter order (the compile binds them by position)
+    consts = {}
+    if q_tma:
+        sig["qn_desc"] = f"tensordesc<{dtype}[64, 512],{lay}>"
+        sig["qp_desc"] = f"tensordesc<{dtype}[64, 64],{lay}>"
+    else:
+        consts.update(qn_desc=None, qp_desc=None)
+    consts.update(HALF=bool(half_tiles), QTMA=bool(q_tma), CAUSAL=causal, NUM_STAGES=stages, PV_REGS=pv_regs,
+                  PRODUCER_REGS=prod_regs)
     div16 = ("q_ptr", "bt_ptr", "seqlens_ptr", "meta_ptr", "nsplits_ptr", "out_ptr", "lse_ptr", "oacc_ptr",
              "lacc_ptr", "stride_qb", "stride_qs", "stride_qh")
     return _compile_sm90_gluon(fn, sig, consts, div16, num_warps=4)
