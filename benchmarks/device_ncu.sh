@@ -3,7 +3,8 @@
 # counters with --clock-control none). Per case of benchmarks/ncu_cases.py: the ncu sections SpeedOfLight,
 # MemoryWorkloadAnalysis (+ tables), ComputeWorkloadAnalysis, WarpStateStats, SchedulerStats, Occupancy,
 # LaunchStats of the one launch after the warm-up, as text and CSV, each under a cap.
-#   GIT_SHA=<sha> [CASES="prefill8k prefill64k ..."] [T_CASE=60] OUT=$OUT bash benchmarks/device_ncu.sh
+#   GIT_SHA=<sha> [CASES="prefill8k prefill64k ..."] [T_CASE=60] [SOURCE=1] OUT=$OUT bash benchmarks/device_ncu.sh
+# (SOURCE=1: also the per-SASS-instruction source page as CSV, <case>.sass.csv)
 set -u
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/ncu_out}
@@ -31,6 +32,11 @@ for c in ${CASES:-prefill8k prefill64k sparse_v32 sparse_v41 dense_decode gemm};
   if [ -f "$W/$c.ncu-rep" ]; then
     "$NCU" -i "$W/$c.ncu-rep" --page details > "$W/$c.txt" 2>&1
     "$NCU" -i "$W/$c.ncu-rep" --page details --csv > "$W/$c.csv" 2>&1
+    # per-SASS-instruction counters (stall samples, shared wavefronts / excess, global sectors) when SOURCE=1
+    if [ "${SOURCE:-0}" = 1 ]; then
+      timeout -k 5 60 "$NCU" -i "$W/$c.ncu-rep" --page source --print-source sass --csv > "$W/$c.sass.csv" 2>&1
+      echo "source page: $(wc -l < "$W/$c.sass.csv") lines"
+    fi
     grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Hit Rate|L1/TEX Hit|Shared Memory|Issue Slots Busy|No Eligible|Registers Per|Warp Cycles Per Issued|Stall|Tensor|pipe" "$W/$c.txt" | head -40
   fi
 done
