@@ -1,0 +1,656 @@
+"""Sparse FP8 MLA decode, split consumer + 2-CTA cluster producer sharing (h_q a multiple of 128; not dispatched).
+
+Same contract, arguments and outputs as :func:`_gluon_sparse_decode_ws2.launch_sparse_decode_gluon_ws2` (read that
+module's and ``_gluon_sparse_decode_ws``'s docstrings); formats V3.2 (656 B/token) and V4.1 (528 B/token), no extra
+cache. Calls with ``h_q % 128 != 0`` go to the WS2 launcher unchanged.
+
+Design (FlashMLA's sm90 "crossover" idea, built from inline PTX because Gluon 3.6 has no cluster API):
+
+* The kernel is compiled as an ordinary 1-CTA kernel (``num_ctas`` 1: no CGA layouts, every layout and helper of the
+  WS / WS2 kernels reused) and LAUNCHED as 2-CTA clusters: the launcher passes the packed metadata
+  ``(num_warps, 2, shared)`` to Triton's CUDA launcher, which then launches ``2 x gridX`` CTAs with
+  ``CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`` (2, 1, 1). The grid is the WS2 grid (scheduler part, query position,
+  64-head block) with the head block innermost (``_g_part``: ``hb = pid % (h_q / 64)``), so the two CTAs of a
+  cluster (``ctaid.x`` 2k, 2k+1) are the two 64-head halves of the same (part, query position): the same requests,
+  the same token blocks, the same top-k indices.
+* Per 64-token block each CTA's producer dequantises only HALF of the NoPE columns -- CTA rank ``r = hb & 1`` the
+  scale groups 2r, 2r+1 = columns [256 r, 256 r + 256) -- into its own ring slot, and pushes each 128-column chunk
+  (16 KB) to the same offset of the peer CTA's ring with one ``cp.async.bulk.shared::cluster.shared::cta.
+  mbarrier::complete_tx::bytes`` (a DSMEM bulk copy, no registers) that completes on the peer's ``ready[slot]``.
+  The RoPE rows (8 KB, cp.async, no dequant) and the validity mask stay per CTA (both CTAs load the 64 indices).
+  Per block and CTA: gather 64 x (256 + 8 + 128) B = 25 KB instead of 42 KB, dequantise 16 K elements instead of
+  32 K, carry 2 chunks (32 registers) of the next block's raw words instead of 4 (64).
+* Consumers: the WS2 softmax warpgroup and PV warpgroup (copies of ``_w2_softmax_wg`` / ``_w2_pv_wg``) with one
+  addition: after each local ``empty[slot]`` arrive, the warpgroup also arrives on the PEER's ``empty[slot]``
+  (``mapa`` + ``mbarrier.arrive.shared::cluster``, default .release.cta semantics as CUTLASS's ClusterBarrier:
+  ``.release.cluster`` costs a ``MEMBAR.ALL.GPU`` per block in ptxas), so a producer reuses a slot only when both
+  CTAs' consumers are done with it (its bulk copies write the peer's slot).
+
+Shared-memory addresses for the inline PTX: Gluon 3.6 exposes no address of a shared allocation, so the launcher
+reads the allocation offsets of ``kv_n`` / ``ready`` / ``empty`` from the compiled kernel's own TTGIR by running
+Triton's shared-memory allocation pass on it (:func:`smem_offsets`, the passes ``make_llir`` runs before lowering)
+and passes them as runtime arguments (``ring_off``, ``ready_off``, ``empty_off``); the PTX forms addresses as
+``global_smem + offset``. The compile tier checks them against the layout (ring at 0, barriers after the data).
+
+Barrier protocol (``it`` = ring counter, same sequence in both CTAs):
+
+1. ``ready[s]`` (count 1 + tx): local producer's arrive (after a 128-thread barrier, as WS2; V3.2 also the
+   RoPE cp.async arrive, net zero) + 32,768 tx bytes from the peer's two bulk copies; the local producer announces
+   them with ``mbarrier.expect_tx`` (one thread) right after its ``empty`` wait, before its own arrive, so the phase
+   cannot complete early (a peer byte count arriving first makes the tx-count transiently negative: allowed). The
+   peer cannot write phase k+1's bytes before phase k completed here: it waits its ``empty[s]``, which needs this
+   CTA's consumers' arrivals of phase k, made after they passed ``ready[s]`` phase k.
+2. ``empty[s]`` (count 4): softmax WG + PV WG of this CTA and of the peer (remote arrives), each after its wgmma
+   reads of the slot completed. The producer waits parity ``((it // 2) & 1) ^ 1`` as before.
+3. ``pready`` / ``pfree``: the WS2 softmax -> PV handshake, unchanged, CTA-local.
+4. Each chunk push: every producer thread ``fence.proxy.async`` after its ``st.shared``s (generic -> async proxy),
+   a 128-thread barrier, then one thread issues the bulk copy.
+5. Cluster: after ``mbarrier.init`` the default partition runs ``fence.mbarrier_init.release.cluster``; every
+   partition starts and ends with ``barrier.cluster.arrive.release`` + ``wait.acquire`` (the peer's barriers are
+   initialised before any remote access; no CTA exits while its peer may still copy into it or arrive on it).
+
+Shared memory: the WS2 layout (no new buffers): 230,064 B (V3.2) / 205,472 B (V4.1) of 232,448.
+
+Registers (launch maxnreg 168 x 12 warps; setmaxnreg PV 160, producer :data:`WS3_PRODUCER_REGS`, softmax WG the
+rest) and ptxas spill instructions per loop: see the numbers in ``tests/test_mla_sparse_decode_ws3.py``
+(``_PROD_SPILLS``) and the section "Cross-compile" below.
+
+Cross-compile (Triton 3.6 wheel, ptxas sm_90a, page shift 6 / -1 x lengths x sink): filled in below.
+
+Prediction: see the section "Prediction" at the end.
+"""
+from __future__ import annotations
+
+import re
+import tempfile
+import os
+
+import torch
+
+from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy, fence_async_shared,  # noqa: F401
+                      mbarrier, warpgroup_mma, warpgroup_mma_wait)
+from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
+from .._launch import spec_key
+from ._gluon_sparse_decode import GLUON_FMTS, _g_load_idx, _g_part, _g_req_range, _g_rows, _page_shift
+from . import _gluon_sparse_decode_ws as _ws
+from . import _gluon_sparse_decode_ws2 as _ws2
+from ._gluon_sparse_decode_ws import (WS_FMTS, WS_MAXNREG, _w_block_softmax, _w_dequant_store,
+                                      _w_dequant_store41)
+from ._gluon_sparse_decode_ws2 import WS2_PV_REGS, _w2_scale, _w2_write_half
+
+__all__ = ["available", "supported_ws3", "launch_sparse_decode_gluon_ws3", "compile_sm90_ws3", "smem_offsets",
+           "WS3_PRODUCER_REGS", "WS3_NUM_WARPS", "DISPATCH"]
+
+BLOCK_H = 64
+WS3_NUM_WARPS = 4
+# producer setmaxnreg per format (the softmax warpgroup gets (168 * 384 - (PV + producer) * 128) / 128)
+WS3_PRODUCER_REGS = {"v32": 136, "v41": 120}
+# producer options per format (the WS kernel's measured choice; V4.1's asm dequant spilled at 4 chunks in flight)
+WS3_DEQ_ASM = frozenset({"v32"})
+WS3_PF_L2 = frozenset({"v32"})
+DISPATCH = False          # never dispatched (sparse_decode.py does not import this module)
+_HALF_TX = 32768          # bytes the peer pushes into each ring slot per block: 64 rows x 256 bf16 columns
+
+
+# ----------------------------------------------------------------------------------------------- PTX helpers
+
+@_jit
+def _c_sync():
+    """``barrier.cluster.arrive.release`` + ``wait.acquire`` by every thread of the calling partition."""
+    return gl.inline_asm_elementwise(
+        asm="barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; mov.u32 $0, 0;",
+        constraints="=r,r", args=[gl.program_id(0)], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@_jit
+def _c_init_fence(x):
+    """``fence.mbarrier_init.release.cluster`` (after the ``mbarrier.init``s, before the first cluster barrier)."""
+    return gl.inline_asm_elementwise(asm="fence.mbarrier_init.release.cluster; mov.u32 $0, 0;",
+                                     constraints="=r,r", args=[x], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@_jit
+def _c_remote_arrive(bar_off):
+    """One thread of the calling 128-thread group (``tid % 128 == 0``) arrives on the PEER CTA's mbarrier at shared
+    offset ``bar_off`` (``mapa`` of ``global_smem + bar_off`` to rank ``cluster_ctarank ^ 1``). The caller's local
+    arrive (Gluon: a 128-thread barrier + one arrive) precedes it, so the whole group's wgmma reads are done."""
+    return gl.inline_asm_elementwise(
+        asm="""{
+        .reg .pred p;
+        .reg .b32 t, a, r;
+        mov.u32 t, %tid.x;
+        and.b32 t, t, 127;
+        setp.eq.u32 p, t, 0;
+        mov.u32 a, global_smem;
+        add.u32 a, a, $1;
+        mov.u32 r, %cluster_ctarank;
+        xor.b32 r, r, 1;
+        mapa.shared::cluster.u32 a, a, r;
+        @p mbarrier.arrive.shared::cluster.b64 _, [a];
+        mov.u32 $0, 0;
+        }""", constraints="=r,r", args=[bar_off], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@_jit
+def _c_expect_tx(bar_off):
+    """One thread (``tid % 128 == 0``): ``mbarrier.expect_tx`` of the peer's bytes per block on the LOCAL mbarrier at
+    ``bar_off`` (no arrive)."""
+    return gl.inline_asm_elementwise(
+        asm="""{
+        .reg .pred p;
+        .reg .b32 t, a;
+        mov.u32 t, %tid.x;
+        and.b32 t, t, 127;
+        setp.eq.u32 p, t, 0;
+        mov.u32 a, global_smem;
+        add.u32 a, a, $1;
+        @p mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [a], 32768;
+        mov.u32 $0, 0;
+        }""", constraints="=r,r", args=[bar_off], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@_jit
+def _c_push(src_off, bar_off):
+    """One thread (``tid % 128 == 0``): bulk-copy the 16 KB at local shared offset ``src_off`` to the same offset of
+    the peer CTA, completing 16,384 tx bytes on the peer's mbarrier at ``bar_off``. The callers fenced
+    (``fence.proxy.async``) and passed a 128-thread barrier after their stores."""
+    return gl.inline_asm_elementwise(
+        asm="""{
+        .reg .pred p;
+        .reg .b32 t, s, d, m, r;
+        mov.u32 t, %tid.x;
+        and.b32 t, t, 127;
+        setp.eq.u32 p, t, 0;
+        mov.u32 s, global_smem;
+        add.u32 m, s, $2;
+        add.u32 s, s, $1;
+        mov.u32 r, %cluster_ctarank;
+        xor.b32 r, r, 1;
+        mapa.shared::cluster.u32 d, s, r;
+        mapa.shared::cluster.u32 m, m, r;
+        @p cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [d], [s], 16384, [m];
+        mov.u32 $0, 0;
+        }""", constraints="=r,r,r", args=[src_off, bar_off], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@_jit
+def _w3_prefetch_l2(kv_ptr, rec, valid, hb, RB: gl.constexpr):
+    """``cp.async.bulk.prefetch.L2`` of this CTA's part of each valid token's record: bytes [0, 256) for head block
+    rank 0, [256, RB) for rank 1 (its NoPE half + the scales / RoPE); 16-byte aligned records only."""
+    gl.static_assert(RB == 656 or RB == 528)
+    r1 = (hb & 1).to(gl.int32) + rec.to(gl.int32) * 0
+    ptrs = kv_ptr + rec + r1.to(gl.int64) * 256
+    ok = (valid & ((rec & 15) == 0)).to(gl.int32)
+    if RB == 656:
+        gl.inline_asm_elementwise(
+            asm="""{ .reg .pred p, q, a, b; setp.ne.b32 p, $2, 0; setp.ne.b32 q, $3, 0; and.pred a, p, q;
+            not.pred q, q; and.pred b, p, q;
+            @b cp.async.bulk.prefetch.L2.global [$1], 256; @a cp.async.bulk.prefetch.L2.global [$1], 400;
+            mov.u32 $0, 0; }""",
+            constraints="=r,l,r,r", args=[ptrs, ok, r1], dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise(
+            asm="""{ .reg .pred p, q, a, b; setp.ne.b32 p, $2, 0; setp.ne.b32 q, $3, 0; and.pred a, p, q;
+            not.pred q, q; and.pred b, p, q;
+            @b cp.async.bulk.prefetch.L2.global [$1], 256; @a cp.async.bulk.prefetch.L2.global [$1], 272;
+            mov.u32 $0, 0; }""",
+            constraints="=r,l,r,r", args=[ptrs, ok, r1], dtype=gl.int32, is_pure=False, pack=1)
+
+
+# ----------------------------------------------------------------------------------------------- producer
+
+@_jit
+def _w3_load_chunk(kv_ptr, rec, valid, G, LW: gl.constexpr):
+    """``_gluon_sparse_decode_ws._w_load_chunk`` with a runtime scale group ``G`` (V3.2: 32 words + 1 fp32 scale)."""
+    w = gl.arange(0, 32, gl.SliceLayout(0, LW))
+    wp = (kv_ptr + rec).to(gl.pointer_type(gl.int32))
+    raw = gl.load(wp[:, None] + (G * 32 + w)[None, :], mask=valid[:, None] & (w >= 0)[None, :], other=0)
+    sp = (kv_ptr + rec + (512 + 4 * G)).to(gl.pointer_type(gl.float32))
+    sc = gl.load(sp, mask=valid, other=0.0)
+    return raw, sc
+
+
+@_jit
+def _w3_load_chunk41(kv_ptr, rec, valid, G, L3: gl.constexpr):
+    """``_gluon_sparse_decode_ws._w_load_chunk41`` with a runtime chunk ``G`` (V4.1: 4 UE8M0 groups of 8 words)."""
+    g = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+    w = gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    vm2 = valid[:, None] & (g >= 0)[None, :]
+    wp = (kv_ptr + rec).to(gl.pointer_type(gl.int32))
+    raw = gl.load((wp[:, None] + (G * 32 + g * 8)[None, :])[:, :, None] + w[None, None, :], mask=vm2[:, :, None],
+                  other=0)
+    eb = gl.load(kv_ptr + (rec + (512 + 4 * G))[:, None] + g[None, :], mask=vm2, other=127)
+    return raw, eb
+
+
+@_jit
+def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
+               num_tok, page, stride_kb, it, dr, hb, ring_off, ready_off,
+               PAGE_SHIFT: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PF_L2: gl.constexpr):
+    """The producer's block loop over positions [t_lo, t_end) (ring counter ``it`` in and out): per block the
+    validity mask, (V3.2) the 64 RoPE rows by cp.async, and this CTA's half of the NoPE columns -- chunks
+    ``2 r, 2 r + 1`` (``r = hb & 1``) of 128 columns, dequantised into ``kv8[4 slot + 2 r + c]`` (the ring viewed as
+    16 KB pieces of [64, 128]) and each pushed to the peer CTA (:func:`_c_push`); the next block's 2 chunks in flight
+    in registers meanwhile (the WS producer's scheme with 2 chunks instead of 4)."""
+    if FMT == 0:
+        RB: gl.constexpr = 656
+        L: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])        # [64, 32] words
+        LT: gl.constexpr = gl.SliceLayout(1, L)
+    else:
+        RB: gl.constexpr = 528
+        L: gl.constexpr = gl.BlockedLayout([1, 2, 8], [16, 2, 1], [4, 1, 1], [2, 1, 0])   # [64, 4, 8] words
+        LT: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, L))
+    LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1], [1, 0])
+    LTP: gl.constexpr = gl.SliceLayout(1, LP4)
+    r = hb & 1
+    g0 = 2 * r
+    nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+    idx_row = idx_ptr + req.to(gl.int64) * stride_ib + si64 * stride_is
+    i0, v = _g_load_idx(idx_row, t_lo, t_end, num_tok, LT)
+    rec = _g_rows(i0, v, page, stride_kb, RB, PAGE_SHIFT)
+    if FMT == 0:
+        r0, s0 = _w3_load_chunk(kv_ptr, rec, v, g0, L)
+        r1, s1 = _w3_load_chunk(kv_ptr, rec, v, g0 + 1, L)
+    else:
+        r0, s0 = _w3_load_chunk41(kv_ptr, rec, v, g0, L)
+        r1, s1 = _w3_load_chunk41(kv_ptr, rec, v, g0 + 1, L)
+    if PF_L2:
+        ia, va = _g_load_idx(idx_row, t_lo + 64, t_end, num_tok, LT)
+        _w3_prefetch_l2(kv_ptr, _g_rows(ia, va, page, stride_kb, RB, PAGE_SHIFT), va, hb, RB)
+    for j in range(nblocks):
+        slot = it % 2
+        t0 = t_lo + j * 64
+        if PF_L2:
+            ia, va = _g_load_idx(idx_row, t0 + 128, t_end, num_tok, LT)
+            _w3_prefetch_l2(kv_ptr, _g_rows(ia, va, page, stride_kb, RB, PAGE_SHIFT), va, hb, RB)
+        if FMT == 0:
+            recp = gl.convert_layout(rec, LTP)
+            vp = gl.convert_layout(v, LTP)
+        else:
+            vp = v
+        i1, v = _g_load_idx(idx_row, t0 + 64, t_end, num_tok, LT)
+        rec = _g_rows(i1, v, page, stride_kb, RB, PAGE_SHIFT)
+        mbarrier.wait(empty.index(slot), ((it // 2) & 1) ^ 1)       # both CTAs' consumers released the slot
+        bar = ready_off + slot * 8
+        _c_expect_tx(bar)                                           # the peer's 32 KB of this block
+        if FMT == 0:
+            pp = (kv_ptr + recp + 528).to(gl.pointer_type(gl.bfloat16))
+            async_copy.async_copy_global_to_shared(kv_p.index(slot), pp[:, None] + dr[None, :],
+                                                   mask=vp[:, None] & (dr >= 0)[None, :])
+        vmask.index(slot).store(vp.to(gl.int8))
+        q0 = slot * 4 + g0
+        if FMT == 0:
+            _w_dequant_store(r0, s0, kv8.index(q0), DEQ_ASM)
+            r0, s0 = _w3_load_chunk(kv_ptr, rec, v, g0, L)
+        else:
+            _w_dequant_store41(r0, s0, kv8.index(q0), DEQ_ASM)
+            r0, s0 = _w3_load_chunk41(kv_ptr, rec, v, g0, L)
+        fence_async_shared()
+        gl.thread_barrier()
+        _c_push(ring_off + q0 * 16384, bar)
+        if FMT == 0:
+            _w_dequant_store(r1, s1, kv8.index(q0 + 1), DEQ_ASM)
+            r1, s1 = _w3_load_chunk(kv_ptr, rec, v, g0 + 1, L)
+        else:
+            _w_dequant_store41(r1, s1, kv8.index(q0 + 1), DEQ_ASM)
+            r1, s1 = _w3_load_chunk41(kv_ptr, rec, v, g0 + 1, L)
+        fence_async_shared()
+        gl.thread_barrier()
+        _c_push(ring_off + (q0 + 1) * 16384, bar)
+        if FMT == 0:
+            async_copy.mbarrier_arrive(ready.index(slot))
+        mbarrier.arrive(ready.index(slot))
+        it += 1
+    return it
+
+
+@_jit
+def _w3_producer(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr, stride_kb, page,
+                 num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off,
+                 PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr, FMT: gl.constexpr,
+                 DEQ_ASM: gl.constexpr, PF_L2: gl.constexpr):
+    """Worker partition (4 warps): this CTA's half of every block of its (request, block) line (:func:`_w3_blocks`)."""
+    LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1], [1, 0])
+    hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
+    _c_sync()
+    si64 = si.to(gl.int64)
+    dr = gl.arange(0, 64, gl.SliceLayout(0, LP4))
+    it = 0
+    for req in range(begin_req, end_req + 1):
+        n, base_row, nsp, split, t_lo, _, t_end = _g_req_range(req, begin_req, end_req, begin_blk, end_blk,
+                                                               begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
+                                                               SBLOCK)
+        it = _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo,
+                        t_end, num_tok, page, stride_kb, it, dr, hb, ring_off, ready_off, PAGE_SHIFT, FMT, DEQ_ASM,
+                        PF_L2)
+    _c_sync()
+
+
+# ----------------------------------------------------------------------------------------------- consumers
+
+@_jit
+def _w3_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr, len_ptr,
+                   sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs,
+                   stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, empty_off,
+                   HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr, FMT: gl.constexpr):
+    """``_gluon_sparse_decode_ws2._w2_softmax_wg`` + the remote ``empty`` arrive and the cluster barriers."""
+    D_V: gl.constexpr = 512
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    LS: gl.constexpr = gl.SliceLayout(0, S_L)
+    hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
+    _c_sync()
+    si64 = si.to(gl.int64)
+    hq = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, LP))
+    dq = gl.arange(0, 64, gl.SliceLayout(0, LP))
+    s_zero = gl.zeros([64, 64], gl.float32, S_L)
+    it = 0
+    msg = 0
+    for req in range(begin_req, end_req + 1):
+        req64 = req.to(gl.int64)
+        gl.thread_barrier()
+        q_rows = q_ptr + req64 * stride_qb + si64 * stride_qs + hq.to(gl.int64)[:, None] * stride_qh
+        for c in gl.static_range(8):
+            q_n.slice(c * 64, 64, dim=1).store(gl.load(q_rows + (c * 64 + dq)[None, :]))
+        if FMT == 0:
+            q_p.store(gl.load(q_rows + (D_V + dq)[None, :]))
+        fence_async_shared()
+        gl.thread_barrier()
+        n, base_row, nsp, split, t_lo, _, t_end = _g_req_range(req, begin_req, end_req, begin_blk, end_blk,
+                                                               begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
+                                                               SBLOCK)
+        nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+        m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))
+        l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
+        acc = gl.zeros([64, 256], gl.float32, O_L)
+        for j in range(nblocks):
+            slot = it % 2
+            mbarrier.wait(ready.index(slot), (it // 2) & 1)
+            p, alpha, m_i, l_i = _w_block_softmax(q_n, q_p, kv_n, kv_p, vmask, slot, s_zero, m_i, l_i, sm_scale_log2,
+                                                  FMT, False, LS)
+            mbarrier.wait(pfree, (msg & 1) ^ 1)
+            p_smem.store(p.to(gl.bfloat16))
+            a_smem.store(alpha)
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(pready)
+            msg += 1
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+            tok_o = warpgroup_mma(p_smem, kv_n.index(slot).slice(0, 256, dim=1), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+            mbarrier.arrive(empty.index(slot))
+            _c_remote_arrive(empty_off + slot * 8)
+            it += 1
+        inv = _w2_scale(m_i, l_i, hb, req64, si64, nsp, base_row, split, sink_ptr, lse_ptr, lacc_ptr, s_q, h_q,
+                        acc_rows, sm_scale_log2, HAS_SINK, S_L)
+        mbarrier.wait(pfree, (msg & 1) ^ 1)
+        a_smem.store(inv)
+        gl.thread_barrier()
+        mbarrier.arrive(pready)
+        msg += 1
+        _w2_write_half(acc, gl.convert_layout(inv, gl.SliceLayout(1, O_L)), hb, req64, si64, nsp, base_row, split,
+                       out_ptr, oacc_ptr, s_q, h_q, acc_rows, 0, O_L)
+    _c_sync()
+
+
+@_jit
+def _w3_pv_wg(kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr, oacc_ptr,
+              b, s_q, h_q, topk, acc_rows, empty_off, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr):
+    """``_gluon_sparse_decode_ws2._w2_pv_wg`` + the remote ``empty`` arrive and the cluster barriers."""
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
+    _c_sync()
+    it = 0
+    msg = 0
+    for req in range(begin_req, end_req + 1):
+        req64 = req.to(gl.int64)
+        n, base_row, nsp, split, t_lo, _, t_end = _g_req_range(req, begin_req, end_req, begin_blk, end_blk,
+                                                               begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
+                                                               SBLOCK)
+        nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+        acc = gl.zeros([64, 256], gl.float32, O_L)
+        for j in range(nblocks):
+            slot = it % 2
+            mbarrier.wait(ready.index(slot), (it // 2) & 1)
+            mbarrier.wait(pready, msg & 1)
+            fence_async_shared()
+            alpha = a_smem.load(gl.SliceLayout(1, O_L))
+            acc = acc * alpha[:, None]
+            tok = warpgroup_mma(p_smem, kv_n.index(slot).slice(256, 256, dim=1), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(tok, ))
+            mbarrier.arrive(pfree)
+            mbarrier.arrive(empty.index(slot))
+            _c_remote_arrive(empty_off + slot * 8)
+            msg += 1
+            it += 1
+        mbarrier.wait(pready, msg & 1)
+        inv = a_smem.load(gl.SliceLayout(1, O_L))
+        gl.thread_barrier()
+        mbarrier.arrive(pfree)
+        msg += 1
+        hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
+        n, base_row, nsp, split, t_lo, _, t_end = _g_req_range(req, begin_req, end_req, begin_blk, end_blk,
+                                                               begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
+                                                               SBLOCK)
+        _w2_write_half(acc, inv, hb, req64, si.to(gl.int64), nsp, base_row, split, out_ptr, oacc_ptr, s_q, h_q,
+                       acc_rows, 256, O_L)
+    _c_sync()
+
+
+@_jit
+def _w3_smem(FMT: gl.constexpr):
+    """The WS2 shared memory (``_w2_smem``) with ``empty`` counting 4 arrivals (both CTAs' two consumer warpgroups)
+    and ``kv8``, the ring viewed as [8, 64, 128] (16 KB pieces: slot s, columns [128 q, 128 q + 128) is piece
+    4 s + q -- NVMMA 128-byte swizzle stores each 64-column strip of 64 rows contiguously)."""
+    D_V: gl.constexpr = 512
+    SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, D_V], gl.bfloat16)
+    SH_C: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 128], gl.bfloat16)
+    SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
+    q_n = gl.allocate_shared_memory(gl.bfloat16, [64, D_V], SH_N)
+    kv_n = gl.allocate_shared_memory(gl.bfloat16, [2, 64, D_V], SH_N)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
+    if FMT == 0:
+        q_p = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
+        kv_p = gl.allocate_shared_memory(gl.bfloat16, [2, 64, 64], SH_P)
+    else:
+        q_p = p_smem
+        kv_p = p_smem
+    a_smem = gl.allocate_shared_memory(gl.float32, [64], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    vmask = gl.allocate_shared_memory(gl.int8, [2, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    pready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    pfree = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=4)      # softmax WG + PV WG of this CTA and of the peer
+    mbarrier.init(pready, count=1)
+    mbarrier.init(pfree, count=1)
+    kv8 = kv_n._reinterpret(gl.bfloat16, [8, 64, 128], SH_C)
+    return q_n, q_p, kv_n, kv8, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree
+
+
+_NO_SPEC = ["page", "num_tok", "b", "s_q", "h_q", "topk", "acc_rows", "ring_off", "ready_off", "empty_off"]
+
+
+@_jit(do_not_specialize=_NO_SPEC)
+def _sparse_decode_gluon_ws3_kernel(
+    q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+    stride_qb, stride_qs, stride_qh, stride_kb, page, num_tok, stride_ib, stride_is,
+    b, s_q, h_q, topk, acc_rows, sm_scale_log2, ring_off, ready_off, empty_off,
+    PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PV_REGS: gl.constexpr,
+    PF_L2: gl.constexpr,
+):
+    """WS2's arguments + the shared offsets of the ring / ``ready`` / ``empty`` (:func:`smem_offsets`). Launched as
+    2-CTA clusters only (:func:`launch_sparse_decode_gluon_ws3`)."""
+    q_n, q_p, kv_n, kv8, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree = _w3_smem(FMT)
+    _c_init_fence(h_q)
+    gl.warp_specialize([
+        (_w3_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr, len_ptr,
+                          sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb,
+                          stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, empty_off, HAS_LEN,
+                          HAS_SINK, SBLOCK, FMT)),
+        (_w3_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
+                     oacc_ptr, b, s_q, h_q, topk, acc_rows, empty_off, HAS_LEN, SBLOCK)),
+        (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr, stride_kb,
+                        page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off, PAGE_SHIFT,
+                        HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2)),
+    ], [4, 4], [PV_REGS, PRODUCER_REGS])
+
+
+# ----------------------------------------------------------------------------------------------- host code
+
+_ALLOC_RE = re.compile(r"%(\w+) = ttg\.local_alloc \{allocation\.offset = (\d+) : i32\}")
+
+
+def smem_offsets(ttgir: str) -> dict:
+    """Shared-memory offsets of the kernel's named allocations (``{"kv_n": 0, "ready": ..., ...}``): Triton's own
+    shared-memory allocation pass (the passes ``make_llir`` runs before it, Triton 3.6) applied to the compiled
+    kernel's TTGIR -- the offsets the lowering then uses (``global_smem + offset``)."""
+    from triton._C.libtriton import ir, passes, nvidia
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia import compiler as nvc
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    backend = nvc.CUDABackend(GPUTarget("cuda", 90, 32))
+    backend.load_dialects(ctx)
+    with tempfile.NamedTemporaryFile("w", suffix=".ttgir", delete=False) as f:
+        f.write(ttgir)
+    try:
+        mod = ir.parse_mlir_module(f.name, ctx)
+    finally:
+        os.unlink(f.name)
+    pm = ir.pass_manager(ctx)
+    passes.ttgpuir.add_combine_tensor_select_and_if(pm)
+    passes.ttgpuir.add_allocate_warp_groups(pm)
+    passes.convert.add_scf_to_cf(pm)
+    passes.gluon.add_inliner(pm)
+    ptx_version = nvc.get_ptx_version_from_options(backend.parse_options({}), 90)
+    nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(pm, 90, ptx_version)
+    pm.run(mod, "ws3_smem_offsets")
+    return {name: int(off) for name, off in _ALLOC_RE.findall(str(mod))}
+
+
+def _offset_args(ttgir: str) -> tuple:
+    """(ring_off, ready_off, empty_off) for the kernel; ValueError if the allocations are not found."""
+    offs = smem_offsets(ttgir)
+    try:
+        return offs["kv_n"], offs["ready"], offs["empty"]
+    except KeyError as e:
+        raise ValueError(f"ws3: shared allocation {e} not found in the TTGIR (found {sorted(offs)})") from None
+
+
+def supported_ws3(q: torch.Tensor, k_cache: torch.Tensor, fmt: str, extra_k_cache=None, config=None) -> bool:
+    """``supported_ws2`` and h_q a multiple of 128 (two 64-head blocks per cluster)."""
+    return q.shape[2] % 128 == 0 and _ws2.supported_ws2(q, k_cache, fmt, extra_k_cache, config)
+
+
+class _ClusterLauncher:
+    """One compiled specialisation launched as 2-CTA clusters: compiled through the JIT without launching
+    (``warmup``), its shared offsets read once (:func:`smem_offsets`), then every call goes through the compiled
+    kernel's CUDA launcher with the packed metadata ``(num_warps, 2, shared)`` -- Triton's launcher then launches
+    ``2 x gridX`` CTAs with cluster dimension (2, 1, 1)."""
+
+    __slots__ = ("meta", "kernel", "offsets", "packed", "tail", "run", "function")
+
+    def __init__(self, meta: dict):
+        self.meta = meta
+        self.kernel = None
+
+    def __call__(self, gx: int, args: tuple, scale_log2: float):
+        fn = _sparse_decode_gluon_ws3_kernel
+        if self.kernel is None:
+            k = fn.warmup(*args, scale_log2, 0, 0, 0, grid=(gx, ), **self.meta)
+            self.offsets = _offset_args(k.asm["ttgir"])
+            self.packed = (k.metadata.num_warps, 2, k.metadata.shared)
+            names = [p.name for p in fn.params]
+            self.tail = tuple(self.meta[n] for n in names[len(args) + 4:])
+            self.run = k.run
+            self.function = k.function
+            self.kernel = k
+        stream = torch.cuda.current_stream().cuda_stream
+        self.run(gx, 1, 1, stream, self.function, self.packed, None, None, None, *args, scale_log2, *self.offsets,
+                 *self.tail)
+
+
+_LAUNCHERS: dict = {}
+_LAUNCHER_LIMIT = 256
+_CONSTEXPRS = ("PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS", "FMT", "DEQ_ASM", "PV_REGS", "PF_L2")
+
+
+def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None,
+                                   extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
+                                   extra_topk_length=None, config=None, _spec=None, *, pv_regs=None,
+                                   producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None):
+    """Drop-in for ``launch_sparse_decode_gluon_ws2`` (same arguments and outputs; ``config`` ignored). ``h_q`` not
+    a multiple of 128: the WS2 launcher runs the call. Keyword knobs (benchmarks): PV / producer ``setmaxnreg``,
+    launch ``maxnreg``, ``deq_asm`` / ``pf_l2`` (default :data:`WS3_DEQ_ASM` / :data:`WS3_PF_L2` by format)."""
+    from . import sparse_decode as sd
+    from .combine import combine_splits_
+    from .metadata import SCHED_BLOCK
+
+    if extra_k_cache is not None or fmt not in WS_FMTS:
+        raise ValueError(f"launch_sparse_decode_gluon_ws3: main cache {fmt!r}, extra cache "
+                         f"{'given' if extra_k_cache is not None else None}: V3.2 or V4.1 main cache, no extra cache "
+                         f"only")
+    b, s_q, h_q, _ = q.shape
+    if h_q % 128:
+        return _ws2.launch_sparse_decode_gluon_ws2(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt,
+                                                   attn_sink, None, None, None, topk_length, None, config, _spec)
+    parts = sched.shape[0]
+    acc_rows = b + parts
+    dev = q.device
+    o_acc = torch.empty(acc_rows, s_q, h_q, 512, dtype=torch.float32, device=dev)
+    l_acc = torch.empty(acc_rows, s_q, h_q, dtype=torch.float32, device=dev)
+    if sd._POISON_OUTPUTS:
+        for t in (out, lse_buf, o_acc, l_acc):
+            t.fill_(float("nan"))
+    kv = k_cache.view(torch.uint8)
+    topk = indices.shape[2]
+    dummy = l_acc
+    ptrs = (q, kv, indices, topk_length if topk_length is not None else dummy,
+            attn_sink if attn_sink is not None else dummy, sched, num_splits, out, lse_buf, o_acc, l_acc)
+    ints = (q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1],
+            indices.stride(0), indices.stride(1), b, s_q, h_q, topk, acc_rows)
+    if _spec is None:
+        spec = spec_key(*ptrs, *ints)
+    else:
+        spec = (_spec, acc_rows < 2 ** 31, sched.dtype, sched.data_ptr() & 15 == 0, num_splits.dtype,
+                num_splits.data_ptr() & 15 == 0)
+    constexprs = (_page_shift(kv.shape[1]), topk_length is not None, attn_sink is not None, SCHED_BLOCK,
+                  producer_regs or WS3_PRODUCER_REGS[fmt], GLUON_FMTS[fmt],
+                  bool((fmt in WS3_DEQ_ASM) if deq_asm is None else deq_asm), pv_regs or WS2_PV_REGS,
+                  bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2))
+    opts = (WS3_NUM_WARPS, maxnreg or WS_MAXNREG)
+    key = (_CONSTEXPRS, constexprs, opts, spec, dev.index)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        if len(_LAUNCHERS) >= _LAUNCHER_LIMIT:
+            _LAUNCHERS.clear()
+        launcher = _LAUNCHERS[key] = _ClusterLauncher(dict(zip(_CONSTEXPRS, constexprs), num_warps=opts[0],
+                                                           maxnreg=opts[1]))
+    launcher(parts * s_q * (h_q // BLOCK_H) // 2, (*ptrs, *ints), scale * _ws2._LOG2E)
+    combine_splits_(out, lse_buf.transpose(1, 2), o_acc, l_acc, num_splits, attn_sink=attn_sink,
+                    lengths=topk_length, topk=topk, extra_lengths=None, extra_topk=None, rne=False, _spec=_spec)
+
+
+def compile_sm90_ws3(fmt: str = "v32", page_shift: int = 6, has_len: bool = True, has_sink: bool = True,
+                     pv_regs=None, producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None):
+    """Cross-compile the kernel for sm90 (no GPU needed), the launch's divisibility facts. Returns the
+    CompiledKernel (``.asm['ptx']``, ``.asm['ttgir']``, ``.metadata.shared``)."""
+    fn = _sparse_decode_gluon_ws3_kernel
+    sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", sink_ptr="*fp32", meta_ptr="*i32",
+               nsplits_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32", oacc_ptr="*fp32", lacc_ptr="*fp32",
+               stride_qb="i32", stride_qs="i32", stride_qh="i32", stride_kb="i32", page="i32", num_tok="i32",
+               stride_ib="i32", stride_is="i32", b="i32", s_q="i32", h_q="i32", topk="i32", acc_rows="i32",
+               sm_scale_log2="fp32", ring_off="i32", ready_off="i32", empty_off="i32")
+    # every constexpr, in parameter order (the cross-compile binds constexprs by position)
+    consts = dict(PAGE_SHIFT=page_shift, HAS_LEN=has_len, HAS_SINK=has_sink, SBLOCK=64,
+                  PRODUCER_REGS=producer_regs or WS3_PRODUCER_REGS[fmt], FMT=GLUON_FMTS[fmt],
+                  DEQ_ASM=bool((fmt in WS3_DEQ_ASM) if deq_asm is None else deq_asm), PV_REGS=pv_regs or WS2_PV_REGS,
+                  PF_L2=bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2))
+    hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
+                                                                  "stride_ib", "stride_is"]
+    return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=WS3_NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)
