@@ -34,6 +34,43 @@ issue orders) was measured in session 15 (H200, git 3d9a1b17f99b, results/mla_de
 b 128, h_q 128/64, s_q 1/2, s_k 4K-32K): correct (60/60 GPU tests) but 0.68-0.88x this kernel at every shape (best
 order 0.75-0.88x; prediction was +5-15 %), with 264 B of spills in its token loops. Removed; last present at 3d9a1b1.
 
+Opt-in variant (launcher keywords ``half_tiles`` / ``q_tma``, constexprs HALF / QTMA; default off, not dispatched;
+the default's cleaned PTX is byte-identical to before, tests/test_mla_decode_gluon_ring.py hashes it):
+
+* HALF (32-token half-tile ring): the same shared memory (2 x [64, 576] K slots = 144 KB) but four ready/empty
+  mbarrier pairs, one per 32-token half of a slot (half-slot ``2 * slot + h``). The producer loads each page as two
+  [32, 512] + [32, 64] TMA loads (36,864 B each, 18 boxes per page) into rows 0-31 / 32-63 of the slot tile, each
+  after its own ``kempty``. The softmax warpgroup still computes S per 64 tokens (N = 64: an N = 32 S would re-read
+  Q from shared memory twice as often, 3 KB per 16 MMA cycles = 192 B/clk, over the 128 B/clk the N = 64 S already
+  needs), waiting both halves' ``kready``. Both consumer warpgroups issue P V as two commit groups (tokens 0-31:
+  ``P[:, :32] V[:32]``, then 32-63) and arrive the first half's ``kempty`` at ``wait_group 1``, the second's at
+  ``wait_group 0`` (count 2 as before). So half the bytes of every slot are freed ~half a P V (~0.35 us) earlier and
+  the producer's next load for them starts then; the other half (36 KB instead of 72 KB) starts as before.
+* QTMA (Q by TMA): the producer loads Q of each piece (q seen as ``[b * s_q * h_q, 576]``, rows
+  ``req * s_q * h_q + kvh * group + mb * 64``; needs h_kv == 1 or s_q == 1, else the launcher falls back to the plain
+  loads) on ``qready`` (count 1, 73,728 tx bytes) after ``qempty`` (count 1), which the softmax warpgroup arrives right
+  after the last S of the piece has completed (or at once for a piece with no tile). The next piece's Q then lands
+  under the last tile's softmax + P V and the output writes instead of the softmax warpgroup loading it with plain
+  loads while the tensor cores wait. Rows past ``rows`` hold other requests' rows (or TMA zero fill): masked on store.
+
+Cross-compile (Triton 3.6.0, ptxas sm_90a, GLUON_DEFAULT config; default 229,936 B, 32 / 12 B spills):
+half + q_tma 230,064 B smem, 168 registers, spill stores 0 B (causal 20 B); half only 229,968 B, 56 / 60 B;
+q_tma only 230,032 B, 0 / 4 B. SASS spill instructions per loop: P V warpgroup loop 0 everywhere; softmax token
+loop 0 (half + q_tma, non-causal) .. 2; producer tile loop 2 with half tiles (one reloaded slot value at the
+40-register producer cap), 0 without. 36 x m64n64k16 + 8 x m64n256k16, no C7514.
+
+PREDICTION (h_q 128, s_q 1, b 128 varlen, half + q_tma vs the default 484-599 TFLOPS; not yet measured): per
+64-token tile a CTA does 8.9 MFLOP = 1.49 us at the measured ~790 TFLOPS matmul ceiling, plus ~0.3-0.4 us of serial
+softmax + hand-off: a compute floor of ~1.85 us (~630 TFLOPS); the default takes ~2.0 us at 32K. With 2 full slots,
+the load of tile j+2 starts when P V_j ends and has one tile period to land; at 590 TFLOPS the SMs pull
+72 KB / 2.0 us each = 4.8 TB/s from L2 (both 64-row CTAs read each page), so a 72 KB load plausibly needs ~2 us
+and sets the period. Half tiles give half of it ~0.35 us more and the other half needs only 36 KB, so the load side
+drops toward the compute floor: s_k 32768 600-630 (1.01-1.07x), 8192 570-600 (1.03-1.08x); s_k 4096 500-530
+(1.03-1.09x, of which Q by TMA ~1-2 %: ~3 pieces per CTA, ~1-2 us of plain Q loads each, in ~250 us). If the
+default is compute/bubble-bound rather than load-bound, 0.98-1.02x at 8K/32K and only the Q-by-TMA 1-3 % at 4K.
+Costs: two more mbarrier waits and one more wait_group + arrive per consumer warpgroup per tile, 18 instead of 9
+TMA boxes per page. h_q 64 (one CTA per page, half the L2 traffic) should gain less.
+
 Needs: CUDA, bf16/fp16, page_block_size 64, d_qk 576, ``k_cache`` strides ``(64 * s1, s1, 576, 1)`` with 16-B
 aligned rows. No interpreter support (Gluon); cross-compiles on a CPU (:func:`_compile_sm90`).
 """
