@@ -1,0 +1,306 @@
+"""Sparse MLA decode, WS2 split consumer + 2-CTA cluster producer sharing (deepkernels.mla._gluon_sparse_decode_ws3;
+not dispatched): compile tier (sm90 cross-compile: cluster PTX present, the shared offsets the launcher reads, spills
+per partition loop, shared memory), and a GPU tier through the public op with its Gluon launch routed to
+:func:`launch_sparse_decode_gluon_ws3` (FlashMLA tolerances via tests/test_mla_sparse_kernels.run_and_check: NaN in
+every unreferenced cache token, junk indices, NaN-poisoned outputs), plus a direct comparison with WS2."""
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+
+import pytest
+import torch
+
+import deepkernels as dk
+import deepkernels.mla.sparse_decode as sd
+from deepkernels.mla import _gluon_sparse_decode as G
+from deepkernels.mla import _gluon_sparse_decode_ws as W
+from deepkernels.mla import _gluon_sparse_decode_ws2 as W2
+from deepkernels.mla import _gluon_sparse_decode_ws3 as W3
+
+from test_mla_sparse_kernels import poison, run_and_check, sms  # noqa: F401  (fixtures)
+from test_mla_sparse_reference import _public, make_case
+from test_mla_sparse_decode_ws2 import _n_hgmma, _n_spill, _sass_loops
+
+pytestmark = pytest.mark.skipif(not W3.available(), reason=f"Gluon not importable: {W3._IMPORT_ERROR!r}")
+
+FMTS = ("v32", "v41")
+_CONFIGS = [(6, True, True), (-1, False, False), (6, False, True), (-1, True, False)]
+# measured (Triton 3.6 wheel, ptxas): spill instructions in the softmax token loop / producer block loop, spill
+# store bytes in all. The softmax loop spills (WS2: 0) because ptxas stops computing the wgmma descriptors in
+# uniform registers once the kernel holds the cluster inline PTX (R2UR 14 -> 157).
+_SOFT_SPILLS = {"v32": 40, "v41": 30}
+_PROD_SPILLS = {"v32": 6, "v41": 3}
+_SMEM = {"v32": 230096, "v41": 205504}
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(fmt, page_shift, has_len, has_sink):
+    k = W3.compile_sm90_ws3(fmt, page_shift, has_len, has_sink)
+    return k.asm["ptx"], k.asm["ttgir"], k.metadata.shared
+
+
+@functools.lru_cache(maxsize=None)
+def _ptxas(ptx):
+    from deepkernels.testing.compile import ptxas_sm90
+    return ptxas_sm90(ptx, sass=True)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("page_shift,has_len,has_sink", _CONFIGS)
+def test_compile_sm90_ws3(fmt, page_shift, has_len, has_sink):
+    from deepkernels.testing.compile import SM90_SMEM_LIMIT
+    ptx, ttgir, shared = _compiled(fmt, page_shift, has_len, has_sink)
+    assert shared <= SM90_SMEM_LIMIT and shared <= _SMEM[fmt] + 64, shared
+    # the WS2 wgmmas; compiled as a 1-CTA kernel (the cluster comes from the launch)
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n256k16") == 8
+    assert ".reqnctapercluster" not in ptx and "%clusterid" not in ptx
+    # cluster PTX: 2 bulk pushes + 1 expect_tx per block (producer), a remote empty arrive per consumer warpgroup,
+    # cluster barriers at the start and end of each of the 3 partitions, the mbarrier-init fence
+    assert ptx.count("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes") == 2
+    assert ptx.count("mbarrier.expect_tx.relaxed.cta.shared::cta.b64") == 1
+    assert ptx.count("mbarrier.arrive.shared::cluster.b64") == 2
+    assert ptx.count("barrier.cluster.arrive.release.aligned") == 6
+    assert ptx.count("fence.mbarrier_init.release.cluster") == 1
+    assert ptx.count("mbarrier.init.shared") == 6 and ", 4;" in "".join(
+        l for l in ptx.splitlines() if "mbarrier.init" in l)
+    # the offsets the launcher passes: ring first, the barriers after every data buffer
+    offs = W3.smem_offsets(ttgir)
+    ring, ready, empty = W3._offset_args(ttgir)
+    assert ring == 0 and ready + 16 == empty and empty + 16 <= shared
+    assert all(v + 16 <= ready for k, v in offs.items() if k not in ("ready", "empty", "pready", "pfree"))
+    rep = _ptxas(ptx)
+    if rep is None:
+        pytest.skip("ptxas not available")
+    loops = _sass_loops(rep.sass)
+    soft = [lp for lp in loops if _n_hgmma(lp) > 4]
+    pv = [lp for lp in loops if _n_hgmma(lp) == 4]
+    prod = [lp for lp in loops if not _n_hgmma(lp) and sum(1 for t in lp if re.match(r"(@!?P\w+\s+)?LDG", t)) >= 8]
+    assert len(soft) == 1 and len(pv) == 1 and len(prod) == 1
+    assert _n_spill(pv[0]) == 0
+    assert _n_spill(soft[0]) <= _SOFT_SPILLS[fmt], _n_spill(soft[0])
+    assert _n_spill(prod[0]) <= _PROD_SPILLS[fmt], _n_spill(prod[0])
+    assert not any("MEMBAR.ALL.GPU" in t for t in soft[0] + pv[0] + prod[0])   # no cluster-scope release per block
+    assert sum(1 for t in prod[0] if "UBLKCP" in t) == 2, [t for t in prod[0] if "BLK" in t]
+
+
+@pytest.mark.compile
+def test_compile_ring_view_matches_slices():
+    """The producer's [8, 64, 128] view of the [2, 64, 512] ring (``kv8.index(4 s + q)``) addresses the same bytes as
+    ``kv_n.index(s).slice(128 q, 128, dim=1)`` -- the fact the 16 KB bulk copies rely on (NVMMA 128-byte swizzle
+    stores each 64-column strip of 64 rows contiguously): both stores compile to the same PTX."""
+    from deepkernels._gluon import gl, jit, compile_sm90
+
+    @jit
+    def k(x_ptr, VIEW: gl.constexpr):
+        SH: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 512], gl.bfloat16)
+        SH_C: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 128], gl.bfloat16)
+        L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        buf = gl.allocate_shared_memory(gl.bfloat16, [2, 64, 512], SH)
+        r = gl.arange(0, 64, gl.SliceLayout(1, L))
+        c = gl.arange(0, 128, gl.SliceLayout(0, L))
+        x = gl.load(x_ptr + r[:, None] * 128 + c[None, :])
+        if VIEW:
+            buf._reinterpret(gl.bfloat16, [8, 64, 128], SH_C).index(7).store(x)
+        else:
+            buf.index(1).slice(384, 128, dim=1).store(x)
+        gl.thread_barrier()
+        y = buf.index(1).load(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+        gl.store(x_ptr + r[:, None] * 512 + gl.arange(0, 512, gl.SliceLayout(0, L))[None, :], y)
+
+    def body(view):
+        ptx = compile_sm90(k, {"x_ptr": "*bf16"}, {"VIEW": view}, ["x_ptr"], num_warps=4).asm["ptx"]
+        lines = [re.sub(r"//.*", "", ln).strip() for ln in ptx.splitlines()]
+        return [ln for ln in lines if ln and not ln.startswith((".loc", ".file", "$L")) and "debug" not in ln]
+    assert body(True) == body(False)
+
+
+# ------------------------------------------------------------------ CPU: launcher contract
+def test_launcher_has_the_ws2_launch_contract():
+    a = [(n, p.default) for n, p in inspect.signature(W3.launch_sparse_decode_gluon_ws3).parameters.items()
+         if p.kind != p.KEYWORD_ONLY]
+    b = [(n, p.default) for n, p in inspect.signature(W2.launch_sparse_decode_gluon_ws2).parameters.items()
+         if p.kind != p.KEYWORD_ONLY]
+    assert a == b
+    p3 = [p.name for p in W3._sparse_decode_gluon_ws3_kernel.params if not p.is_constexpr]
+    p2 = [p.name for p in W2._sparse_decode_gluon_ws2_kernel.params if not p.is_constexpr]
+    assert p3 == p2 + ["ring_off", "ready_off", "empty_off"]
+    assert tuple(p.name for p in W3._sparse_decode_gluon_ws3_kernel.params if p.is_constexpr) == W3._CONSTEXPRS
+    assert W3.DISPATCH is False and not hasattr(sd, "_gluon_sparse_decode_ws3")
+
+
+def test_supported_ws3_gate_on_cpu(monkeypatch):
+    q128 = torch.zeros(2, 1, 128, 576, dtype=torch.bfloat16)
+    q64 = torch.zeros(2, 1, 64, 576, dtype=torch.bfloat16)
+    c = torch.zeros(4, 64, 1, 656, dtype=torch.uint8)
+    assert not W3.supported_ws3(q128, c, "v32")                       # CPU tensors
+    monkeypatch.setattr(W2, "supported", lambda *a, **k: True)
+    assert W3.supported_ws3(q128, c, "v32") and not W3.supported_ws3(q64, c, "v32")
+    assert not W3.supported_ws3(q128, c, "v32", extra_k_cache=c)
+    with pytest.raises(ValueError):
+        W3.launch_sparse_decode_gluon_ws3(None, None, q128, c, None, None, None, 1.0, "fp4")
+
+
+# ------------------------------------------------------------------ GPU tier
+@pytest.fixture
+def ws3_route(monkeypatch):
+    """The public op's Gluon launch goes to launch_sparse_decode_gluon_ws3 (h_q 64 calls: to WS2 inside it); each
+    launch is counted with its h_q."""
+    calls = []
+
+    def route(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None, extra_k_cache=None,
+              extra_indices=None, xfmt=None, topk_length=None, extra_topk_length=None, config=None, _spec=None):
+        assert W2.supported_ws2(q, k_cache, fmt, extra_k_cache)
+        W3.launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt,
+                                          attn_sink, extra_k_cache, extra_indices, xfmt, topk_length,
+                                          extra_topk_length, config, _spec)
+        calls.append(num_splits)
+
+    monkeypatch.setattr(G, "launch_sparse_decode_gluon", route)
+    monkeypatch.setattr(W, "DISPATCH", False)
+    monkeypatch.setattr(G, "DISPATCH_FMTS", frozenset({"v32", "v41"}))
+    monkeypatch.setenv("DEEPKERNELS_SPARSE_WS2", "0")
+    return calls
+
+
+def _ran(calls, n=1):
+    assert len(calls) == n, f"{len(calls)} WS3 launches, expected {n}"
+
+
+_GRID = [(128, 4, 1, 2048, 2046, 64, True, True), (128, 74, 3, 576, 1024, 64, True, True),
+         (128, 16, 2, 100, 650, 53, False, False), (128, 3, 1, 2048, 4096, 53, True, False),
+         (128, 74, 2, 650, 512, 64, False, True), (128, 4, 2, 64, 64, 64, True, True),
+         (128, 32, 1, 2048, 2048, 16, False, False), (256, 4, 1, 1024, 2048, 64, True, True),
+         (64, 3, 1, 2048, 4096, 53, True, False)]
+
+
+@pytest.mark.gpu
+def test_gpu_ws3_smoke(ws3_route):
+    """One small V3.2 call at h_q 128 (the device script runs this first, under a hang guard)."""
+    kw = make_case(4, 1, 128, "v32", 256, 512, 64, with_len=True, sink=True, device="cuda")
+    run_and_check(kw)
+    torch.cuda.synchronize()
+    _ran(ws3_route)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("h_q,b,s_q,topk,s_k,page,with_len,sink", _GRID)
+def test_gpu_ws3_grid(h_q, b, s_q, topk, s_k, page, with_len, sink, fmt, poison, ws3_route):
+    kw = make_case(b, s_q, h_q, fmt, topk, s_k, page, with_len=with_len, sink=sink, device="cuda")
+    run_and_check(kw)
+    _ran(ws3_route)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("flags", [dict(all_invalid=True), dict(zero_len=True), dict(nonpow2=True)])
+def test_gpu_ws3_corner_cases(flags, fmt, poison, ws3_route):
+    kw = make_case(74, 3, 128, fmt, 576, 650, 53, with_len=True, sink=True, **flags, device="cuda")
+    o, l_, _ = run_and_check(kw)
+    if flags.get("all_invalid"):
+        assert (o == 0).all() and torch.isposinf(l_).all()
+    _ran(ws3_route)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gpu_ws3_all_indices_minus_one(fmt, poison, ws3_route):
+    kw = make_case(8, 2, 128, fmt, 192, 256, 64, sink=True, device="cuda")
+    kw["indices"] = torch.full_like(kw["indices"], -1)
+    o, l_ = _public(kw)
+    assert (o == 0).all() and torch.isposinf(l_).all()
+    _ran(ws3_route)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gpu_ws3_topk_length_zero(fmt, poison, ws3_route):
+    kw = make_case(6, 2, 128, fmt, 256, 512, 64, lengths=[0] * 6, sink=True, device="cuda")
+    o, l_ = _public(kw)
+    assert (o == 0).all() and torch.isposinf(l_).all()
+    kw = make_case(6, 2, 128, fmt, 256, 512, 64, lengths=[0, 256, 0, 1, 0, 65], sink=True, device="cuda")
+    run_and_check(kw)
+    _ran(ws3_route, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("n_sms", [3, 8, 264, 1000])
+def test_gpu_ws3_split_counts(n_sms, fmt, poison, sms, ws3_route):
+    """Few / many scheduler parts (a cluster walks several requests; a request spreads over many splits)."""
+    sms(n_sms)
+    kw = make_case(16, 2, 128, fmt, 2048, 4096, 64, with_len=True, sink=True, device="cuda")
+    run_and_check(kw)
+    _ran(ws3_route)
+    if n_sms >= 264:
+        assert int(ws3_route[0][-1]) > 16
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gpu_ws3_dequant_exact(fmt, ws3_route):
+    """One valid token per row: out = the dequantised record bit for bit, both CTAs' column halves (each CTA
+    dequantised one half and received the other by DSMEM)."""
+    from deepkernels.quant.kvcache import dequantize_kv_cache
+    b, s_q, h_q = 8, 2, 128
+    kw = make_case(b, s_q, h_q, fmt, 64, 4096, 64, nonpow2=True, lengths=[1] * b, device="cuda")
+    kw["attn_sink"] = torch.full((h_q, ), float("-inf"), device="cuda")
+    o, _ = _public(kw)
+    cache, ind = kw["k_cache"], kw["indices"]
+    deq = dequantize_kv_cache(cache, fmt).view(cache.shape[0] * cache.shape[1], -1)[:, :512]
+    i0 = ind[:, :, 0].long()
+    ok = (i0 >= 0) & (i0 < deq.shape[0])
+    want = torch.where(ok[..., None], deq[i0.clamp(0, deq.shape[0] - 1)], torch.zeros_like(deq[:1]))
+    assert torch.equal(o, want[:, :, None, :].expand_as(o))
+    _ran(ws3_route)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gpu_ws3_deterministic_and_graph_capture(fmt, ws3_route):
+    kw = make_case(16, 2, 128, fmt, 512, 1024, 64, with_len=True, sink=True, device="cuda")
+    meta = dk.get_mla_metadata()[0]
+    o_ref, l_ref = _public(kw, meta)
+    o2, l2 = _public(kw, meta)
+    assert torch.equal(o_ref, o2) and torch.equal(l_ref, l2)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        _public(kw, meta)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o_g, l_g = _public(kw, meta)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(o_g, o_ref) and torch.equal(l_g, l_ref)
+    _ran(ws3_route, 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FMTS)
+def test_gpu_ws3_equals_ws2(fmt, poison):
+    """Direct launches on one schedule: the same K/V tile bytes and the same consumer expressions as WS2, so out /
+    lse are expected bit-identical to WS2 (NaN at the same positions counts as equal)."""
+    from deepkernels.mla.metadata import compute_schedule
+    b, s_q, h_q, topk = 8, 2, 128, 1024
+    kw = make_case(b, s_q, h_q, fmt, topk, 4096, 64, with_len=True, sink=True, device="cuda")
+    q, cache, ind = kw["q"], kw["k_cache"], kw["indices"]
+    cfg = sd.sparse_decode_config(h_q, fmt)
+    parts = sd._num_sm_parts(q.device, s_q, h_q, cfg)
+    sched, ns = compute_schedule(sd._token_counts(b, topk, kw["topk_length"], 0, None, False, q.device), parts)
+    res = []
+    for launch in (W2.launch_sparse_decode_gluon_ws2, W3.launch_sparse_decode_gluon_ws3):
+        out = torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(b, s_q, h_q, device="cuda")
+        launch(out, lse, q, cache, ind, sched, ns, q.shape[-1] ** -0.5, fmt, kw["attn_sink"],
+               topk_length=kw["topk_length"])
+        res.append((out, lse))
+    torch.cuda.synchronize()
+    (o1, l1), (o2, l2) = res
+    assert not torch.isnan(o2).any() and not torch.isnan(l2).any()
+    assert torch.equal(o2, o1) and torch.equal(l2, l1), ((o2.float() - o1.float()).abs().max(),
+                                                          (l2 - l1).abs().max())
