@@ -51,13 +51,50 @@ Barrier protocol (``it`` = ring counter, same sequence in both CTAs):
 
 Shared memory: the WS2 layout (no new buffers): 230,064 B (V3.2) / 205,472 B (V4.1) of 232,448.
 
-Registers (launch maxnreg 168 x 12 warps; setmaxnreg PV 160, producer :data:`WS3_PRODUCER_REGS`, softmax WG the
-rest) and ptxas spill instructions per loop: see the numbers in ``tests/test_mla_sparse_decode_ws3.py``
-(``_PROD_SPILLS``) and the section "Cross-compile" below.
+Registers (launch maxnreg 168 x 12 warps; setmaxnreg PV 160, producer :data:`WS3_PRODUCER_REGS` 136 (V3.2) / 120
+(V4.1), the softmax warpgroup the rest: 208 / 224 -- the WS2 split).
 
-Cross-compile (Triton 3.6 wheel, ptxas sm_90a, page shift 6 / -1 x lengths x sink): filled in below.
+Cross-compile (Triton 3.6 wheel, ptxas sm_90a; page shift 6 / -1 x lengths x sink = 4 configs per format; SASS
+instructions and spill instructions per innermost loop):
 
-Prediction: see the section "Prediction" at the end.
+=========  =========  ==================  ===================  =============  ===================
+format     smem (B)   softmax token loop  PV token loop        producer loop  spill st / ld (B)
+=========  =========  ==================  ===================  =============  ===================
+V3.2       230,080-   867, 40 HGMMA,      216, 4 HGMMA, 0      655-690, 1-3   412-420 / 476-480
+           230,096    35 spills           spills               spills
+V4.1       205,488-   809, 36 HGMMA,      212, 4 HGMMA, 0      773-795, 0     332-336 / 376
+           205,504    24 spills           spills               spills
+=========  =========  ==================  ===================  =============  ===================
+
+(WS2 for comparison: softmax loop 605 / 569 instructions with 0 spills, producer loop 968-1,340 with 5-14.) The
+producer loop halves as designed (V3.2 with the asm dequant: 1,010 -> 657; V4.1 1,380 -> 773 and its 12-14 spills
+gone). The softmax loop regressed: as soon as the kernel holds the cluster inline PTX (any of the producer's push /
+expect or the consumers' remote arrive; measured by removing each), ptxas stops computing the wgmma descriptors in
+uniform registers (R2UR 14 -> 157, UIADD3.64 60 -> 0 in the loop) and spills 64-bit descriptors to local memory
+(28 LDL.64 per block, L1 hits); more registers for it (producer 128 / 120) still leave 28-31. Not understood yet;
+ptxas-version dependent. ``mbarrier.arrive.release.cluster`` cost a ``MEMBAR.ALL.GPU`` per block in the loops, so
+the remote arrive uses the default (.release.cta) form, as CUTLASS's ClusterBarrier does; the cluster barriers at
+partition start / end keep theirs (6 per CTA in all).
+
+Prediction (H200, h_q 128, topk 2048; per (CTA, 64-token block); measured for WS2 at V3.2 b 128 s_q 1: kernel
+~4.4 us = 266 TFLOPS, consumers alone 2.1-2.4 us, producer alone 3.2 us with asm dequant + L2 prefetch).
+Producer: the session-15 lesson is that it is latency- and SM-sharing-bound, not issue-bound (-27 % instructions
+gave -5 %); this variant halves what each CTA gathers from NoPE (256 of 512 B per token; 25 KB per block with
+scales and RoPE instead of 42 KB), its dequantisation (16 K elements) and its in-flight registers, and the push is
+an asynchronous bulk copy (32 KB over DSMEM per block, ~0.2 us of transfer, no issue slots): producer alone
+~1.8-2.3 us. Consumers: WS2's plus ~35 spill instructions per block in the softmax loop (~+5-10 %): 2.2-2.6 us.
+Coupling: both CTAs' consumers must release a slot before either producer refills it (lockstep per block pair, one
+DSMEM arrive latency ~0.2-0.5 us on the critical path only when the producers are behind). With the lighter
+producer sharing the SM the overlap penalty (~1 us in WS/WS2) should shrink: block ~2.9-3.4 us -> V3.2 h_q 128
+~340-400 TFLOPS (1.25-1.45x WS2); V4.1 the same ratio on its ~250 (~310-360). Falsifiers: a cluster
+co-scheduling limit below the grid's clusters (66 on 132 SMs; the bench prints ``cuOccupancyMaxActiveClusters``)
+would add a second wave (~0.5x); a hang means the tx / count protocol is wrong (the device script's smoke guard).
+Numerics: the tile bytes and the consumer instruction sequence are WS2's, so out / lse are expected bit-identical
+to WS2 (``test_gpu_ws3_equals_ws2``).
+
+Unverified when written: everything that needs the GPU -- the cluster launch through Triton's launcher with
+``num_ctas`` 2 in the packed metadata of a 1-CTA compile, ``global_smem`` + allocation offsets as DSMEM
+addresses, the tx accounting (negative transient tx-count), correctness and speed.
 """
 from __future__ import annotations
 
