@@ -8,9 +8,12 @@
 # 2. the GPU tier of tests/test_mla_decode_gluon_ring.py (cap ${T_TESTS:-80} s; --timeout=60 per test when
 #    pytest_timeout is importable; -n NPROC when xdist is);
 # 3. benchmarks/mla_decode_ring.py: default vs ring (+ half only, qtma only), b 128, h_q 128/64, s_q 1/2, s_k
-#    4096/8192/32768 (cap ${T_BENCH:-55} s; skipped when the smoke test hung).
-# Total caps ~195 s. One tarball $OUT/mla_decode_ring.tgz (logs, junit, JSON) + summaries on stdout; no step stops
-# the others except a hung smoke test (-> no tests, no bench).
+#    4096/8192/32768, + default_again (A/A control); drift-robust: per shape ${ROUNDS:-5} rounds in rotated order,
+#    paired per-round ratios to the default (SUMMARY "t/def" = their median); BENCH_ARGS passes more options,
+#    e.g. BENCH_ARGS='--only-shapes 128:1:8192,128:1:32768' (cap ${T_BENCH:-65} s; skipped when the smoke test hung;
+#    the JSON is rewritten after every shape, so a cap hit keeps the shapes done).
+# Total caps ~215 s (15 + 45 + 80 + 10 + 65). One tarball $OUT/mla_decode_ring.tgz (logs, junit, JSON) +
+# summaries on stdout; no step stops the others except a hung smoke test (-> no tests, no bench).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 export GIT_SHA="${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
@@ -50,8 +53,10 @@ fi
 if [ "$HUNG" = 1 ]; then
   echo "== 3. bench SKIPPED (smoke test timed out)"
 else
-  echo "== 3. default vs ring bench (cap ${T_BENCH:-55}s)"
-  timeout -k 5 "${T_BENCH:-55}" python3 benchmarks/mla_decode_ring.py "$W/mla_decode_ring.json" > "$W/bench.log" 2>&1
+  echo "== 3. default vs ring bench, ${ROUNDS:-5} rotated rounds (cap ${T_BENCH:-65}s)"
+  # shellcheck disable=SC2086
+  timeout -k 5 "${T_BENCH:-65}" python3 benchmarks/mla_decode_ring.py "$W/mla_decode_ring.json" \
+    --rounds "${ROUNDS:-5}" ${BENCH_ARGS:-} > "$W/bench.log" 2>&1
   echo "bench rc=$? ($(el))"
   grep -v SUMMARY "$W/bench.log" | tail -6
   grep SUMMARY "$W/bench.log"

@@ -5,26 +5,131 @@ Shapes: b 128, h_kv 1, h_q 128 and 64, s_q 1 and 2 (causal when 2), varlen s_k 4
 (``benchmarks/mla_decode.py`` make_inputs: max(N(s_k, s_k/2), s_q), FlashMLA FLOP counting 2 s_q sum(len) h_q
 (576 + 512)); schedule = the one the dispatched path plans (``decode._num_sm_parts`` for the rows, 64-row blocks).
 Providers: ``default`` (as dispatched), ``ring`` (half_tiles + q_tma: the variant), ``half`` (half tiles only),
-``qtma`` (Q by TMA only); each timed with ``triton.testing.do_bench`` (median; the whole forward: allocation,
-kernel, combine, as in the existing dense decode benches), the default timed again at the end of each shape (noise).
-Per row: TFLOPS, ratio to the default, max |out - default| and |lse - default| (finite lse), NaN checks on
-NaN-poisoned outputs. JSON with ``deepkernels.bench.runner.provenance()``.
-Usage (GPU): ``PYTHONPATH=src python benchmarks/mla_decode_ring.py OUT.json`` (env SKS, REP_MS, VARIANTS)
+``qtma`` (Q by TMA only), ``default_again`` (the default once more: an A/A control whose paired ratio measures the
+noise floor). Each timed on the whole forward (allocation, kernel, combine, as in the existing dense decode benches).
+
+Drift-robust timing (an earlier sequential version saw the repeated default differ by -12 % .. -78 % from the first:
+clocks / thermals drift during the run and bias whatever runs later): per shape, inputs are built once and every
+provider runs once for correctness (NaN-poisoned outputs, max |out - default|, |lse - default| on finite lse); then
+R rounds (``--rounds``, default 5), round r times every provider in the order rotated to start at provider
+r mod n, each timing a short ``triton.testing.do_bench(fn, warmup=3, rep=15)`` (median). Reported per provider:
+median and min over rounds, TFLOPS of both, the time ratio of medians to the default, the per-round paired time
+ratios (provider / default in the same round) and their median -- the headline number of the SUMMARY lines
+(``t/def``: < 1 faster than the default; robust to an outlier round). Also stored: the geometric mean of the
+paired ratios (with R a multiple of the number of providers every cyclic offset occurs equally often, so a
+steady geometric drift cancels exactly in it). ``ratio_vs_default`` keeps its old meaning (default ms / provider ms,
+now of the medians). JSON (rewritten after every shape) with ``deepkernels.bench.runner.provenance()``.
+
+Usage (GPU): ``PYTHONPATH=src python benchmarks/mla_decode_ring.py [OUT.json] [--rounds 5] [--rep-ms 15]
+[--sks 4096,8192,32768] [--variants default,ring,half,qtma,default_again] [--only-shapes 128:1:8192,64:2:32768]``
+(env SKS, REP_MS, VARIANTS, ROUNDS, ONLY_SHAPES as defaults; --only-shapes entries are h_q:s_q:s_k).
+``--self-test`` checks the rotation / paired-ratio statistics on synthetic drifting timings (no GPU needed).
 """
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
+import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-PROVIDERS = {"default": (False, False), "ring": (True, True), "half": (True, False), "qtma": (False, True)}
+# provider -> (half_tiles, q_tma)
+PROVIDERS = {"default": (False, False), "ring": (True, True), "half": (True, False), "qtma": (False, True),
+             "default_again": (False, False)}
+DEFAULT_VARIANTS = "default,ring,half,qtma,default_again"
 
 
-def main(path: str) -> int:
+def rotation(names: list[str], r: int) -> list[str]:
+    """Round r's timing order: ``names`` rotated to start at index r mod n."""
+    if not names:
+        return []
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
+def round_stats(ms_rounds: dict[str, list], ref: str = "default") -> dict[str, dict]:
+    """Per provider: ms median / min over rounds, time ratio of medians to ``ref``, paired per-round time ratios
+    (provider / ref in the same round; rounds where either failed are None) and their median."""
+    out = {}
+    ref_ms = ms_rounds.get(ref, [])
+    ref_med = statistics.median([t for t in ref_ms if t is not None]) if any(t is not None for t in ref_ms) \
+        else None
+    for n, ts in ms_rounds.items():
+        ok = [t for t in ts if t is not None]
+        if not ok:
+            continue
+        d = dict(ms_rounds=ts, ms=statistics.median(ok), ms_min=min(ok), ms_max=max(ok))
+        if ref_med is not None:
+            d["time_ratio_of_medians"] = d["ms"] / ref_med
+            d["ratio_vs_default"] = ref_med / d["ms"]
+            paired = [(t / t0 if t is not None and t0 is not None else None) for t, t0 in zip(ts, ref_ms)]
+            d["paired_time_ratios"] = paired
+            pok = [p for p in paired if p is not None]
+            if pok:
+                d["paired_time_ratio_median"] = statistics.median(pok)
+                d["paired_time_ratio_min"] = min(pok)
+                d["paired_time_ratio_max"] = max(pok)
+                d["paired_time_ratio_gmean"] = math.exp(statistics.fmean(math.log(x) for x in pok))
+        out[n] = d
+    return out
+
+
+def self_test() -> int:
+    """Synthetic check: a monotone clock drift (each timing 1 % slower than the last) makes a sequential A/A
+    comparison (default first, default again last) look 4 % off; the rotated rounds' paired medians must recover
+    the true ratios within ~ one step of drift (cyclic rotation keeps two providers' relative offset in n - 1 of
+    the n rounds, so a residual of one step remains under strictly monotone drift)."""
+    names = ["default", "ring", "half", "qtma", "default_again"]
+    true = {"default": 1.0, "ring": 0.9, "half": 0.95, "qtma": 1.02, "default_again": 1.0}
+    assert [rotation(names, r)[0] for r in range(7)] == names + names[:2] and rotation([], 3) == []
+    ms = {n: [] for n in names}
+    step = 0
+    for r in range(5):
+        for n in rotation(names, r):
+            ms[n].append(true[n] * (1.01 ** step))
+            step += 1
+    st = round_stats(ms)
+    for n in names:
+        p = st[n]["paired_time_ratio_median"]
+        print(f"self-test {n:14s} true {true[n]:.3f} paired-median {p:.3f} of-medians "
+              f"{st[n]['time_ratio_of_medians']:.3f} gmean {st[n]['paired_time_ratio_gmean']:.3f} "
+              f"rounds {['%.3f' % x for x in st[n]['paired_time_ratios']]}")
+        assert abs(st[n]["paired_time_ratio_gmean"] / true[n] - 1) < 1e-9, n   # R == n: offsets cancel
+        assert abs(p / true[n] - 1) < 0.025, (n, p)
+    ms_fail = {"default": [1.0, None, 1.0], "ring": [0.9, 0.9, None]}
+    st = round_stats(ms_fail)
+    assert st["ring"]["paired_time_ratios"] == [0.9, None, None] and st["ring"]["paired_time_ratio_median"] == 0.9
+    assert parse_shapes("128:1:8192, 64:2:32768") == {(128, 1, 8192), (64, 2, 32768)}
+    print("self-test OK")
+    return 0
+
+
+def parse_shapes(s: str | None):
+    """``"h_q:s_q:s_k,..."`` -> set of (h_q, s_q, s_k) tuples; None / empty -> None (all shapes)."""
+    if not s or not s.strip():
+        return None
+    out = set()
+    for tok in s.split(","):
+        tok = tok.strip()
+        if not tok:
+            continue
+        parts = tok.split(":")
+        if len(parts) != 3:
+            raise ValueError(f"--only-shapes entry {tok!r}: expected h_q:s_q:s_k")
+        out.add(tuple(int(p) for p in parts))
+    return out
+
+
+def main(args) -> int:
+    path = args.out
+    if not torch.cuda.is_available():
+        print("mla_decode_ring: no CUDA device; nothing timed (use --self-test for the CPU check)", flush=True)
+        return 0
     import mla_decode as B                      # make_inputs, FlashMLA counting
     import deepkernels.mla.decode as dec
     from deepkernels.mla import _gluon_dense_decode as G
@@ -32,14 +137,22 @@ def main(path: str) -> int:
     from deepkernels.bench.runner import provenance
     from triton.testing import do_bench
 
-    rep_ms = int(os.environ.get("REP_MS", "20"))
-    sks = [int(x) for x in os.environ.get("SKS", "4096,8192,32768").split(",")]
-    names = [n for n in os.environ.get("VARIANTS", "default,ring,half,qtma").split(",") if n in PROVIDERS]
+    rounds = max(1, args.rounds)
+    rep_ms = args.rep_ms
+    sks = [int(x) for x in args.sks.split(",") if x.strip()]
+    names = [n for n in args.variants.split(",") if n in PROVIDERS]
+    names = list(dict.fromkeys(names))          # de-duplicate, keep order
     if "default" not in names:
         names.insert(0, "default")
+    only = parse_shapes(args.only_shapes)
     prov = provenance()
     prov["gluon_config"] = list(G.GLUON_DEFAULT)
     prov["providers"] = {n: dict(half_tiles=PROVIDERS[n][0], q_tma=PROVIDERS[n][1]) for n in names}
+    prov["timing"] = dict(method="rotated rounds", rounds=rounds, do_bench_warmup_ms=3, do_bench_rep_ms=rep_ms,
+                          return_mode="median", order="round r starts at provider r mod n",
+                          headline="paired_time_ratio_median (provider ms / default ms in the same round)")
+    if only is not None:
+        prov["only_shapes"] = sorted(list(s) for s in only)
     rows = []
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     for _ in range(300):                        # clocks up before the first timing
@@ -48,6 +161,8 @@ def main(path: str) -> int:
     for h_q in (128, 64):
         for s_q in (1, 2):
             for s_k in sks:
+                if only is not None and (h_q, s_q, s_k) not in only:
+                    continue
                 causal = s_q > 1
                 q, k, bt, sl = B.make_inputs(128, s_q, h_q, 1, s_k)
                 tot = int(sl.sum())
@@ -56,8 +171,9 @@ def main(path: str) -> int:
                 nrows = s_q * h_q
                 sched, ns = compute_schedule(sl, dec._num_sm_parts(q.device, nrows, 1))
                 rec = dict(b=128, s_q=s_q, h_q=h_q, h_kv=1, s_k=s_k, causal=causal, total_tokens=tot, flop=flop,
-                           parts=int(sched.shape[0]), q_tma_supported=G.q_tma_supported(q, 1))
-                outs = {}
+                           parts=int(sched.shape[0]), q_tma_supported=G.q_tma_supported(q, 1), rounds=rounds)
+                outs, fns = {}, {}
+                # 1. correctness: each provider once, NaN-poisoned outputs
                 for n in names:
                     ht, qt = PROVIDERS[n]
                     fn = (lambda ht=ht, qt=qt: G.gluon_dense_forward(q, k, bt, sl, sched, ns, scale, causal,
@@ -68,23 +184,40 @@ def main(path: str) -> int:
                         torch.cuda.synchronize()
                         dec._POISON_OUTPUTS = False      # (the fills stay out of the timed calls)
                         outs[n] = (o, l)
-                        ms = do_bench(fn, warmup=3, rep=rep_ms, return_mode="median")
-                        rec[n] = dict(ms=ms, tflops=flop / ms / 1e9,
-                                      nan=bool(torch.isnan(o).any() or torch.isnan(l).any()))
+                        fns[n] = fn
+                        rec[n] = dict(nan=bool(torch.isnan(o).any() or torch.isnan(l).any()))
                     except Exception as e:  # noqa: BLE001
                         dec._POISON_OUTPUTS = False
                         rec[n] = dict(failed=f"{type(e).__name__}: {str(e)[:300]}")
-                if "ms" in rec.get("default", {}):
-                    ms2 = do_bench(lambda: G.gluon_dense_forward(q, k, bt, sl, sched, ns, scale, causal),
-                                   warmup=3, rep=rep_ms, return_mode="median")
-                    rec["default"]["ms_again"] = ms2
-                    rec["default"]["tflops_again"] = flop / ms2 / 1e9
+                # 2. timing: R rounds, rotated order, short do_bench each
+                live = [n for n in names if n in fns]
+                ms_rounds = {n: [] for n in live}
+                for r in range(rounds):
+                    for n in rotation(live, r):
+                        try:
+                            ms_rounds[n].append(do_bench(fns[n], warmup=3, rep=rep_ms, return_mode="median"))
+                        except Exception as e:  # noqa: BLE001
+                            ms_rounds[n].append(None)
+                            rec[n].setdefault("timing_errors", []).append(f"round {r}: {type(e).__name__}: "
+                                                                          f"{str(e)[:200]}")
+                rec["orders"] = [rotation(live, r) for r in range(rounds)]
+                for n, st in round_stats(ms_rounds).items():
+                    rec[n].update(st)
+                    rec[n]["tflops"] = flop / st["ms"] / 1e9
+                    rec[n]["tflops_best"] = flop / st["ms_min"] / 1e9
+                for n in live:
+                    if "ms" not in rec[n]:
+                        rec[n]["failed"] = "every timing round failed"
+                # backward-compatible fields of the old sequential version
+                if "ms" in rec.get("default_again", {}) and "ms" in rec.get("default", {}):
+                    rec["default"]["ms_again"] = rec["default_again"]["ms"]
+                    rec["default"]["tflops_again"] = rec["default_again"]["tflops"]
+                if "default" in outs:
                     o_d, l_d = outs["default"]
                     for n in names:
-                        if n == "default" or "ms" not in rec[n]:
+                        if n == "default" or n not in outs:
                             continue
                         o, l = outs[n]
-                        rec[n]["ratio_vs_default"] = rec["default"]["ms"] / rec[n]["ms"]
                         rec[n]["max_abs_diff_out"] = float((o.float() - o_d.float()).abs().nan_to_num(
                             float("inf")).max())
                         fin = torch.isfinite(l) & torch.isfinite(l_d)
@@ -101,18 +234,44 @@ def main(path: str) -> int:
                         continue
                     s = f"{n} {v['tflops']:6.1f} TF"
                     if n == "default":
-                        s += f" (again {v.get('tflops_again', float('nan')):6.1f})"
+                        d = v["ms_max"] / v["ms_min"] - 1
+                        s += f" (spread {100 * d:4.1f}%)"
                     else:
-                        s += f" x{v.get('ratio_vs_default', float('nan')):.3f} d{v.get('max_abs_diff_out', -1):.1e}"
-                    parts.append(s + (" NaN" if v["nan"] else ""))
-                print(f"SUMMARY h_q={h_q:3d} s_q={s_q} s_k={s_k:5d} parts {rec['parts']:3d}  " + "  ".join(parts),
-                      flush=True)
-                del q, k, bt, sl, outs
+                        pr = v.get("paired_time_ratio_median", float("nan"))
+                        s += (f" t/def {pr:.3f} [{v.get('paired_time_ratio_min', float('nan')):.3f}"
+                              f"-{v.get('paired_time_ratio_max', float('nan')):.3f}]"
+                              f" d{v.get('max_abs_diff_out', -1):.1e}")
+                    parts.append(s + (" NaN" if v.get("nan") else ""))
+                print(f"SUMMARY h_q={h_q:3d} s_q={s_q} s_k={s_k:5d} parts {rec['parts']:3d} R{rounds}  "
+                      + "  ".join(parts), flush=True)
+                del q, k, bt, sl, outs, fns
                 torch.cuda.empty_cache()
     dec._POISON_OUTPUTS = False
+    if not rows:
+        with open(path, "w") as f:
+            json.dump(dict(provenance=prov, rows=rows), f, indent=1)
+        print("mla_decode_ring: no shape selected", flush=True)
     return 0
 
 
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", nargs="?", default=os.path.join(os.environ.get("OUT", "."), "mla_decode_ring.json"),
+                   help="JSON output path (default $OUT/mla_decode_ring.json)")
+    p.add_argument("--rounds", type=int, default=int(os.environ.get("ROUNDS", "5")),
+                   help="timing rounds per shape, order rotated each round (default 5; env ROUNDS)")
+    p.add_argument("--rep-ms", type=int, default=int(os.environ.get("REP_MS", "15")),
+                   help="do_bench rep (ms) per timing (default 15; env REP_MS)")
+    p.add_argument("--sks", default=os.environ.get("SKS", "4096,8192,32768"), help="s_k list (env SKS)")
+    p.add_argument("--variants", default=os.environ.get("VARIANTS", DEFAULT_VARIANTS),
+                   help=f"providers, from {','.join(PROVIDERS)} (env VARIANTS; default always included)")
+    p.add_argument("--only-shapes", default=os.environ.get("ONLY_SHAPES"),
+                   help='subset "h_q:s_q:s_k,...", e.g. "128:1:8192,128:1:32768" (env ONLY_SHAPES)')
+    p.add_argument("--self-test", action="store_true", help="CPU check of the rotation / paired statistics")
+    return p.parse_args(argv)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.environ.get("OUT", "."),
-                                                                      "mla_decode_ring.json")))
+    _a = parse_args()
+    sys.exit(self_test() if _a.self_test else main(_a))
