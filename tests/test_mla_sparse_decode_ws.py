@@ -26,6 +26,13 @@ from test_mla_sparse_reference import _public, make_case
 pytestmark = pytest.mark.skipif(not W.available(), reason=f"Gluon not importable: {W._IMPORT_ERROR!r}")
 
 
+@pytest.fixture(autouse=True)
+def _ws_route(monkeypatch):
+    """These tests are about the WS kernel: the public op keeps V4.1 (no extra cache) on it, not on the
+    split-consumer kernel it is dispatched to since session 15 (``_gluon_sparse_decode_ws2.dispatch_on``)."""
+    monkeypatch.setenv("DEEPKERNELS_SPARSE_WS2", "0")
+
+
 # ------------------------------------------------------------------ compile tier (CPU cross-compile for sm90)
 def _sass_loops(sass: str):
     """Innermost loops of a SASS listing as lists of instruction texts (a loop = a backward BRA)."""
@@ -610,8 +617,24 @@ def test_compile_sm90_ws_pf_l2(fmt):
     assert W.WS_PF_L2 == frozenset({"v32"})
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("fmt", FMTS)
+def test_compile_sm90_ws_row_lanes(fmt):
+    """The producer's ROW_LANES option (lanes over token rows first) compiles for WS and WS2 with the same shared
+    memory, the same number of 16-byte shared stores and global loads, the same wgmma count; off by default."""
+    from deepkernels.mla import _gluon_sparse_decode_ws2 as W2
+    for comp in (W.compile_sm90_ws, W2.compile_sm90_ws2):
+        off, on = comp(fmt=fmt, row_lanes=False), comp(fmt=fmt, row_lanes=True)
+        assert on.metadata.shared == off.metadata.shared
+        p, a = off.asm["ptx"], on.asm["ptx"]
+        assert p != a
+        for op in ("st.shared.v4.b32", "ld.global.v4.b32", "wgmma.mma_async", "cp.async.cg.shared.global"):
+            assert a.count(op) == p.count(op), op
+    assert W.WS_ROW_LANES == frozenset()
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("knob", ["WS_DEQ_ASM", "WS_PF_L2"])
+@pytest.mark.parametrize("knob", ["WS_DEQ_ASM", "WS_PF_L2", "WS_ROW_LANES"])
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("b,s_q,h_q,topk,s_k,page,nonpow2", [(4, 2, 128, 576, 4096, 64, True),
                                                             (3, 1, 64, 100, 300, 16, True),
@@ -633,6 +656,34 @@ def test_gpu_ws_deq_asm_bit_identical(knob, fmt, b, s_q, h_q, topk, s_k, page, n
     outs = []
     for on in (False, True):
         monkeypatch.setattr(W, knob, frozenset({fmt}) if on else frozenset())
+        outs.append(_public(kw))
+    assert took == [False, True], took
+    for x, y in zip(outs[1], outs[0]):
+        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+    run_and_check(kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("b,s_q,h_q,topk,s_k,page,nonpow2", [(4, 2, 128, 576, 4096, 64, True),
+                                                            (3, 1, 64, 100, 300, 16, True)])
+def test_gpu_ws2_row_lanes_bit_identical(fmt, b, s_q, h_q, topk, s_k, page, nonpow2, poison, monkeypatch):
+    """ROW_LANES on the split-consumer kernel (public op routed to it): bit-identical to it without, and passes the
+    reference check."""
+    from deepkernels.mla import _gluon_sparse_decode_ws2 as W2
+    monkeypatch.setenv("DEEPKERNELS_SPARSE_WS2", "1")
+    kw = make_case(b, s_q, h_q, fmt, topk, s_k, page, nonpow2=nonpow2, with_len=True, device="cuda")
+    took = []
+    real = W2.launch_sparse_decode_gluon_ws2
+
+    def spy(*a, **k):
+        took.append(fmt in W.WS_ROW_LANES)
+        return real(*a, **k)
+    monkeypatch.setattr(W2, "launch_sparse_decode_gluon_ws2", spy)
+    monkeypatch.setattr(sd, "_PLANS", {})
+    outs = []
+    for on in (False, True):
+        monkeypatch.setattr(W, "WS_ROW_LANES", frozenset({fmt}) if on else frozenset())
         outs.append(_public(kw))
     assert took == [False, True], took
     for x, y in zip(outs[1], outs[0]):

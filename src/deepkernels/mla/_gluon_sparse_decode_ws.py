@@ -171,6 +171,13 @@ WS_PRODUCER_FENCE = False     # also fence.proxy.async in the producer before ``
 # spills in its 120-register producer (42 STL in the loop) and ran 0.64x; the prefetch alone 0.95-1.00x: neither.
 WS_DEQ_ASM = frozenset({"v32"})
 WS_PF_L2 = frozenset({"v32"})
+# ROW_LANES (session 16, not yet measured): the producer's lanes run over token rows first (BlockedLayout order
+# [0, 1] instead of [1, 0]), so each quarter-warp of a 16-byte shared store writes 8 rows -> 8 distinct 16-byte bank
+# groups of the 128-B-swizzled ring tile. Nsight Compute (results/ncu-h200-2026-11-29-s16, V3.2 WS kernel) found
+# every dequantised STS.128 at 8 wavefronts against the ideal 4: with 2 lanes per row, lanes 2r / 2r+1 of a quarter
+# write the same bank group of the two 64-column subtiles. The global loads cover the same addresses per instruction
+# (only the lane order changes) and the values are the same (bit-identical output).
+WS_ROW_LANES = frozenset()
 # sparse_decode.py sends the calls supported_ws() takes here (True since its first device run, 2026-11-29, git
 # 9385c63fe481: GPU tests passed, bit-identical to the single-partition kernel, 1.20-1.30x it -- 229-266 TFLOPS at
 # h_q 128, topk 2048; results/mla_sparse_decode_ws-h200-2026-11-29.json)
@@ -304,15 +311,17 @@ def _w_prefetch_l2(kv_ptr, rec, valid, RB: gl.constexpr):
 @_jit
 def _w_blocks32(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
                 num_tok, page, stride_kb, it, dr, PAGE_SHIFT: gl.constexpr, PRODUCER_FENCE: gl.constexpr,
-                DEQ_ASM: gl.constexpr = False, PF_L2: gl.constexpr = False):
+                DEQ_ASM: gl.constexpr = False, PF_L2: gl.constexpr = False, ROW_LANES: gl.constexpr = False):
     """The producer's block loop over positions [t_lo, t_end) of the index row of (req, query si64) of a V3.2 cache
     (the main cache, then the extra one if any), ring counter ``it`` in and out; ``dr``: the RoPE columns (made by
     the caller, before its request loop, as before this was a helper: same instruction order)."""
     # one token per thread: a scale group of a record (128 B = 32 words) is 2 threads x 4 16-byte vectors, so a
     # thread carries 1 scale and 1 record address per chunk (not 4, as with 8 lanes per token)
-    LW: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])   # [64, 32] words
+    # (ROW_LANES: lanes over rows first, :data:`WS_ROW_LANES`)
+    LW: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [0, 1] if ROW_LANES else [1, 0])   # [64, 32] words
     LT: gl.constexpr = gl.SliceLayout(1, LW)
-    LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1], [1, 0])  # [64, 64] bf16 RoPE: 4 x 16-B cp.async
+    LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1],
+                                         [0, 1] if ROW_LANES else [1, 0])  # [64, 64] bf16 RoPE: 4 x 16-B cp.async
     LTP: gl.constexpr = gl.SliceLayout(1, LP4)
     nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
     idx_row = idx_ptr + req.to(gl.int64) * stride_ib + si64 * stride_is
@@ -384,13 +393,14 @@ def _w_producer(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
                 PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr,
                 PRODUCER_FENCE: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_XLEN: gl.constexpr,
                 XPAGE_SHIFT: gl.constexpr, XFMT: gl.constexpr, PROFILE: gl.constexpr = 0,
-                DEQ_ASM: gl.constexpr = False, PF_L2: gl.constexpr = False):
+                DEQ_ASM: gl.constexpr = False, PF_L2: gl.constexpr = False, ROW_LANES: gl.constexpr = False):
     """Worker partition (4 warps): gather + dequantise every 64-token block of this CTA's (request, block) line
     into ring slot ``it % 2`` (``it`` counts blocks over the requests, as the consumers do). HAS_EXTRA (the ``x*``
     arguments; constexpr None placeholders without): after a request's main blocks, its blocks of the V3.2 extra
     cache (:func:`_w_blocks32`), the same ring counter running on. ``PROFILE`` 1 (timing diagnostic, no extra
     cache): :func:`_w_blocks_skip` instead of the gather + dequant loop."""
-    LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1], [1, 0])  # [64, 64] bf16 RoPE: 4 x 16-B cp.async
+    LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1],
+                                         [0, 1] if ROW_LANES else [1, 0])  # [64, 64] bf16 RoPE: 4 x 16-B cp.async
     hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
     si64 = si.to(gl.int64)
     dr = gl.arange(0, 64, gl.SliceLayout(0, LP4))    # (made here, outside the request loop, as before)
@@ -405,7 +415,7 @@ def _w_producer(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
         else:
             it = _w_blocks32(kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is,
                              t_lo, t_end, num_tok, page, stride_kb, it, dr, PAGE_SHIFT, PRODUCER_FENCE, DEQ_ASM,
-                             PF_L2)
+                             PF_L2, ROW_LANES)
         if HAS_EXTRA:
             x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
             it = _w_blocks32(kv_n, kv_p, vmask, ready, empty, xkv_ptr, xidx_ptr, req, si64, stride_xib, stride_xis,
@@ -493,11 +503,13 @@ def _w_blocks_nope(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride
 @_jit
 def _w_blocks41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
                 num_tok, page, stride_kb, it, PAGE_SHIFT: gl.constexpr, PRODUCER_FENCE: gl.constexpr,
-                DEQ_ASM: gl.constexpr = False, PF_L2: gl.constexpr = False):
+                DEQ_ASM: gl.constexpr = False, PF_L2: gl.constexpr = False, ROW_LANES: gl.constexpr = False):
     """:func:`_w_blocks32` for a V4.1 cache (the main cache, then a V4.1 extra one if any): no RoPE copy; a chunk is
     128 B of a record = 4 scale groups (2 per thread)."""
     # one token per 2 threads; a thread holds 2 scale groups x 8 words = 64 contiguous bytes (4 x 16-B vectors)
-    L3: gl.constexpr = gl.BlockedLayout([1, 2, 8], [16, 2, 1], [4, 1, 1], [2, 1, 0])   # [64, 4, 8] words
+    # (ROW_LANES: lanes over rows first, :data:`WS_ROW_LANES`)
+    L3: gl.constexpr = gl.BlockedLayout([1, 2, 8], [16, 2, 1], [4, 1, 1],
+                                        [2, 0, 1] if ROW_LANES else [2, 1, 0])   # [64, 4, 8] words
     return _w_blocks_nope(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
                           num_tok, page, stride_kb, it, PAGE_SHIFT, PRODUCER_FENCE, 528, L3, _w_load_chunk41,
                           _w_dequant_store41, DEQ_ASM, PF_L2)
@@ -510,7 +522,7 @@ def _w_producer41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr,
                   PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr,
                   PRODUCER_FENCE: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_XLEN: gl.constexpr,
                 XPAGE_SHIFT: gl.constexpr, XFMT: gl.constexpr, PROFILE: gl.constexpr = 0,
-                DEQ_ASM: gl.constexpr = False, PF_L2: gl.constexpr = False):
+                DEQ_ASM: gl.constexpr = False, PF_L2: gl.constexpr = False, ROW_LANES: gl.constexpr = False):
     """Worker partition (4 warps), V4.1 main cache (528 B/token: 512 e4m3 incl. RoPE, 16 UE8M0 exponents): as
     :func:`_w_producer` without the RoPE copy; a chunk is 128 B of a record = 4 scale groups (2 per thread).
     HAS_EXTRA: then the request's extra-cache blocks, V4.1 (XFMT 2, :func:`_w_blocks41`) or FP4 (XFMT 3,
@@ -527,7 +539,8 @@ def _w_producer41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr,
                                 it)
         else:
             it = _w_blocks41(kv_n, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo,
-                             t_end, num_tok, page, stride_kb, it, PAGE_SHIFT, PRODUCER_FENCE, DEQ_ASM, PF_L2)
+                             t_end, num_tok, page, stride_kb, it, PAGE_SHIFT, PRODUCER_FENCE, DEQ_ASM, PF_L2,
+                             ROW_LANES)
         if HAS_EXTRA:
             x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
             if XFMT == 3:
@@ -716,13 +729,14 @@ def _sparse_decode_gluon_ws_kernel(
     b, s_q, h_q, topk, acc_rows, sm_scale_log2,
     PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, PRODUCER_FENCE: gl.constexpr, FMT: gl.constexpr, PROFILE: gl.constexpr = 0,
-    DEQ_ASM: gl.constexpr = False, PF_L2: gl.constexpr = False,
+    DEQ_ASM: gl.constexpr = False, PF_L2: gl.constexpr = False, ROW_LANES: gl.constexpr = False,
 ):
     """``PROFILE`` (timing diagnostic, never dispatched; results meaningless): 1 = the producer only runs the ring
     protocol (no gather, no dequant: the consumers' time alone), 2 = the consumers release each slot at once (no
     math: the producer's time alone); 0 = the kernel. ``DEQ_ASM``: the producer dequantises through the inline-PTX
     :func:`_w_e4m3x4` (same values; :data:`WS_DEQ_ASM`); ``PF_L2``: it also asks L2 for block j+2's records
-    (:func:`_w_prefetch_l2`, :data:`WS_PF_L2`)."""
+    (:func:`_w_prefetch_l2`, :data:`WS_PF_L2`); ``ROW_LANES``: its lanes run over token rows first
+    (:data:`WS_ROW_LANES`)."""
     q_n, q_p, kv_n, kv_p, p_smem, vmask, ready, empty = _w_smem(FMT)
     if FMT == 0:
         gl.warp_specialize([
@@ -733,7 +747,7 @@ def _sparse_decode_gluon_ws_kernel(
             (_w_producer, (kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
                            stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, None, None, None, None,
                            None, None, None, None, None, PAGE_SHIFT, HAS_LEN, SBLOCK, PRODUCER_FENCE, False, False, 0,
-                           0, PROFILE, DEQ_ASM, PF_L2)),
+                           0, PROFILE, DEQ_ASM, PF_L2, ROW_LANES)),
         ], [4], [PRODUCER_REGS])
     else:
         gl.warp_specialize([
@@ -744,7 +758,7 @@ def _sparse_decode_gluon_ws_kernel(
             (_w_producer41, (kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
                              stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, None, None, None,
                              None, None, None, None, None, None, PAGE_SHIFT, HAS_LEN, SBLOCK, PRODUCER_FENCE, False,
-                             False, 0, 0, PROFILE, DEQ_ASM, PF_L2)),
+                             False, 0, 0, PROFILE, DEQ_ASM, PF_L2, ROW_LANES)),
         ], [4], [PRODUCER_REGS])
 
 
@@ -808,7 +822,7 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
                                   extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
                                   extra_topk_length=None, config=None, _spec=None, *,
                                   producer_regs=None, maxnreg=None, producer_fence=None, _profile=0,
-                                  deq_asm=None, pf_l2=None):
+                                  deq_asm=None, pf_l2=None, row_lanes=None):
     """Drop-in for ``launch_sparse_decode_gluon`` (same arguments and outputs; the caller checked
     :func:`supported_ws`; ``config`` ignored; ``_spec`` as there: the public op's cached call plan standing for the
     specialisation facts, or None to compute them with :func:`deepkernels._launch.spec_key`). Launches through a
@@ -876,6 +890,8 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
             names, constexprs = names + ("DEQ_ASM", ), constexprs + (True, )
         if (fmt in WS_PF_L2) if pf_l2 is None else pf_l2:
             names, constexprs = names + ("PF_L2", ), constexprs + (True, )
+        if (fmt in WS_ROW_LANES) if row_lanes is None else row_lanes:
+            names, constexprs = names + ("ROW_LANES", ), constexprs + (True, )
     # the key names the constexprs too: the optional ones (PROFILE, DEQ_ASM) make tuples of different meaning whose
     # values can compare equal (True == 1)
     launcher = cached_launcher(_LAUNCHERS, kernel, (names, constexprs, opts, spec),
@@ -903,7 +919,8 @@ _LAUNCHER_LIMIT = 1024
 
 def compile_sm90_ws(page_shift: int = 6, has_len: bool = True, has_sink: bool = True, producer_regs=None,
                     maxnreg=None, producer_fence=None, fmt: str = "v32", xfmt: str | None = None,
-                    xpage_shift: int = 6, has_xlen: bool = True, profile: int = 0, deq_asm=None, pf_l2=None):
+                    xpage_shift: int = 6, has_xlen: bool = True, profile: int = 0, deq_asm=None, pf_l2=None,
+                    row_lanes=None):
     """Cross-compile the WS kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch;
     ``fmt``: main-cache format ("v32" / "v41"); ``xfmt``: extra-cache format (None: no extra cache, the
     no-extra kernel; "v32" / "v41" / "fp4": the extra-cache kernel, with ``xpage_shift`` / ``has_xlen``).
@@ -923,7 +940,8 @@ def compile_sm90_ws(page_shift: int = 6, has_len: bool = True, has_sink: bool = 
                   FMT=GLUON_FMTS[fmt])
     # the optional constexprs always, in parameter order (the cross-compile binds constexprs by position)
     consts.update(PROFILE=int(profile), DEQ_ASM=bool((fmt in WS_DEQ_ASM) if deq_asm is None else deq_asm),
-                  PF_L2=bool((fmt in WS_PF_L2) if pf_l2 is None else pf_l2))
+                  PF_L2=bool((fmt in WS_PF_L2) if pf_l2 is None else pf_l2),
+                  ROW_LANES=bool((fmt in WS_ROW_LANES) if row_lanes is None else row_lanes))
     hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
                                                                   "stride_ib", "stride_is"]
     return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)

@@ -328,6 +328,7 @@ def _sparse_decode_gluon_ws2_kernel(
     PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, PRODUCER_FENCE: gl.constexpr, FMT: gl.constexpr, PROFILE: gl.constexpr = 0,
     DEQ_ASM: gl.constexpr = False, PV_REGS: gl.constexpr = 160, PF_L2: gl.constexpr = False,
+    ROW_LANES: gl.constexpr = False,
 ):
     """The WS kernel's arguments and constexprs (``PROFILE`` 1: the producer runs only the ring protocol -- the
     consumers' time alone; ``DEQ_ASM`` / ``PF_L2``: the producer's inline-PTX dequant / L2 prefetch of block j+2, as
@@ -344,7 +345,7 @@ def _sparse_decode_gluon_ws2_kernel(
             (_w_producer, (kv_n, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
                            stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, None, None, None, None,
                            None, None, None, None, None, PAGE_SHIFT, HAS_LEN, SBLOCK, PRODUCER_FENCE, False, False, 0,
-                           0, PROFILE, DEQ_ASM, PF_L2)),
+                           0, PROFILE, DEQ_ASM, PF_L2, ROW_LANES)),
         ], [4, 4], [PV_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
@@ -357,7 +358,7 @@ def _sparse_decode_gluon_ws2_kernel(
             (_w_producer41, (kv_n, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
                              stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, None, None, None,
                              None, None, None, None, None, None, PAGE_SHIFT, HAS_LEN, SBLOCK, PRODUCER_FENCE, False,
-                             False, 0, 0, PROFILE, DEQ_ASM, PF_L2)),
+                             False, 0, 0, PROFILE, DEQ_ASM, PF_L2, ROW_LANES)),
         ], [4, 4], [PV_REGS, PRODUCER_REGS])
 
 
@@ -379,12 +380,13 @@ def launch_sparse_decode_gluon_ws2(out, lse_buf, q, k_cache, indices, sched, num
                                    extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
                                    extra_topk_length=None, config=None, _spec=None, *, pv_regs=None,
                                    producer_regs=None, maxnreg=None, producer_fence=None, _profile=0, deq_asm=None,
-                                   pf_l2=None):
+                                   pf_l2=None, row_lanes=None):
     """Drop-in for ``launch_sparse_decode_gluon_ws`` without an extra cache (same arguments and outputs; the caller
     checked :func:`supported_ws2`; ``config`` ignored; ``_spec`` as there). Keyword-only tuning knobs (benchmarks):
     PV / producer ``setmaxnreg``, launch ``maxnreg``, producer-side proxy fence, ``_profile`` 1 (the producer runs
     only the ring protocol: the consumers' time alone; output meaningless); ``deq_asm`` / ``pf_l2``: the producer
-    options (default: the WS kernel's per-format choice, ``fmt in`` its ``WS_DEQ_ASM`` / ``WS_PF_L2``)."""
+    options (default: the WS kernel's per-format choice, ``fmt in`` its ``WS_DEQ_ASM`` / ``WS_PF_L2``); ``row_lanes``:
+    the producer's lanes over token rows first (default ``fmt in`` ``WS_ROW_LANES``)."""
     from . import sparse_decode as sd
     from .combine import combine_splits_
     from .metadata import SCHED_BLOCK
@@ -420,7 +422,8 @@ def launch_sparse_decode_gluon_ws2(out, lse_buf, q, k_cache, indices, sched, num
     constexprs = (_page_shift(kv.shape[1]), topk_length is not None, attn_sink is not None, SCHED_BLOCK,
                   producer_regs or _producer_regs(fmt), fence, GLUON_FMTS[fmt], pv_regs or WS2_PV_REGS)
     constexprs += (int(_profile), bool((fmt in _ws.WS_DEQ_ASM) if deq_asm is None else deq_asm),
-                   bool((fmt in _ws.WS_PF_L2) if pf_l2 is None else pf_l2))
+                   bool((fmt in _ws.WS_PF_L2) if pf_l2 is None else pf_l2),
+                   bool((fmt in _ws.WS_ROW_LANES) if row_lanes is None else row_lanes))
     launcher = cached_launcher(_LAUNCHERS, _sparse_decode_gluon_ws2_kernel, (names, constexprs, opts, spec),
                                lambda: dict(zip(names, constexprs), num_warps=opts[0], maxnreg=opts[1]),
                                _LAUNCHER_LIMIT)
@@ -430,14 +433,14 @@ def launch_sparse_decode_gluon_ws2(out, lse_buf, q, k_cache, indices, sched, num
 
 
 _CONSTEXPRS = ("PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS", "PRODUCER_FENCE", "FMT", "PV_REGS",
-               "PROFILE", "DEQ_ASM", "PF_L2")
+               "PROFILE", "DEQ_ASM", "PF_L2", "ROW_LANES")
 _LAUNCHERS: dict = {}   # (kernel, (constexprs, options, specialisation)) -> KernelLauncher
 _LAUNCHER_LIMIT = 1024
 
 
 def compile_sm90_ws2(fmt: str = "v32", page_shift: int = 6, has_len: bool = True, has_sink: bool = True,
                      pv_regs=None, producer_regs=None, maxnreg=None, producer_fence=None, profile: int = 0,
-                     deq_asm=None, pf_l2=None):
+                     deq_asm=None, pf_l2=None, row_lanes=None):
     """Cross-compile the kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch. Returns
     the CompiledKernel (``.asm['ptx']``, ``.metadata.shared``)."""
     fn = _sparse_decode_gluon_ws2_kernel
@@ -452,7 +455,8 @@ def compile_sm90_ws2(fmt: str = "v32", page_shift: int = 6, has_len: bool = True
                   FMT=GLUON_FMTS[fmt])
     # every constexpr, in parameter order (the cross-compile binds constexprs by position)
     consts.update(PROFILE=int(profile), DEQ_ASM=bool((fmt in _ws.WS_DEQ_ASM) if deq_asm is None else deq_asm),
-                  PV_REGS=pv_regs or WS2_PV_REGS, PF_L2=bool((fmt in _ws.WS_PF_L2) if pf_l2 is None else pf_l2))
+                  PV_REGS=pv_regs or WS2_PV_REGS, PF_L2=bool((fmt in _ws.WS_PF_L2) if pf_l2 is None else pf_l2),
+                  ROW_LANES=bool((fmt in _ws.WS_ROW_LANES) if row_lanes is None else row_lanes))
     hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
                                                                   "stride_ib", "stride_is"]
     return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=WS2_NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)

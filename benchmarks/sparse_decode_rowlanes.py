@@ -1,0 +1,103 @@
+"""The sparse decode producer's ROW_LANES option (lanes over token rows first: conflict-free 16-byte shared stores of
+the dequantised tile; ``_gluon_sparse_decode_ws.WS_ROW_LANES``) against the default lane order, on the WS and the
+split-consumer (WS2) kernels, same schedule and inputs (``mla_sparse_decode.kernel_case``): V3.2 and V4.1,
+(b, s_q, h_q) in (128, 1, 128), (128, 2, 128), (64, 1, 128), topk 2048, s_k 8192 per request.
+
+Correctness first: each variant once into NaN-poisoned outputs; the ROW_LANES output must equal its kernel's default
+output bit for bit (``bit_identical``). Timing: R rounds (``--rounds``, default 5), each round times every variant
+(``triton.testing.do_bench``, warmup 3, rep 15, median) in an order rotated by one per round; headline = the median
+over rounds of the PAIRED ratio (variant time / its kernel's default time in the same round; < 1 is faster), so clock
+drift during the run cancels. TFLOPS from the per-variant median (FlashMLA counting). JSON with provenance.
+Usage (GPU): ``PYTHONPATH=src python benchmarks/sparse_decode_rowlanes.py OUT.json [--rounds R]``
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", nargs="?", default=os.path.join(os.environ.get("OUT", "."), "sparse_decode_rowlanes.json"))
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to time")
+        return 0
+    import mla_sparse_decode as B
+    from deepkernels.mla import _gluon_sparse_decode_ws as W
+    from deepkernels.mla import _gluon_sparse_decode_ws2 as W2
+    from deepkernels.bench.runner import provenance
+    from triton.testing import do_bench
+
+    variants = [("ws", W.launch_sparse_decode_gluon_ws, False, "ws"),
+                ("ws_rl", W.launch_sparse_decode_gluon_ws, True, "ws"),
+                ("ws2", W2.launch_sparse_decode_gluon_ws2, False, "ws2"),
+                ("ws2_rl", W2.launch_sparse_decode_gluon_ws2, True, "ws2")]
+    rows = []
+    B.warm_clocks()
+    for fmt in ("v32", "v41"):
+        for b, s_q, h_q in ((128, 1, 128), (128, 2, 128), (64, 1, 128)):
+            c = B.kernel_case(fmt, b, s_q, h_q, 2048, 8192)
+            row = dict(fmt=fmt, b=b, s_q=s_q, h_q=h_q, topk=2048, s_k=8192, parts=c.parts, flop=c.flop)
+            fns, outs = {}, {}
+            for name, launch, rl, _ in variants:
+                out = torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16, device="cuda")
+                lse = torch.empty(b, s_q, h_q, device="cuda")
+                fn = (lambda o=out, l_=lse, f=launch, r=rl:
+                      f(o, l_, c.q, c.cache, c.ind, c.sched, c.ns, c.scale, fmt, row_lanes=r))
+                try:
+                    out.fill_(float("nan"))
+                    lse.fill_(float("nan"))
+                    fn()
+                    torch.cuda.synchronize()
+                    outs[name] = (out.clone(), lse.clone())
+                    row[name + "_nan"] = bool(torch.isnan(out).any() or torch.isnan(lse).any())
+                    fns[name] = fn
+                except Exception as e:  # noqa: BLE001
+                    row[name + "_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            for base in ("ws", "ws2"):
+                if base in outs and base + "_rl" in outs:
+                    (o1, l1), (o2, l2) = outs[base], outs[base + "_rl"]
+                    row[base + "_rl_bit_identical"] = bool(torch.equal(o1, o2) and torch.equal(l1.nan_to_num(), l2.nan_to_num()))
+            names = list(fns)
+            times = {n: [] for n in names}
+            for r in range(args.rounds):
+                order = names[r % len(names):] + names[:r % len(names)]
+                for n in order:
+                    times[n].append(do_bench(fns[n], warmup=3, rep=15, return_mode="median"))
+            for n in names:
+                med = statistics.median(times[n])
+                row[n + "_ms_rounds"] = times[n]
+                row[n + "_ms"] = med
+                row[n + "_tflops"] = c.flop / med / 1e9
+            for base in ("ws", "ws2"):
+                v = base + "_rl"
+                if base in times and v in times:
+                    pr = [a / d for a, d in zip(times[v], times[base])]
+                    row[v + "_paired_ratios"] = pr
+                    row[v + "_paired_median"] = statistics.median(pr)
+            rows.append(row)
+            print("SUMMARY %s b=%3d s_q=%d h_q=%d  ws %.1f  ws_rl %.1f (t/ws %.3f, bit %s)  ws2 %.1f  ws2_rl %.1f "
+                  "(t/ws2 %.3f, bit %s)  nan %s%s" % (
+                      fmt, b, s_q, h_q, row.get("ws_tflops", float("nan")), row.get("ws_rl_tflops", float("nan")),
+                      row.get("ws_rl_paired_median", float("nan")), row.get("ws_rl_bit_identical"),
+                      row.get("ws2_tflops", float("nan")), row.get("ws2_rl_tflops", float("nan")),
+                      row.get("ws2_rl_paired_median", float("nan")), row.get("ws2_rl_bit_identical"),
+                      [k for k, v in row.items() if k.endswith("_nan") and v],
+                      "".join("  %s: %s" % (k, v) for k, v in row.items() if k.endswith("_error"))), flush=True)
+            json.dump(dict(provenance=provenance(), rounds=args.rounds, rows=rows), open(args.out, "w"), indent=1)
+            del c, outs, fns
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
