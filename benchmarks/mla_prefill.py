@@ -102,18 +102,25 @@ def sparse_inputs(s_q, s_kv, topk, h_q, d_qk, sink):
     return q, kv, ind, sk
 
 
-# Gluon sparse config label -> variant of launch_sparse_prefill_gluon (None: the dispatched one; "ws2": the
-# split-consumer kernel of mla/_gluon_sparse_prefill_ws2.py)
-GLUON_SPARSE = {"gluon": None, "gluon-ws": "ws", "gluon-ws2": "ws2"}
+# Gluon sparse config label -> variant of launch_sparse_prefill_gluon (None: the dispatched one; "ws2*": the
+# split-consumer kernel of mla/_gluon_sparse_prefill_ws2.py, with its opt-in ``overlap`` schedule per _WS2_OVERLAP)
+GLUON_SPARSE = {"gluon": None, "gluon-ws": "ws", "gluon-ws2": "ws2", "gluon-ws2-ov": "ws2-ov",
+                "gluon-ws2-ov2": "ws2-ov2"}
+# overlap keyword of launch_sparse_prefill_gluon_ws2: 0 the dispatched schedule, 1 FA3 order + lagged PV warpgroup,
+# 2 FA3 order only (module docstring section "OVERLAP")
+_WS2_OVERLAP = {"ws2": 0, "ws2-ov": 1, "ws2-ov2": 2}
+# labels timed only when named in --gluon-add (keeps the other device scripts' --gluon runs at their length)
+GLUON_OPT_IN = ("gluon-ws2-ov2", )
 
 
 def _launch_cfg(cfg):
     """The launcher for one candidate: a Triton config tuple or a Gluon label of :data:`GLUON_SPARSE`
     (mla/_gluon_sparse_prefill.py: "gluon" = the dispatched variant, "gluon-ws"; "gluon-ws2" =
-    mla/_gluon_sparse_prefill_ws2.py)."""
-    if isinstance(cfg, str) and GLUON_SPARSE.get(cfg) == "ws2":   # the split-consumer module (not a variant)
+    mla/_gluon_sparse_prefill_ws2.py, "gluon-ws2-ov" / "gluon-ws2-ov2" = the same with overlap=1 / 2)."""
+    if isinstance(cfg, str) and GLUON_SPARSE.get(cfg) in _WS2_OVERLAP:   # the split-consumer module (not a variant)
+        overlap = _WS2_OVERLAP[GLUON_SPARSE[cfg]]
         return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp2.launch_sparse_prefill_gluon_ws2(
-            out, ml, lse, q, kv, ind, scale, sk, tl)
+            out, ml, lse, q, kv, ind, scale, sk, tl, overlap=overlap)
     if isinstance(cfg, str) and cfg in GLUON_SPARSE:
         variant = GLUON_SPARSE[cfg]
         return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp.launch_sparse_prefill_gluon(
@@ -122,11 +129,12 @@ def _launch_cfg(cfg):
         out, ml, lse, q, kv, ind, scale, sk, tl, config=cfg)
 
 
-def run_sparse(rows, sweep, s_kvs, s_q=4096, topk=2048, gluon=False, gluon_skip=()):
+def run_sparse(rows, sweep, s_kvs, s_q=4096, topk=2048, gluon=False, gluon_skip=(), gluon_add=()):
     h_q, d_qk = 128, 576
     configs = SPARSE_CANDIDATES if sweep else [SPARSE_CONFIGS[h_q]]
     if gluon:
-        configs = configs + [c for c in GLUON_SPARSE if c not in gluon_skip]
+        configs = configs + [c for c in GLUON_SPARSE
+                             if c not in gluon_skip and (c not in GLUON_OPT_IN or c in gluon_add)]
     for s_kv in s_kvs:
         for sink in (False, True):
             try:
@@ -254,6 +262,8 @@ def main(argv=None):
     ap.add_argument("--gluon", action="store_true", help="also time the Gluon kernels (sm90 only)")
     ap.add_argument("--gluon-skip", default="", help="comma-separated Gluon sparse labels not to time "
                     "(e.g. gluon-ws)")
+    ap.add_argument("--gluon-add", default="", help="comma-separated opt-in Gluon sparse labels to time as well "
+                    f"(of {', '.join(GLUON_OPT_IN)})")
     ap.add_argument("--s-kv", default="", help="comma-separated sparse s_kv values (default: 8K/32K/64K/128K)")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="tiny shapes on the CPU (run with TRITON_INTERPRET=1) to check the script itself")
@@ -275,7 +285,8 @@ def main(argv=None):
         s_kvs = [int(x) for x in args.s_kv.split(",")] if args.s_kv else (
             [8192] if args.quick else [8192, 32768, 65536, 131072])
         run_sparse(rows, args.sweep, s_kvs, gluon=args.gluon,
-                   gluon_skip=tuple(c for c in args.gluon_skip.split(",") if c))
+                   gluon_skip=tuple(c for c in args.gluon_skip.split(",") if c),
+                   gluon_add=tuple(c for c in args.gluon_add.split(",") if c))
     if args.only in (None, "dense"):
         run_dense(rows, args.sweep, [4096] if args.quick else [4096, 8192], gluon=args.gluon)
     summary(rows.rows)

@@ -74,6 +74,57 @@ GPU tests 43/43; s_kv 8K 480.6 / 481.9 TFLOPS (sink / none; WS 403.3 / 403.7: 1.
 373.5 / 376.0: 1.15x) -- the predicted 420-470 at its top (8K above it). Per block 2*64*64*1088 flop / 132 SMs ->
 ~1.1 us at 8K, ~1.2 us at 64K (where the gathers miss L2 more). Against FlashMLA on the same GPU (ANCHORS.md, no
 sink): 0.82x / 0.83x; target 640 not reached.
+
+OVERLAP (opt-in, not dispatched; constexpr ``OVERLAP``, launcher / compile keyword ``overlap``, default 0 = the
+schedule above, whose cleaned PTX is byte-identical to before the option: sha256 of all 8 (d_pe, has_len, has_sink)
+configurations compared, tests/test_gluon_sparse_prefill_ws2.py ``test_default_ptx_unchanged``).
+
+* Why. Per (CTA, 64-token block) the default's softmax warpgroup runs S_j (36 m64n64k16: 2.36 M MAC = ~1,150 clk
+  at 2,048 MAC/clk/SM), then softmax_j, the handoff, then its P V_j half while the PV warpgroup runs the other half
+  (2 x 1.05 M MAC = ~1,020 clk together) -- nothing keeps the tensor core busy during the softmax. Measured 2.44 us
+  = ~4,470 clk per block at s_kv 8K, so the softmax chain (row max, 34 exp2, row sum over 32 values per thread, the
+  P / alpha stores, fence, 3 warpgroup barriers, mbarrier waits, wgmma issue / drain) costs X ~ 2,300 clk.
+* ``OVERLAP=1`` = FA3 order in the softmax warpgroup + a lagged PV warpgroup (:func:`_p2o_softmax_wg`,
+  :func:`_p2o_pv_wg`). Block j's step (j >= 1): issue S_j, rescale O[:, :256] by alpha_{j-1}, issue its
+  P V_{j-1}[:, :256] behind S_j (P_{j-1} as the REGISTER A operand), ``wait_group 1`` (S_j only), arrive ``sdone``,
+  softmax_j while P V_{j-1} runs, hand P_j / alpha_j over (``pfree`` wait, stores, ``pready``), then ``wait_group
+  0`` and release slot j-1. The PV warpgroup's P V_{j-1}[:, 256:] waits for ``pready`` AND ``sdone`` (S_j done),
+  so it runs under softmax_j instead of competing with S_j. The tensor core then sees S_j alone, then both P V_{j-1}
+  halves (~1,020 clk) under softmax_j: period ~ S + max(X', 1,020) + issue gaps instead of S + X + 1,020.
+  ``OVERLAP=2``: the same softmax warpgroup, the PV warpgroup at ``pready`` as in the default (its half competes with
+  S_{j+1}): period ~ S + 510 + max(X', 510); bench label ``gluon-ws2-ov2`` (opt-in ``--gluon-add``).
+* Barriers / phases. Unchanged: ``ready`` / ``empty`` (count 2) / ``pready`` / ``pfree`` parities; the softmax
+  warpgroup's ``empty`` arrive for block j moves into step j+1 (after its P V_j wait) or the tail. New (OVERLAP 1):
+  ``sdone`` (count 1), arrived once per block -- in step j for block j-1 (after S_j completed) and in the tail for
+  the last block -- and waited by the PV warpgroup with parity ``j & 1``; no wait of one warpgroup depends on a
+  later arrive of the waiter itself (checked by hand: step j's ``pfree`` wait needs the PV warpgroup's block j-1,
+  which needs ``sdone`` arrived earlier in step j).
+* Ring-slot lifetime (the dense decode FA3 lesson, benchmarks/notes/mla_decode_gluon.md). Slot j-1 is now released
+  when both P V_{j-1} complete, ~1,020 clk after S_j, i.e. during softmax_j; the producer must have gathered block
+  j+1 into it before S_{j+1} is issued (end of step j's handoff): slack ~ X' - 1,020 ~ 1,300 clk (~0.7 us) per
+  72 KB gather, against ~3,300 clk in the default (whose P V halves finish before S_{j+1}). OVERLAP 2 leaves
+  ~1,800 clk. The prefill producer is cp.async from L2 (94.7 % hit rate at 8K), no dequant, so the 2-slot ring is
+  kept; it is the first suspect if s_kv 64K (more L2 misses) gains less than 8K.
+* Shaped by ptxas (SASS inspected, asserted in ``test_compile_overlap``). With P V_{j-1} reading P from shared
+  memory its wait had to precede the P_j store, and ptxas sank 29 of the 34 exp2 below that wait (no overlap left).
+  With the register operand the P_j store + barrier precede the wait, and all 34 MUFU.EX2 sit between the two
+  WARPGROUP.DEPBARs. P crosses the back edge in fp32 and is packed at the top of the step (dense prefill v2's
+  lesson). The register operand needs no layout conversion through shared memory (same STS / LDS counts per block
+  as the default).
+* Compile facts (Triton 3.6 wheel, ptxas sm_90a, all 8 configurations): shared memory OVERLAP 1 229,904 / 229,920 B
+  (d_qk 576, without / with topk_length; + 1 mbarrier), 205,312 B (512); OVERLAP 2 = the default's. wgmma 2 x 36
+  (32) m64n64k16 (prologue + loop) + 12 m64n256k16 (8 with a register A). Registers: the softmax warpgroup holds
+  O[:, :256] (128) and P_{j-1} (16) in flight while softmax_j needs S (32) and its temporaries: at the default
+  setmaxnreg (PV 216 / softmax 232) 32-35 spill instructions per block; :data:`WS2_OV_PV_REGS` = 200 -> softmax
+  248 (producer 56): 2-4 spill instructions per block (LDL of loop-invariant values before the P pack, L1 hits),
+  40-56 B spill stores in all, 0 in the PV and producer loops; 192 / 256 was worse (4-8). Softmax block loop 734 /
+  713 SASS instructions (d_qk 576 / 512; default 706 / 679), 40 / 36 HGMMA, 34 MUFU.EX2.
+* PREDICTION (H200, s_q 4096, h_q 128, topk 2048, sink off / on alike). OVERLAP 1: X' ~ X + ~100 clk (the sdone
+  barrier and arrive, the P pack) ~ 2,400 > 1,020, so period ~ 1,150 + 2,400 ~ 3,550 clk if the gather fits its
+  ~1,300 clk slack: 1.26x -> s_kv 8K ~ 600 TFLOPS (range 530-620); s_kv 64K ~ 490 (range 420-540), lower ratio
+  because the gathers miss L2 more and the slack is halved -- below ws2 at 64K is possible (the decode FA3 failure
+  mode). OVERLAP 2: period ~ 1,150 + 510 + 2,400 ~ 4,060 clk: 1.10x -> 8K ~ 530, 64K ~ 470. Not bit-identical
+  guaranteed but expected (the same operations per block in the same order; GPU test records it).
 """
 from __future__ import annotations
 
@@ -88,7 +139,8 @@ from .._launch import cached_launcher, spec_key
 from ._gluon_sparse_prefill import BLOCK_H, D_V, WS_MAXNREG, _g_ws_producer, _g_ws_rows, supported
 
 __all__ = ["available", "supported_ws2", "dispatch_on", "launch_sparse_prefill_gluon_ws2", "compile_sm90_ws2", "DISPATCH",
-           "WS2_PV_REGS", "WS2_MAXNREG", "WS2_PRODUCER_REGS", "WS2_NUM_WARPS"]
+           "WS2_PV_REGS", "WS2_MAXNREG", "WS2_PRODUCER_REGS", "WS2_NUM_WARPS", "WS2_OV_PV_REGS",
+           "OVERLAP_MODES"]
 
 # prefill.py routes the WS Gluon kernel's calls here since its first device run (session 16, H200, git 1c39d4c,
 # results/sparse_prefill_ws2-h200-2026-11-29-s16.json: 43/43 GPU tests; s_q 4096, h_q 128, topk 2048: 480.6-481.9
@@ -100,6 +152,10 @@ WS2_MAXNREG = WS_MAXNREG  # 168: 12 warps x 32 x 168 = 64,512 of the 65,536 regi
 # (d_qk 576 / 512 without topk_length); 56 leaves 0 in all configurations, and the consumers still get 216 / 232
 WS2_PRODUCER_REGS = 56
 WS2_PV_REGS = 216         # setmaxnreg of the PV warpgroup; the softmax warpgroup gets the rest (168 * 3 - 56 - 216)
+# OVERLAP 1 / 2 (opt-in): the softmax warpgroup also holds the in-flight P V_{j-1} (O half + its register P operand)
+# during softmax_j: PV warpgroup 200, softmax warpgroup 248 (at 216 / 232: 32-35 spill instructions in its block
+# loop; 200 / 248: 2-4; 192 / 256: 4-8; ptxas of the Triton 3.6 wheel)
+WS2_OV_PV_REGS = 200
 _LOG2E = 1.4426950408889634
 
 supported_ws2 = supported
@@ -248,6 +304,158 @@ def _p2_pv_wg(kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, out_pt
                    256, O_L)
 
 
+# ------------------------------------------------------------- OVERLAP (opt-in): FA3 order + lagged PV warpgroup
+
+@_jit
+def _p2o_valid(idx_row, j, n, s_kv, LS: gl.constexpr):
+    """Validity of block j's 64 tokens (the WS consumer's expression)."""
+    offs_n = j * 64 + gl.arange(0, 64, LS)
+    idx = gl.load(idx_row + offs_n, mask=offs_n < n, other=-1)
+    return (idx >= 0) & (idx < s_kv)
+
+
+@_jit
+def _p2o_softmax(s, valid, m_i, l_i, scale_log2):
+    """One online-softmax step (the default path's expressions): returns P (fp32), alpha, the new max and sum."""
+    s = gl.where(valid[None, :], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2((m_i - m_safe) * scale_log2)
+    p = gl.exp2((s - m_safe[:, None]) * scale_log2)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@_jit
+def _p2o_handoff(p, alpha, p_smem, a_smem, pready, pfree, j):
+    """P_j (bf16) and alpha_j to the PV warpgroup once it released P_{j-1} (``pfree``), then ``pready``. The
+    softmax warpgroup's own P V reads P from registers, so ``p_smem`` has this one reader."""
+    mbarrier.wait(pfree, (j & 1) ^ 1)
+    p_smem.store(p.to(gl.bfloat16))
+    a_smem.store(alpha)
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(pready)
+
+
+@_jit
+def _p2o_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree, sdone, q_ptr, idx_ptr,
+                    len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_qs,
+                    stride_qh, stride_is, stride_os, stride_oh, H_Q, D_PE: gl.constexpr, HAS_LEN: gl.constexpr,
+                    HAS_SINK: gl.constexpr, OVERLAP: gl.constexpr):
+    """Default partition with ``OVERLAP`` 1 / 2 (module docstring, section "OVERLAP"). Block j's step (j >= 1),
+    entered with P_{j-1} in fp32 and alpha_{j-1}: pack P_{j-1} to the register A operand, issue S_j, rescale O by
+    alpha_{j-1}, issue P V_{j-1}[:, :256] behind S_j, wait for S_j only (``wait_group 1``), [OVERLAP 1: arrive
+    ``sdone``], softmax_j while P V_{j-1} runs, P_j / alpha_j to the PV warpgroup, then wait for P V_{j-1} and
+    release slot j-1. Prologue: S_0, softmax_0, handoff; tail: the last P V.
+
+    Shaped by ptxas (SASS checked, module docstring): with P V_{j-1} reading P from shared memory its wait had to
+    precede the P_j store, and ptxas then sank 29 of the 34 exp2 below that wait; with P as the register operand the
+    P_j store (and its barrier) precede the wait, which pins the softmax before it. P crosses the back edge in fp32
+    and is packed at the top (dense prefill v2's lesson: a loop-carried packed P shares the in-flight P's
+    registers)."""
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    L_PA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    LS: gl.constexpr = gl.SliceLayout(0, S_L)
+    pid = gl.program_id(0)
+    tok = (pid // (H_Q // 64)).to(gl.int64)
+    hb = pid % (H_Q // 64)
+    hq = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, LP))
+    dq = gl.arange(0, 64, gl.SliceLayout(0, LP))
+    q_rows = q_ptr + tok * stride_qs + hq.to(gl.int64)[:, None] * stride_qh
+    for c in gl.static_range(8):
+        q_n.slice(c * 64, 64, dim=1).store(gl.load(q_rows + (c * 64 + dq)[None, :]))
+    if D_PE > 0:
+        q_p.store(gl.load(q_rows + (512 + dq)[None, :]))
+    fence_async_shared()
+    gl.thread_barrier()
+    n, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
+    idx_row = idx_ptr + tok * stride_is
+    m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))   # running max of raw q.k
+    l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
+    acc = gl.zeros([64, 256], gl.float32, O_L)
+    s_zero = gl.zeros([64, 64], gl.float32, S_L)
+    if num_blocks > 0:
+        # prologue: S_0, softmax_0, P_0 handed over (O is zero: nothing to rescale or accumulate yet)
+        valid = _p2o_valid(idx_row, 0, n, s_kv, LS)
+        mbarrier.wait(ready.index(0), 0)
+        fence_async_shared()
+        tok_s = warpgroup_mma(q_n, kv_n.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        if D_PE > 0:
+            tok_s = warpgroup_mma(q_p, kv_p.index(0).permute((1, 0)), tok_s, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(tok_s, ))
+        p32, alpha, m_i, l_i = _p2o_softmax(s, valid, m_i, l_i, scale_log2)
+        _p2o_handoff(p32, alpha, p_smem, a_smem, pready, pfree, 0)
+        for j in range(1, num_blocks):
+            slot = j % 2
+            prev = 1 - slot
+            p_op = gl.convert_layout(p32.to(gl.bfloat16), L_PA)     # P_{j-1} as the register A operand
+            valid = _p2o_valid(idx_row, j, n, s_kv, LS)      # loaded before the ready wait (latency hidden)
+            mbarrier.wait(ready.index(slot), (j // 2) & 1)
+            fence_async_shared()
+            tok_s = warpgroup_mma(q_n, kv_n.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            if D_PE > 0:
+                tok_s = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok_s, is_async=True)
+            # O is idle here (its P V_{j-2} was waited for): rescale, then P V_{j-1} queued behind S_j
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+            tok_o = warpgroup_mma(p_op, kv_n.index(prev).slice(0, 256, dim=1), acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(tok_s, ))          # S_j done; P V_{j-1} may still run
+            if OVERLAP == 1:
+                mbarrier.arrive(sdone)     # the PV warpgroup may now issue its P V_{j-1} (under softmax_j)
+            p32, alpha, m_i, l_i = _p2o_softmax(s, valid, m_i, l_i, scale_log2)
+            _p2o_handoff(p32, alpha, p_smem, a_smem, pready, pfree, j)
+            acc, p_op = warpgroup_mma_wait(0, deps=(tok_o, p_op))
+            mbarrier.arrive(empty.index(prev))
+        # tail: the last block's P V
+        last = (num_blocks - 1) % 2
+        p_op = gl.convert_layout(p32.to(gl.bfloat16), L_PA)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+        tok_o = warpgroup_mma(p_op, kv_n.index(last).slice(0, 256, dim=1), acc, is_async=True)
+        if OVERLAP == 1:
+            mbarrier.arrive(sdone)         # no S_{num_blocks}: releases the PV warpgroup's last block
+        acc, p_op = warpgroup_mma_wait(0, deps=(tok_o, p_op))
+        mbarrier.arrive(empty.index(last))
+
+    inv = _p2_stats(m_i, l_i, tok, hb, sink_ptr, ml_ptr, lse_ptr, sm_scale, H_Q, HAS_SINK, S_L)
+    mbarrier.wait(pfree, (num_blocks & 1) ^ 1)
+    a_smem.store(inv)
+    gl.thread_barrier()
+    mbarrier.arrive(pready)
+    _p2_write_half(acc, gl.convert_layout(inv, gl.SliceLayout(1, O_L)), tok, hb, out_ptr, stride_os, stride_oh, 0,
+                   O_L)
+
+
+@_jit
+def _p2o_pv_wg(kv_n, p_smem, a_smem, ready, empty, pready, pfree, sdone, len_ptr, out_ptr, topk, stride_os,
+               stride_oh, H_Q, HAS_LEN: gl.constexpr, OVERLAP: gl.constexpr):
+    """:func:`_p2_pv_wg` with ``OVERLAP`` 1: block j's P V waits, besides ``pready``, for ``sdone`` (the softmax
+    warpgroup's S_{j+1} completed, or it has no block j + 1), so it runs under softmax_{j+1} instead of competing
+    with S_{j+1} for the tensor core. ``OVERLAP`` 2: as :func:`_p2_pv_wg`."""
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    pid = gl.program_id(0)
+    tok = (pid // (H_Q // 64)).to(gl.int64)
+    _, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
+    acc = gl.zeros([64, 256], gl.float32, O_L)
+    for j in range(num_blocks):
+        slot = j % 2
+        mbarrier.wait(ready.index(slot), (j // 2) & 1)    # passed already (the softmax WG sent P after it)
+        mbarrier.wait(pready, j & 1)
+        if OVERLAP == 1:
+            mbarrier.wait(sdone, j & 1)
+        fence_async_shared()
+        alpha = a_smem.load(gl.SliceLayout(1, O_L))
+        acc = acc * alpha[:, None]
+        tok_o = warpgroup_mma(p_smem, kv_n.index(slot).slice(256, 256, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+        mbarrier.arrive(pfree)
+        mbarrier.arrive(empty.index(slot))
+    mbarrier.wait(pready, num_blocks & 1)
+    inv = a_smem.load(gl.SliceLayout(1, O_L))
+    _p2_write_half(acc, inv, tok, pid % (H_Q // 64), out_ptr, stride_os, stride_oh, 256, O_L)
+
+
 @_jit
 def _p2_smem(D_PE: gl.constexpr):
     """Shared memory: Q, the 2-slot K (= V) ring, P, the alpha / scale vector; d_qk 576 also the RoPE tiles (d_qk
@@ -283,36 +491,69 @@ def _sparse_prefill_gluon_ws2_kernel(
     s_kv, topk, sm_scale, scale_log2,
     stride_qs, stride_qh, stride_kvs, stride_is, stride_os, stride_oh, H_Q,
     D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, PV_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, PV_REGS: gl.constexpr, OVERLAP: gl.constexpr = 0,
 ):
-    """The WS kernel's arguments (``NUM_SLOTS`` fixed at 2) + ``PV_REGS``, the PV warpgroup's ``setmaxnreg``.
+    """The WS kernel's arguments (``NUM_SLOTS`` fixed at 2) + ``PV_REGS``, the PV warpgroup's ``setmaxnreg``, +
+    ``OVERLAP`` (0: the dispatched schedule; 1 / 2: module docstring, section "OVERLAP").
     Partitions: softmax warpgroup (default, 4 warps), PV warpgroup (4), the WS producer (4)."""
     q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree = _p2_smem(D_PE)
-    gl.warp_specialize([
-        (_p2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree, q_ptr, idx_ptr, len_ptr,
-                          sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_qs, stride_qh,
-                          stride_is, stride_os, stride_oh, H_Q, D_PE, HAS_LEN, HAS_SINK)),
-        (_p2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, out_ptr, topk, stride_os, stride_oh,
-                     H_Q, HAS_LEN)),
-        (_g_ws_producer, (kv_n, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is, H_Q,
-                          D_PE, HAS_LEN, 2)),
-    ], [4, 4], [PV_REGS, PRODUCER_REGS])
+    if OVERLAP == 0:
+        gl.warp_specialize([
+            (_p2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree, q_ptr, idx_ptr,
+                              len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2,
+                              stride_qs, stride_qh, stride_is, stride_os, stride_oh, H_Q, D_PE, HAS_LEN, HAS_SINK)),
+            (_p2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, out_ptr, topk, stride_os,
+                         stride_oh, H_Q, HAS_LEN)),
+            (_g_ws_producer, (kv_n, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is,
+                              H_Q, D_PE, HAS_LEN, 2)),
+        ], [4, 4], [PV_REGS, PRODUCER_REGS])
+    else:
+        if OVERLAP == 1:
+            # one more mbarrier, sdone (count 1: softmax WG -> PV WG, "S_{j+1} done / no block j + 1")
+            sdone = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            mbarrier.init(sdone, count=1)
+        else:
+            sdone = pfree      # never waited on or arrived at with OVERLAP 2
+        gl.warp_specialize([
+            (_p2o_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree, sdone, q_ptr,
+                               idx_ptr, len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale,
+                               scale_log2, stride_qs, stride_qh, stride_is, stride_os, stride_oh, H_Q, D_PE,
+                               HAS_LEN, HAS_SINK, OVERLAP)),
+            (_p2o_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, sdone, len_ptr, out_ptr, topk,
+                          stride_os, stride_oh, H_Q, HAS_LEN, OVERLAP)),
+            (_g_ws_producer, (kv_n, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is,
+                              H_Q, D_PE, HAS_LEN, 2)),
+        ], [4, 4], [PV_REGS, PRODUCER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------- host code
 
-_CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "PV_REGS")   # parameter order
+_CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "PV_REGS", "OVERLAP")   # parameter order
+OVERLAP_MODES = (0, 1, 2)   # 0: dispatched schedule; 1: FA3 order + lagged PV warpgroup; 2: FA3 order only
 _LAUNCHERS: dict = {}   # (kernel, (names, constexprs, options, specialisation)) -> KernelLauncher
 _LAUNCHER_LIMIT = 1024
 
 
+def _overlap(overlap) -> int:
+    if isinstance(overlap, bool) or overlap not in OVERLAP_MODES:
+        raise ValueError(f"overlap must be one of {OVERLAP_MODES}, got {overlap!r}")
+    return int(overlap)
+
+
+def _pv_regs(pv_regs, overlap) -> int:
+    """The PV warpgroup's setmaxnreg: explicit, else :data:`WS2_PV_REGS` (OVERLAP 0) / :data:`WS2_OV_PV_REGS`."""
+    return pv_regs or (WS2_OV_PV_REGS if _overlap(overlap) else WS2_PV_REGS)
+
+
 def launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None,
-                                    topk_length=None, *, pv_regs=None, producer_regs=None, maxnreg=None):
+                                    topk_length=None, *, pv_regs=None, producer_regs=None, maxnreg=None,
+                                    overlap: int = 0):
     """Drop-in for :func:`_gluon_sparse_prefill.launch_sparse_prefill_gluon` (without ``variant``): same
     out-parameter contract (inputs validated by ``flash_mla_sparse_fwd``; last dims contiguous; the caller checked
     :func:`supported_ws2`). Keyword-only tuning knobs (benchmarks): PV / producer ``setmaxnreg``, launch
-    ``maxnreg``. Launched through a cached :class:`deepkernels._launch.KernelLauncher` keyed by (constexpr names,
-    constexprs, options, :func:`deepkernels._launch.spec_key` of the arguments)."""
+    ``maxnreg``; ``overlap`` 0 (the dispatched schedule) / 1 / 2 (opt-in, module docstring section "OVERLAP";
+    ValueError otherwise). Launched through a cached :class:`deepkernels._launch.KernelLauncher` keyed by
+    (constexpr names, constexprs, options, :func:`deepkernels._launch.spec_key` of the arguments)."""
     s_q, h_q, d_qk = q.shape
     if s_q == 0:
         return
@@ -323,7 +564,7 @@ def launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_sca
     ints = (q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), h_q)
     names = _CONSTEXPRS
     constexprs = (d_qk - D_V, topk_length is not None, attn_sink is not None,
-                  producer_regs or WS2_PRODUCER_REGS, pv_regs or WS2_PV_REGS)
+                  producer_regs or WS2_PRODUCER_REGS, _pv_regs(pv_regs, overlap), _overlap(overlap))
     opts = (WS2_NUM_WARPS, maxnreg or WS2_MAXNREG)
     launcher = cached_launcher(_LAUNCHERS, _sparse_prefill_gluon_ws2_kernel,
                                (names, constexprs, opts, spec_key(*args, *ints)),
@@ -333,7 +574,7 @@ def launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_sca
 
 
 def compile_sm90_ws2(d_pe: int = 64, has_len: bool = False, has_sink: bool = False, pv_regs=None,
-                     producer_regs=None, maxnreg=None):
+                     producer_regs=None, maxnreg=None, overlap: int = 0):
     """Cross-compile the kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch. Returns
     the CompiledKernel (``.asm['ptx']``, ``.metadata.shared``)."""
     sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "len_ptr": "*i32", "sink_ptr": "*fp32",
@@ -343,7 +584,7 @@ def compile_sm90_ws2(d_pe: int = 64, has_len: bool = False, has_sink: bool = Fal
            "stride_oh": "i32", "H_Q": "i32"}
     # every constexpr, in parameter order (the cross-compile binds constexprs by position)
     consts = dict(zip(_CONSTEXPRS, (d_pe, has_len, has_sink, producer_regs or WS2_PRODUCER_REGS,
-                                    pv_regs or WS2_PV_REGS)))
+                                    _pv_regs(pv_regs, overlap), _overlap(overlap))))
     hinted = ("q_ptr", "kv_ptr", "idx_ptr", "out_ptr", "stride_qs", "stride_qh", "stride_kvs", "stride_os",
               "stride_oh")
     return _compile_sm90_gluon(_sparse_prefill_gluon_ws2_kernel, sig, consts, hinted, num_warps=WS2_NUM_WARPS,
