@@ -207,7 +207,7 @@ def test_variant_launch_arguments(monkeypatch):
 
     names = [p.name for p in fn.params]
     c = case()
-    G.gluon_dense_launch(*c)
+    G.gluon_dense_launch(*c, half_tiles=False, q_tma=False)      # the plain kernel (explicitly: None dispatches)
     full = fn.full_args(fn.log[-1])
     assert full[-4:] == (False, *G.GLUON_DEFAULT)
     assert full[names.index("qn_desc")] is None and full[names.index("HALF")] is False
@@ -234,6 +234,17 @@ def test_variant_launch_arguments(monkeypatch):
     G.gluon_dense_launch(*case(), q_tma=True)
     x = fn.full_args(fn.log[-1])
     assert list(x[1].block_shape) == [64, 512] and x[names.index("QTMA")] is True and not x[names.index("HALF")]
+    # decode.py's launches (None): Q by TMA always, half tiles from s_q 2 (measured session 16); env 0: plain kernel
+    G.gluon_dense_launch(*case())
+    x = fn.full_args(fn.log[-1])
+    assert x[names.index("QTMA")] is G.DISPATCH_Q_TMA and x[names.index("HALF")] is False
+    G.gluon_dense_launch(*case(s_q=2))
+    x = fn.full_args(fn.log[-1])
+    assert x[names.index("QTMA")] is G.DISPATCH_Q_TMA and x[names.index("HALF")] is (2 >= G.DISPATCH_HALF_MIN_SQ)
+    monkeypatch.setenv("DEEPKERNELS_DENSE_DECODE_VARIANT", "0")
+    G.gluon_dense_launch(*case(s_q=2))
+    x = fn.full_args(fn.log[-1])
+    assert x[-4:] == (False, *G.GLUON_DEFAULT) and x[names.index("qn_desc")] is None and x[names.index("HALF")] is False
 
 
 # ------------------------------------------------------------------ gpu tier

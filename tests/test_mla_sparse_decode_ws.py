@@ -621,7 +621,7 @@ def test_compile_sm90_ws_pf_l2(fmt):
 @pytest.mark.parametrize("fmt", FMTS)
 def test_compile_sm90_ws_row_lanes(fmt):
     """The producer's ROW_LANES option (lanes over token rows first) compiles for WS and WS2 with the same shared
-    memory, the same number of 16-byte shared stores and global loads, the same wgmma count; off by default."""
+    memory, the same number of 16-byte shared stores and global loads, the same wgmma count; on for V3.2."""
     from deepkernels.mla import _gluon_sparse_decode_ws2 as W2
     for comp in (W.compile_sm90_ws, W2.compile_sm90_ws2):
         off, on = comp(fmt=fmt, row_lanes=False), comp(fmt=fmt, row_lanes=True)
@@ -630,7 +630,7 @@ def test_compile_sm90_ws_row_lanes(fmt):
         assert p != a
         for op in ("st.shared.v4.b32", "ld.global.v4.b32", "wgmma.mma_async", "cp.async.cg.shared.global"):
             assert a.count(op) == p.count(op), op
-    assert W.WS_ROW_LANES == frozenset()
+    assert W.WS_ROW_LANES == frozenset({"v32"})    # measured: V3.2 1.5-3.9 % faster, V4.1 1.4-2.3 % slower
 
 
 @pytest.mark.gpu

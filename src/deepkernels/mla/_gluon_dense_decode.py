@@ -34,8 +34,9 @@ issue orders) was measured in session 15 (H200, git 3d9a1b17f99b, results/mla_de
 b 128, h_q 128/64, s_q 1/2, s_k 4K-32K): correct (60/60 GPU tests) but 0.68-0.88x this kernel at every shape (best
 order 0.75-0.88x; prediction was +5-15 %), with 264 B of spills in its token loops. Removed; last present at 3d9a1b1.
 
-Opt-in variant (launcher keywords ``half_tiles`` / ``q_tma``, constexprs HALF / QTMA; default off, not dispatched;
-the default's cleaned PTX is byte-identical to before, tests/test_mla_decode_gluon_ring.py hashes it):
+Variant (launcher keywords ``half_tiles`` / ``q_tma``, constexprs HALF / QTMA; dispatched since session 16 for
+decode.py's launches: Q by TMA always, half tiles from s_q >= 2 -- :data:`DISPATCH_Q_TMA`, measured numbers there;
+the plain kernel's cleaned PTX is byte-identical to before, tests/test_mla_decode_gluon_ring.py hashes it):
 
 * HALF (32-token half-tile ring): the same shared memory (2 x [64, 576] K slots = 144 KB) but four ready/empty
   mbarrier pairs, one per 32-token half of a slot (half-slot ``2 * slot + h``). The producer loads each page as two
@@ -71,10 +72,17 @@ default is compute/bubble-bound rather than load-bound, 0.98-1.02x at 8K/32K and
 Costs: two more mbarrier waits and one more wait_group + arrive per consumer warpgroup per tile, 18 instead of 9
 TMA boxes per page. h_q 64 (one CTA per page, half the L2 traffic) should gain less.
 
+MEASURED (session 16, H200, git de9dbf4694ae, 82/82 GPU tests; rotated rounds, paired ratios: see DISPATCH_Q_TMA):
+half + q_tma at s_q 1, h_q 128: 1.02-1.03x the plain kernel (predicted 1.01-1.09x: low end), Q by TMA alone
+1.04-1.07x (more than the predicted 1-3 %: the plain Q loads cost more than estimated); at s_q 2 half + q_tma
+1.00-1.06x (h_q 64: 1.01-1.09x). The load-bound model explains part of it at most: the largest gains are at 4K.
+
 Needs: CUDA, bf16/fp16, page_block_size 64, d_qk 576, ``k_cache`` strides ``(64 * s1, s1, 576, 1)`` with 16-B
 aligned rows. No interpreter support (Gluon); cross-compiles on a CPU (:func:`_compile_sm90`).
 """
 from __future__ import annotations
+
+import os
 
 import functools
 import math
@@ -103,6 +111,15 @@ _LOG2E = math.log2(math.e)
 # leaves the next TMA load too little time. pv_regs / producer_regs only set setmaxnreg: ptxas allocates the whole
 # kernel within 168 registers (Triton pads the 9 warps to 384 threads).
 GLUON_DEFAULT = (2, 232, 40)
+# What decode.py's launches (half_tiles / q_tma left None) take, measured session 16 (H200, git de9dbf4694ae,
+# results/mla_decode_ring-h200-2026-11-29-s16.json: 5 rounds in rotated order, paired time ratios vs the plain kernel
+# in the same round, "default again" control 0.99-1.03; b 128, s_k 4K / 8K / 32K; 82/82 GPU tests of the variant):
+# Q by TMA alone at s_q 1 (h_q 128: 0.937 / 0.957 / 0.961 of the plain kernel's time; h_q 64: 0.949 / 0.967 / 0.968;
+# half tiles + Q by TMA there 0.970-0.985 and 1.046 at h_q 64 32K), half tiles + Q by TMA at s_q >= 2 (h_q 128:
+# 0.941 / 0.959 / 1.002; h_q 64: 0.919 / 0.940 / 0.992; Q by TMA alone there 0.946-1.017).
+# DEEPKERNELS_DENSE_DECODE_VARIANT=0 keeps the plain kernel for every call.
+DISPATCH_Q_TMA = True
+DISPATCH_HALF_MIN_SQ = 2
 GLUON_CANDIDATES = [GLUON_DEFAULT]
 
 
@@ -563,7 +580,7 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor, rows: int) -> bool:
 
 
 def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
-                       config=None, _spec=None, half_tiles=False, q_tma=False):
+                       config=None, _spec=None, half_tiles=None, q_tma=None):
     """Launch the Gluon split-KV kernel (no combine). Arguments as in ``decode._dense_launch`` (q ``[b, s_q, h_q,
     576]``, k_cache ``[num_blocks, 64, h_kv, 576]``, block_table ``[b, *]`` int32 with stride(1) == 1, seqlens
     ``[b]`` int32 contiguous, sched ``[parts, 8]`` / num_splits ``[b + 1]`` int32); outputs allocated by the
@@ -574,11 +591,18 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     passes its launch key, which covers them: k_cache's dtype fixes the two TMA descriptors' key), or None to
     compute them here with :func:`deepkernels._launch.spec_key` (descriptors included).
 
-    ``half_tiles`` / ``q_tma``: the opt-in variant (module docstring; not dispatched): 32-token half-tile ring
-    barriers, Q loaded by the producer with TMA. ``q_tma`` falls back to the plain Q loads when the query rows of a
+    ``half_tiles`` / ``q_tma``: the variant (module docstring): 32-token half-tile ring barriers, Q loaded by the
+    producer with TMA; None (decode.py's launches): the measured choice, Q by TMA (:data:`DISPATCH_Q_TMA`) and half
+    tiles from s_q >= :data:`DISPATCH_HALF_MIN_SQ` (``DEEPKERNELS_DENSE_DECODE_VARIANT=0``: neither). ``q_tma`` falls back to the plain Q loads when the query rows of a
     block are not one strided run (needs h_kv == 1 or s_q == 1 and q viewable as ``[b * s_q * h_q, 576]`` with a
     16-B aligned base and row pitch): :func:`q_tma_supported`."""
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
+    if half_tiles is None or q_tma is None:
+        on = os.environ.get("DEEPKERNELS_DENSE_DECODE_VARIANT", "") != "0"
+        if half_tiles is None:
+            half_tiles = on and q.shape[1] >= DISPATCH_HALF_MIN_SQ
+        if q_tma is None:
+            q_tma = on and DISPATCH_Q_TMA
     half_tiles = bool(half_tiles)
     q_tma = bool(q_tma) and q_tma_supported(q, k_cache.shape[2])
     grid, args = _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc,

@@ -171,13 +171,16 @@ WS_PRODUCER_FENCE = False     # also fence.proxy.async in the producer before ``
 # spills in its 120-register producer (42 STL in the loop) and ran 0.64x; the prefetch alone 0.95-1.00x: neither.
 WS_DEQ_ASM = frozenset({"v32"})
 WS_PF_L2 = frozenset({"v32"})
-# ROW_LANES (session 16, not yet measured): the producer's lanes run over token rows first (BlockedLayout order
+# ROW_LANES (session 16): the producer's lanes run over token rows first (BlockedLayout order
 # [0, 1] instead of [1, 0]), so each quarter-warp of a 16-byte shared store writes 8 rows -> 8 distinct 16-byte bank
 # groups of the 128-B-swizzled ring tile. Nsight Compute (results/ncu-h200-2026-11-29-s16, V3.2 WS kernel) found
 # every dequantised STS.128 at 8 wavefronts against the ideal 4: with 2 lanes per row, lanes 2r / 2r+1 of a quarter
 # write the same bank group of the two 64-column subtiles. The global loads cover the same addresses per instruction
-# (only the lane order changes) and the values are the same (bit-identical output).
-WS_ROW_LANES = frozenset()
+# (only the lane order changes) and the values are the same (bit-identical output). Measured (H200, git de9dbf4694ae,
+# results/sparse_decode_rowlanes-h200-2026-11-29-s16.json, 5 rotated rounds, paired ratios; 10/10 bit-identity GPU
+# tests): V3.2 WS 0.984-0.985 of the time without (277.0 vs 273.0 TFLOPS at b 128 s_q 1), WS2 0.962-0.967; V4.1 WS
+# 1.020-1.023, WS2 1.014-1.017 (slower: its [64, 4, 8] layout's conversions cost more than the conflicts). On for V3.2.
+WS_ROW_LANES = frozenset({"v32"})
 # sparse_decode.py sends the calls supported_ws() takes here (True since its first device run, 2026-11-29, git
 # 9385c63fe481: GPU tests passed, bit-identical to the single-partition kernel, 1.20-1.30x it -- 229-266 TFLOPS at
 # h_q 128, topk 2048; results/mla_sparse_decode_ws-h200-2026-11-29.json)

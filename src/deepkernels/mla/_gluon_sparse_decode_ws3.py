@@ -95,6 +95,15 @@ to WS2 (``test_gpu_ws3_equals_ws2``).
 Unverified when written: everything that needs the GPU -- the cluster launch through Triton's launcher with
 ``num_ctas`` 2 in the packed metadata of a 1-CTA compile, ``global_smem`` + allocation offsets as DSMEM
 addresses, the tx accounting (negative transient tx-count), correctness and speed.
+
+Measured (session 16, H200, git de9dbf4694ae, ``GIT_SHA=de9dbf4694ae bash benchmarks/device_sparse_ws3.sh``,
+results/sparse_decode_ws3-h200-2026-11-29-s16.json): the cluster launch, DSMEM bulk pushes and tx accounting WORK:
+41/43 GPU tests (the 2 failures were an h_q 256 grid case the public op rejects -- a test bug, fixed after), output
+bit-identical to WS2 at all 6 bench shapes, 66/66 clusters co-resident. Speed: V3.2 0.807-0.817x WS2 (217.5 vs
+268.2 TFLOPS at b 128 s_q 1), V4.1 0.986-1.006x -- the predicted 1.25-1.45x missed. Not profiled yet; candidates:
+the softmax loop's 24-35 spill instructions per block (ptxas stops keeping the wgmma descriptors in uniform
+registers once the cluster PTX is present), and the per-block lockstep of the two CTAs (each slot refilled only
+after BOTH CTAs' consumers released it). Kept (not dispatched) as the working cluster/DSMEM scaffold.
 """
 from __future__ import annotations
 
