@@ -1,4 +1,4 @@
-"""Test tiers (DESIGN.md): reference, interpret, compile, gpu.
+"""Test tiers (docs/DESIGN.md): reference, interpret, compile, gpu.
 
 - ``interpret`` tests run only with TRITON_INTERPRET=1 (the kernels must be decorated in interpreter mode,
   so that tier is a separate pytest process; see README's test command).

@@ -1,6 +1,6 @@
 """flash_attn_varlen_func & packed variants: validation, interpreter, compile (sm90) and GPU tiers.
 
-Tolerances: FlashMLA ``tests/test_fmha_sm100.py`` (spec/mla.md §5.2): out abs 1e-3 / rel 8.01/128 /
+Tolerances: FlashMLA ``tests/test_fmha_sm100.py`` (docs/spec/mla.md §5.2): out abs 1e-3 / rel 8.01/128 /
 cos 7e-6; lse abs 1e-6 / rel 2.01/65536. Outputs are poisoned with NaN before the kernel runs.
 """
 import pytest

@@ -86,7 +86,7 @@ def run_fp8(tier, A, B, out_dtype=torch.float32, per_row_b=False, accumulate=Fal
     else:
         want = ref.fp8_gemm_ref(A, B, c=c, recipe=(1, 1, 128) if per_row_b else None, out_dtype=torch.float32)
         # Interpreter: FP8 dot products are exact (fp32 result matches the reference to ~1e-9), but its fp32->bf16
-        # conversion truncates (spec/triton-hopper.md §2), so a bf16 element can be off by up to 1 ulp (2^-7
+        # conversion truncates (docs/spec/triton-hopper.md §2), so a bf16 element can be off by up to 1 ulp (2^-7
         # relative): calc_diff of a 1-element output can reach (2^-7)^2/2 = 3.05e-5. GPU: round-to-nearest bf16
         # (<= 2^-9 relative, calc_diff <= 7.6e-6 < 1e-5), but the FP8 tensor core accumulates each K block with
         # limited precision, so an fp32 output is ~1e-4 relative off the exact product (calc_diff ~1e-8).

@@ -1,6 +1,6 @@
 """flash_mla_sparse_fwd: validation (CPU), interpreter, compile (sm90) and GPU tiers.
 
-Tolerances and data generation follow FlashMLA ``tests/test_flash_mla_sparse_prefill.py`` (spec/mla.md
+Tolerances and data generation follow FlashMLA ``tests/test_flash_mla_sparse_prefill.py`` (docs/spec/mla.md
 §5.2-§5.4): out abs 8e-4 / rel 3.01/128 / cos 7e-6; lse and max_logits abs 1e-6 / rel 2.01/65536.
 Outputs are poisoned with NaN before the kernel runs; anomaly-position matching then proves every element
 was written. KV rows no valid in-length index points at hold NaN, so any stray read shows up.

@@ -1,4 +1,4 @@
-"""Reference tier: the prefill references against naive float64 loops (spec/mla.md §1.3, §1.4, §9)."""
+"""Reference tier: the prefill references against naive float64 loops (docs/spec/mla.md §1.3, §1.4, §9)."""
 import math
 
 import pytest

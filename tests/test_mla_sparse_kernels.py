@@ -1,5 +1,5 @@
 """Sparse MLA decode kernels: interpreter (tiny shapes), compile (sm90 cross-compile of every production config)
-and GPU tiers (FlashMLA sparse-decode tolerances over a trimmed version of its shape grid, spec/mla.md §5.2-§5.4).
+and GPU tiers (FlashMLA sparse-decode tolerances over a trimmed version of its shape grid, docs/spec/mla.md §5.2-§5.4).
 
 Every run poisons out / lse / the split accumulators with NaN (``_POISON_OUTPUTS``) and writes NaN into every KV
 token that no valid in-length index references; anomaly-position matching in ``check_is_allclose`` then proves that

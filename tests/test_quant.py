@@ -64,12 +64,14 @@ def per_token_ref(x: np.ndarray, use_ue8m0: bool, gran_k: int):
     with np.errstate(invalid="ignore"):
         amax = np.abs(xv).max(axis=2)
     sf = np.maximum(amax, np.float32(1e-4)).astype(np.float32)
-    sf = np.where(np.isnan(amax), np.float32(np.nan), sf)
+    bad = ~np.isfinite(amax)                 # a group holding +-inf or NaN (deepkernels rule, quant/fp8.py)
+    sf = np.where(bad, np.float32(np.nan), sf)
     sf = (sf / np.float32(448.0)).astype(np.float32)
     if use_ue8m0:
         sf = np.vectorize(ue8m0_ref)(sf).astype(np.float32)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         inv = (np.float32(1.0) / sf).astype(np.float32)
+        inv = np.where(bad, np.float32(np.nan), inv)   # its data is all NaN (also with UE8M0's 2^127 scale)
         q = e4m3_round((xv * inv[:, :, None]).astype(np.float32)).reshape(m, -1)[:, :n]
     return q, sf
 

@@ -17,7 +17,7 @@ def make_kv(nb, bsz, fmt, scale=0.1):
 
 
 def spec_scale(amax: torch.Tensor) -> torch.Tensor:
-    """spec/mla.md §2.4 step 2 written the way FlashMLA's tests compute it (float log2 / ceil / pow)."""
+    """docs/spec/mla.md §2.4 step 2 written the way FlashMLA's tests compute it (float log2 / ceil / pow)."""
     return torch.pow(2, torch.clamp_min(amax / 448.0, 1e-4).log2().ceil()).float()
 
 

@@ -43,7 +43,7 @@ def test_seed_resource_table_rendering():
 
 
 def test_head64_decode_layout():
-    """spec/mla.md §8.4, FlashMLA sm100 head64 decode: O 0–255, Q 256–383 (RoPE tail 384–399), P 400–463."""
+    """docs/spec/mla.md §8.4, FlashMLA sm100 head64 decode: O 0–255, Q 256–383 (RoPE tail 384–399), P 400–463."""
     plan = plan_tmem(DecodeConfig(heads=64, d=512, d_rope=64, dtype="bf16", topk_block=64, rails=2))
     spans = {r.name: r.span for r in plan.regions}
     assert spans == {"O": "0–255", "Q": "256–383", "Q_rope": "384–399", "P": "400–463"}
@@ -54,7 +54,7 @@ def test_head64_decode_layout():
 
 
 def test_fused_core_attn_layout_with_two_p_buffers():
-    """spec/mla.md §8.4 fused core-attn (d_qk 512): O 0, Q 256 (128 wide), P_0 384, P_1 448."""
+    """docs/spec/mla.md §8.4 fused core-attn (d_qk 512): O 0, Q 256 (128 wide), P_0 384, P_1 448."""
     plan = plan_tmem(DecodeConfig(d_rope=0, p_buffers=2))
     assert [(r.name, r.start, r.columns) for r in plan.regions] == [
         ("O", 0, 256), ("Q", 256, 128), ("P0", 384, 64), ("P1", 448, 64)]

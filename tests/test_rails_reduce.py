@@ -45,7 +45,7 @@ def test_retrieve_masks_only_its_own_half():
 @pytest.mark.parametrize("token", [5, 40])
 @pytest.mark.parametrize("nan_in", ["own", "peer"])
 def test_nan_in_a_masked_k_row_leaks_through_the_peer_half(token, nan_in):
-    """spec/mla.md §1.3: mask (one half) before reduce gives -inf + NaN = NaN when the NaN sits in the rail
+    """docs/spec/mla.md §1.3: mask (one half) before reduce gives -inf + NaN = NaN when the NaN sits in the rail
     that is not masked for that token; in the masked rail it is replaced by -inf and nothing leaks."""
     q, kv, valid = _decode_block()
     valid[token] = False

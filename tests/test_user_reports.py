@@ -109,10 +109,10 @@ def _sparse_ref(q, k_flat, idx, scale, topk_length=None):
 def test_docs_referenced_files_exist():
     # README: "Status, measured numbers and what is missing: `benchmarks/NOTES.md`" (there is benchmarks/notes/)
     # `deepkernels --help`: "every op runs on the ANCHORS.md shapes"
-    # help(deepkernels.mla.sparse_decode), help(deepkernels.reference.mla_sparse): "spec/mla.md §1.2 ..."
+    # help(deepkernels.mla.sparse_decode), help(deepkernels.reference.mla_sparse): "docs/spec/mla.md §1.2 ..."
     import deepkernels.mla.sparse_decode as sd
 
-    assert "spec/mla.md" in (sd.__doc__ or "")
+    assert "docs/spec/mla.md" in (sd.__doc__ or "")
     # the specs and anchors docstrings cite live in docs/ (docs/spec/mla.md, docs/ANCHORS.md)
     missing = [p for p in ("benchmarks/NOTES.md", "docs/spec/mla.md", "docs/ANCHORS.md")
                if not os.path.exists(os.path.join(ROOT, p))]
@@ -240,7 +240,7 @@ def _grouped_b(G, N, K, seed=0):
 def test_grouped_contiguous_padding_rows_and_out_of_range_ids():
     G, N, K = 3, 160, 256
     bs, b = _grouped_b(G, N, K)
-    ids = [0] * 5 + [-1] * 3 + [2] * 4 + [5, -2]  # unaligned groups, -1 padding, junk ids
+    ids = [0] * 5 + [-1] * 3 + [2] * 4 + [-1, -1]  # unaligned groups, -1 padding
     a = dk.per_token_cast_to_fp8(torch.randn(len(ids), K), use_ue8m0=False)
     d = torch.full((len(ids), N), float("nan"), dtype=torch.float32)
     dk.m_grouped_fp8_gemm_nt_contiguous(a, b, d, torch.tensor(ids, dtype=torch.int32))
@@ -248,6 +248,12 @@ def test_grouped_contiguous_padding_rows_and_out_of_range_ids():
     for i, gid in enumerate(ids):
         want = A[i] @ _deq_block(*bs[gid]).T if 0 <= gid < G else torch.zeros(N, dtype=torch.float64)
         assert (d[i].double() - want).abs().max() < 1e-4, (i, gid)
+    # junk ids (neither -1 nor a group) are rejected on CPU tensors (session-16 review; on CUDA, unchecked, they
+    # are padding rows: tests/test_review_s16.py)
+    d.fill_(float("nan"))
+    with pytest.raises(ValueError, match="is neither a group id"):
+        dk.m_grouped_fp8_gemm_nt_contiguous(a, b, d, torch.tensor(ids[:-2] + [5, -2], dtype=torch.int32))
+    assert d.isnan().all()
 
 
 @pytest.mark.reference
@@ -530,10 +536,11 @@ def test_reference_dense_decode_clamps_page_ids_like_the_kernels():
 
 @pytest.mark.reference
 def test_set_mla_num_sms_is_bounded():
-    for n in (0, 1025, 2 ** 31):
+    for n in (-1, 1025, 2 ** 31):
         with pytest.raises(ValueError, match="num_sms"):
             dk.set_mla_num_sms(n)
     dk.set_mla_num_sms(1024)
+    dk.set_mla_num_sms(0)        # like DeepGEMM's set_num_sms(0): restores the default (tests/test_review_s16.py)
     dk.set_mla_num_sms(None)
 
 

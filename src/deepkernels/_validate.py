@@ -5,7 +5,10 @@ from typing import Iterable, Sequence
 
 import torch
 
-__all__ = ["check_tensor", "check_dtype", "check_shape", "check_compiled_dims", "overlaps"]
+__all__ = ["check_tensor", "check_dtype", "check_shape", "check_compiled_dims", "overlaps", "check_distinct_elements",
+           "check_int32_extent", "INT32_MAX"]
+
+INT32_MAX = 2**31 - 1
 
 
 def check_tensor(name: str, t, *, ndim: int | Sequence[int] | None = None,
@@ -56,3 +59,25 @@ def overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
         return lo, lo + (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
     (a0, a1), (b0, b1) = span(x), span(y)
     return a0 < b1 and b0 < a1
+
+
+def check_distinct_elements(name: str, t: torch.Tensor) -> None:
+    """Raise ValueError unless no two elements of the output ``t`` share memory (padded row / group strides are
+    fine; a broadcast view such as ``x.expand(8, 128)``, a zero or too-small stride is not). Shape/stride
+    arithmetic only (no data access): the kernels write every row / group independently, so rows or groups
+    that alias would race, and the torch reference would reject the in-place write."""
+    shape, stride = t.shape, t.stride()
+    extent = 1
+    for dim in range(t.dim() - 1, -1, -1):
+        if shape[dim] > 1 and stride[dim] < extent:
+            what = "groups" if dim == 0 and t.dim() == 3 else "rows" if dim == t.dim() - 2 else "columns" \
+                if dim == t.dim() - 1 else f"entries along dim {dim}"
+            raise ValueError(f"{name} (shape {list(shape)}, strides {list(stride)}) has overlapping {what}: "
+                             f"stride({dim}) must be >= {extent}")
+        extent = max(extent, (shape[dim] - 1) * stride[dim] + extent) if shape[dim] > 0 else extent
+
+
+def check_int32_extent(what: str, value: int, why: str = "TMA coordinates are 32-bit") -> None:
+    """Raise ValueError when a size the kernels index with 32-bit integers exceeds ``2^31 - 1``."""
+    if value > INT32_MAX:
+        raise ValueError(f"{what} = {value} exceeds 2^31 - 1 ({why}); split the call")

@@ -2,7 +2,7 @@
 
 ``import deepkernels.ops`` registers the ops below in the ``deepkernels`` namespace; call them as
 ``torch.ops.deepkernels.<name>(...)`` (or through the Python functions of this module, which are the op objects).
-Each op calls the public function of the same name (DESIGN.md: public op -> backend dispatch), so CUDA tensors
+Each op calls the public function of the same name (docs/DESIGN.md: public op -> backend dispatch), so CUDA tensors
 run the Triton kernels and CPU tensors the PyTorch reference, exactly as the public function does; validation
 errors are the public function's. Every op has a fake (meta) implementation giving the output shapes, dtypes and
 strides without running anything, so ``torch.compile(fullgraph=True)`` traces through the ops instead of breaking

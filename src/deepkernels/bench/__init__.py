@@ -1,1 +1,1 @@
-"""deepkernels.bench (see DESIGN.md)."""
+"""deepkernels.bench (see docs/DESIGN.md)."""

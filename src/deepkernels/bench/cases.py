@@ -2,7 +2,7 @@
 
 A case builds fresh random inputs, runs our public op, checks the result against an independent reference
 (a wrong result is a FAIL row, never a number), and on a GPU also names the in-run anchors to time beside it.
-FLOPs and bytes are counted as the upstream benchmarks count them (spec/gemm.md §4.1, spec/mla.md §6.2).
+FLOPs and bytes are counted as the upstream benchmarks count them (docs/spec/gemm.md §4.1, docs/spec/mla.md §6.2).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Grouped-GEMM benchmark cases: DeepGEMM's published m-grouped contiguous and masked configs (ANCHORS.md).
 
 Anchor: a loop of cuBLAS blockwise FP8 GEMMs (``torch._scaled_mm``), one per group, in the same process.
-FLOPs/bytes as DeepGEMM counts them (spec/gemm.md §4.1): contiguous ``2·M_sum·N·K`` and ``count_bytes(a, b, d)``;
+FLOPs/bytes as DeepGEMM counts them (docs/spec/gemm.md §4.1): contiguous ``2·M_sum·N·K`` and ``count_bytes(a, b, d)``;
 masked ``2·Σmasked_m·N·K`` and ``count_bytes(a, d)·Σmasked_m/(G·M_max) + count_bytes(b)``.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each check compares our public op with deepkernels.reference on a random subset of rows (the reference is a
 float32 loop, too slow for a whole production batch); anchors are plain PyTorch (bmm + softmax + bmm in bf16,
-or SDPA), timed in the same process. FLOPs/bytes as FlashMLA counts them (spec/mla.md §6.2).
+or SDPA), timed in the same process. FLOPs/bytes as FlashMLA counts them (docs/spec/mla.md §6.2).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ D_QK, D_V, PAGE = 576, 512, 64
 
 
 def _upstream_randn(*shape, device):
-    """FlashMLA's test data (spec/mla.md §5.3): randn/10 clamped to ±1, in bf16. Its tolerances are calibrated on
+    """FlashMLA's test data (docs/spec/mla.md §5.3): randn/10 clamped to ±1, in bf16. Its tolerances are calibrated on
     this scale; with unit-variance data even exact math with P rounded to bf16 misses the elementwise bound on
     causal rows that see few keys (measured: 15 of 262,144 elements at s=512, 0 at randn/10)."""
     return (torch.randn(*shape, device=device) / 10).clamp(-1, 1).to(torch.bfloat16)
@@ -27,7 +27,7 @@ def _upstream_randn(*shape, device):
 
 def _mla_out_check(out, lse, ref_out, ref_lse, small: bool, out_tol=(8e-4, 2.01 / 128, 5e-6),
                    lse_tol=(1e-6, 8.01 / 65536)) -> tuple[bool, str]:
-    """FlashMLA's tolerances (kernelkit.check_is_allclose, spec/mla.md §5.2). At the tiny CPU shapes the
+    """FlashMLA's tolerances (kernelkit.check_is_allclose, docs/spec/mla.md §5.2). At the tiny CPU shapes the
     few keys per row leave bf16 rounding of P un-averaged (errors up to ~3e-3 on outputs ~0.05), so the
     interpreter tier's looser abs 4e-3 / cos 5e-5 apply there (as in tests/test_mla_decode_kernels.py)."""
     from deepkernels.testing import check_is_allclose, get_cos_diff

@@ -1,4 +1,4 @@
-"""`deep_gemm`-named module: DeepGEMM's Python API (spec/gemm.md §1, §7) served by deepkernels.
+"""`deep_gemm`-named module: DeepGEMM's Python API (docs/spec/gemm.md §1, §7) served by deepkernels.
 
 Names are resolved lazily; an upstream name deepkernels does not implement raises AttributeError saying so.
 """
@@ -43,7 +43,7 @@ for _n in ["per_token_cast_to_fp8", "per_channel_cast_to_fp8", "per_block_cast_t
            "ceil_to_ue8m0"]:
     _MAP[_n] = f"{_DK}:{_n}"
 
-# upstream API (spec/gemm.md §0, DeepGEMM 54e2261) that deepkernels does not serve
+# upstream API (docs/spec/gemm.md §0, DeepGEMM 54e2261) that deepkernels does not serve
 NOT_IMPLEMENTED = {
     **{n: "V3.2 indexer MQA logits" for n in ["fp8_mqa_logits", "fp8_paged_mqa_logits", "get_paged_mqa_logits_metadata",
                                              "fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits"]},

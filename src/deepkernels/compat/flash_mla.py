@@ -1,4 +1,4 @@
-"""`flash_mla`-named module: FlashMLA's Python API (spec/mla.md §1) served by deepkernels.
+"""`flash_mla`-named module: FlashMLA's Python API (docs/spec/mla.md §1) served by deepkernels.
 
 Names are resolved lazily; an upstream name deepkernels does not implement raises AttributeError saying so.
 """

@@ -12,13 +12,11 @@ import torch
 
 from .._backend import ensure_tma_allocator, interpret_mode
 from .._launch import KernelLauncher
-from .._validate import check_tensor
+from .._validate import INT32_MAX, check_distinct_elements, check_int32_extent, check_tensor  # noqa: F401 (INT32_MAX re-exported)
 from ..quant.fp8 import ceil_div
 from . import dense as _dense
 from ._configs import GemmConfig
 from ._grouped_kernels import _k_grouped_mma_kernel, _m_grouped_contiguous_mma_kernel, _m_grouped_masked_mma_kernel
-
-INT32_MAX = 2**31 - 1
 
 
 # --------------------------------------------------------------------------------------------- configs
@@ -98,13 +96,7 @@ def check_out(name: str, d, shape, dtypes) -> None:
         raise ValueError(f"{name} must be row-major (stride(-1) == 1), got strides {list(d.stride())}")
     # no two output elements may share memory (a padded row / group stride is fine): the kernels write every
     # group's rows independently, so overlapping groups or rows would race
-    extent = 1
-    for dim in range(len(shape) - 1, -1, -1):
-        if shape[dim] > 1 and d.stride(dim) < extent:
-            raise ValueError(f"{name} (shape {list(d.shape)}, strides {list(d.stride())}) has overlapping "
-                             f"{'groups' if dim == 0 and len(shape) == 3 else 'rows'}: stride({dim}) must be >= "
-                             f"{extent}")
-        extent = max(extent, (shape[dim] - 1) * d.stride(dim) + extent) if shape[dim] > 0 else extent
+    check_distinct_elements(name, d)
 
 
 def check_index(name: str, t, shape, device) -> None:
@@ -113,11 +105,6 @@ def check_index(name: str, t, shape, device) -> None:
         raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
     if t.device != device:
         raise ValueError(f"{name} must be on {device} like the operands, got {t.device}")
-
-
-def check_int32_extent(what: str, value: int) -> None:
-    if value > INT32_MAX:
-        raise ValueError(f"{what} = {value} exceeds 2^31 - 1 (TMA coordinates are 32-bit); split the call")
 
 
 # --------------------------------------------------------------------------------------------- launchers

@@ -1,7 +1,7 @@
 """FP8 and BF16 dense GEMMs (DeepGEMM ``fp8_gemm_{nt,nn,tn,tt}``, ``bf16_gemm_{nt,nn,tn,tt}``) and the
 ``set_num_sms`` / ``get_num_sms`` runtime knobs.
 
-Semantics (spec/gemm.md §1.1-1.4, §7): ``D = C + op(A) @ op(B)`` written in place into ``d``; the functions
+Semantics (docs/spec/gemm.md §1.1-1.4, §7): ``D = C + op(A) @ op(B)`` written in place into ``d``; the functions
 return None. ``nn/tn/tt`` are transposed views onto the NT core (for FP8 the scale tensor is transposed
 together with its data). CUDA tensors run the Triton kernels of ``_fp8_kernels.py`` / ``_bf16_kernels.py``;
 CPU tensors run :mod:`deepkernels.reference.gemm` (or the kernels under ``TRITON_INTERPRET=1``).
@@ -18,7 +18,7 @@ import torch
 
 from .._backend import ensure_tma_allocator, gluon_disabled, interpret_mode, use_kernels
 from .._launch import KernelLauncher
-from .._validate import check_compiled_dims, check_tensor, overlaps
+from .._validate import check_compiled_dims, check_distinct_elements, check_int32_extent, check_tensor, overlaps
 from ..quant.fp8 import ceil_div
 from ..reference import gemm as _ref
 from ._bf16_kernels import _bf16_gemm_nt_kernel
@@ -48,18 +48,33 @@ def _device_sm_count() -> int | None:
     return _SM_COUNT[dev]
 
 
+def _check_num_sms(num_sms, cap: int | None = None) -> None:
+    """Validation shared by :func:`set_num_sms` and ``set_mla_num_sms``: TypeError unless an int (bool is not),
+    ValueError outside ``[0, cap]``; ``cap`` None: the device SM count (1024 without CUDA)."""
+    if isinstance(num_sms, bool) or not isinstance(num_sms, int):
+        raise TypeError(f"num_sms must be an int, got {type(num_sms).__name__} {num_sms!r}")
+    if cap is not None:
+        if not 0 <= num_sms <= cap:
+            raise ValueError(f"num_sms must be in [0, {cap}] (0 restores the default), got {num_sms}")
+        return
+    count = _device_sm_count()
+    if count is None:
+        if not 0 <= num_sms <= 1024:
+            raise ValueError(f"num_sms must be in [0, 1024] (no CUDA device here, so 1024 is the cap; 0 restores "
+                             f"the default), got {num_sms}")
+    elif not 0 <= num_sms <= count:
+        raise ValueError(f"num_sms must be in [0, {count}] (the device SM count; 0 restores it), got {num_sms}")
+
+
 def set_num_sms(num_sms: int) -> None:
     """Limit the persistent GEMM grids to ``num_sms`` SMs (DeepGEMM ``set_num_sms``).
 
-    ``0 <= num_sms <= device SM count`` (on a machine without CUDA: ``<= 1024``); 0 restores the device count.
-    Raises TypeError for a non-integer, ValueError for an out-of-range value.
+    ``0 <= num_sms <= device SM count`` (on a machine without CUDA: ``<= 1024``); 0 restores the default (the
+    device count; 132 without CUDA, see :func:`get_num_sms`).
+    Raises TypeError for a non-integer (bool included), ValueError for an out-of-range value.
     """
     global _NUM_SMS
-    if isinstance(num_sms, bool) or not isinstance(num_sms, int):
-        raise TypeError(f"num_sms must be an int, got {type(num_sms).__name__}")
-    limit = _device_sm_count() or 1024
-    if not 0 <= num_sms <= limit:
-        raise ValueError(f"num_sms must be in [0, {limit}] (the device SM count), got {num_sms}")
+    _check_num_sms(num_sms)
     _NUM_SMS = num_sms
 
 
@@ -68,7 +83,7 @@ def get_num_sms() -> int:
     return _NUM_SMS or _device_sm_count() or 132
 
 
-# DeepGEMM's other runtime knobs (spec/gemm.md §7), validated as upstream. None changes a result; none changes
+# DeepGEMM's other runtime knobs (docs/spec/gemm.md §7), validated as upstream. None changes a result; none changes
 # what these kernels do today: tc_util has no SM90 effect upstream either, the kernels launch without PDL, no
 # dimension is baked into a kernel (Triton specialises on its own), and block sizes come from the measured tables.
 _KNOBS = {"tc_util": 100, "pdl": False, "ignore_compile_dims": False, "block_size_multiple_of": (1, 1)}
@@ -125,6 +140,10 @@ def _check_out(d, c, m: int, n: int, dtypes) -> None:
         raise ValueError(f"d must have shape [{m}, {n}] (M = a rows, N = b rows), got {list(d.shape)}")
     if n > 1 and d.stride(1) != 1:
         raise ValueError(f"d must be row-major (stride(-1) == 1), got strides {list(d.stride())}")
+    # an output whose rows alias (e.g. ``torch.zeros(1, N).expand(M, N)``) would be written by several tiles at
+    # once (the kernels: last writer wins; the reference: torch's in-place error) -- the grouped GEMMs' check.
+    # c is only read (copied into d first, or read by the reference), so a broadcast c stays allowed.
+    check_distinct_elements("d", d)
     if c is None:
         return
     check_tensor("c", c, ndim=2, dtype=d.dtype)
@@ -139,6 +158,14 @@ def _check_out(d, c, m: int, n: int, dtypes) -> None:
                          f"strides {list(d.stride())}) overlap in memory without being the same view; pass c=d for "
                          f"in-place accumulation or separate buffers")
 
+
+
+def _check_extents(m: int, n: int, k: int) -> None:
+    """M, N and K must each fit the kernels' 32-bit TMA coordinates and tile indices (``< 2^31``); M·N (and
+    every row x stride product) may exceed 2^31: D offsets are computed in int64. Checked from shapes only,
+    before any allocation or launch, on every backend (the reference would otherwise try to allocate it)."""
+    for what, v in (("M (rows of a and d)", m), ("N (rows of b, columns of d)", n), ("K", k)):
+        check_int32_extent(what, v, "TMA coordinates and tile indices are 32-bit")
 
 
 def _k_major(name: str, t: torch.Tensor, allow_mn_major: bool) -> tuple[torch.Tensor, bool]:
@@ -290,6 +317,9 @@ def _lookup(cache: dict, sig):
 
 def _grid(m: int, n: int, cfg: GemmConfig) -> tuple[int, int]:
     tiles = ceil_div(m, cfg.block_m) * ceil_div(n, cfg.block_n) * cfg.split_k
+    # the kernels count tiles in 32-bit (tile ids, grid axis 0): reachable only near M·N ~ 2^44 outputs
+    check_int32_extent(f"the tile count ceil(M/{cfg.block_m}) * ceil(N/{cfg.block_n}) * split_k", tiles,
+                       "tile ids are 32-bit")
     if cfg.progs_per_sm == 0:  # not persistent: one program per tile
         return tiles, tiles
     return tiles, max(1, min(tiles, get_num_sms() * cfg.progs_per_sm))
@@ -490,7 +520,9 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=Non
 
     Raises:
         TypeError for wrong types/dtypes; ValueError for shape mismatches, wrong scale shapes, unsupported
-        recipes, misaligned strides (before any launch).
+        recipes, misaligned strides, a ``d`` whose rows overlap in memory (e.g. an ``expand``-ed view; a
+        broadcast ``c`` is fine), or M, N or K >= 2^31 (32-bit TMA coordinates; M·N beyond 2^31 is fine: D offsets
+        are int64) -- all before any allocation or launch.
     """
     sig = _fp8_sig(a, b, d, c, recipe, compiled_dims, _config)
     plan = _lookup(_FP8_PLANS, sig)
@@ -504,6 +536,7 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=Non
     n, kb_ = b_data.shape
     if kb_ != k:
         raise ValueError(f"a[0] [M, K] and b[0] [N, K] must share K, got {list(a_data.shape)} and {list(b_data.shape)}")
+    _check_extents(m, n, k)
     _check_out(d, c, m, n, (torch.bfloat16, torch.float32))
     gran = _ref.resolve_recipe(recipe, n, k, sfb)
     sfa_in, sfb_in, a_in, b_in = sfa, sfb, a_data, b_data
@@ -600,7 +633,8 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
         compiled_dims: accepted for compatibility (no effect on results).
 
     ``m == 0 or n == 0``: no-op; ``k == 0``: ``d = c`` or zeros. Raises TypeError/ValueError before launch for
-    wrong dtypes, shapes or misaligned strides.
+    wrong dtypes, shapes, misaligned strides, a ``d`` with overlapping rows, or M, N or K >= 2^31 (as
+    :func:`fp8_gemm_nt`).
     """
     sig = _bf16_sig(a, b, d, c, compiled_dims, _config)
     plan = _lookup(_BF16_PLANS, sig)
@@ -614,6 +648,7 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
     n, kb_ = b.shape
     if kb_ != k:
         raise ValueError(f"a [M, K] and b [N, K] must share K, got {list(a.shape)} and {list(b.shape)}")
+    _check_extents(m, n, k)
     _check_out(d, c, m, n, (torch.bfloat16, torch.float32))
     a_km = b_km = True
     if m and n and k:

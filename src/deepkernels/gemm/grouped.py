@@ -1,6 +1,6 @@
 """MoE grouped GEMMs (DeepGEMM ``m_grouped_*_contiguous``, ``m_grouped_*_masked``, ``k_grouped_*_contiguous``).
 
-Semantics: spec/gemm.md §1.5-1.7 and §7 items 7-9, defined by :mod:`deepkernels.reference.grouped_gemm`. All
+Semantics: docs/spec/gemm.md §1.5-1.7 and §7 items 7-9, defined by :mod:`deepkernels.reference.grouped_gemm`. All
 functions write ``d`` in place and return None. CUDA tensors run the persistent Triton kernels of
 ``_grouped_kernels.py`` (group-aware schedule computed on the device, TMA loads, per-128-K-block FP32
 promotion); CPU tensors run the reference (or the kernels under ``TRITON_INTERPRET=1``). Bad input raises
@@ -8,8 +8,13 @@ TypeError/ValueError before any launch.
 
 Documented differences from upstream SM90 (a superset unless noted):
 
-- Padding rows of the contiguous layout (per-row id -1 -- or any id outside ``[0, G)`` -- and psum gaps) are
-  written with exact zeros (upstream: zeros for whole padding sub-tiles, ``A_row @ B_g.T`` otherwise).
+- Padding rows of the contiguous layout (per-row id -1 and psum gaps) are written with exact zeros (upstream:
+  zeros for whole padding sub-tiles, ``A_row @ B_g.T`` otherwise).
+- ``grouped_layout`` values (undefined upstream when out of contract: an id ``>= G`` reads past B) are checked
+  when the layout is a CPU tensor: a per-row id other than -1 outside ``[0, G)``, or a psum layout that decreases
+  or leaves ``[0, M_sum]``, raises ValueError. On CUDA they are not checked (that would be a host sync per call):
+  a per-row id outside ``[0, G)`` makes its row a padding row (exact zeros, no read of B); a psum layout that
+  decreases or leaves ``[0, M_sum]`` gives unspecified rows (every access stays in bounds).
 - A per-row layout that breaks the alignment rule still gives the reference result (a tile holding several
   groups is computed once per group); the alignment only matters for speed (and defines psum group starts).
 - ``m_grouped_fp8_gemm_nn_contiguous`` works (B is copied to K-major first; upstream SM90 asserts).
@@ -287,19 +292,52 @@ class _ContiguousRun:
     built with those strides; the Gluon kernel reads sfa as given), expands a psum layout to per-row ids on the
     device, then launches."""
 
-    __slots__ = ("plan", "norm_sfa", "psum", "m_sum", "g_num", "alignment")
+    __slots__ = ("plan", "norm_sfa", "psum", "m_sum", "g_num", "alignment", "host_check")
 
-    def __init__(self, plan, norm_sfa, psum, m_sum, g_num, alignment):
+    def __init__(self, plan, norm_sfa, psum, m_sum, g_num, alignment, host_check=False):
         self.plan, self.norm_sfa, self.psum = plan, norm_sfa, psum
         self.m_sum, self.g_num, self.alignment = m_sum, g_num, alignment
+        self.host_check = host_check  # layout on the CPU (interpreter): its values are checked on every call
 
     def __call__(self, a_data, sfa, b_data, sfb, d, layout) -> None:
+        if self.host_check:
+            _check_host_layout(layout, self.psum, self.m_sum, self.g_num)
         if self.norm_sfa:
             sfa = _mn_major_sfa(sfa)
         gid = layout
         if self.psum:  # expand to per-row ids on the device (searchsorted; no host sync)
             gid = _ref.row_group_ids(layout, self.m_sum, self.g_num, True, self.alignment).to(torch.int32)
         self.plan(a_data, b_data, d, sfa, sfb, gid)
+
+
+def _check_host_layout(grouped_layout: torch.Tensor, use_psum_layout: bool, m_sum: int, g_num: int) -> None:
+    """Value checks of an m-grouped contiguous ``grouped_layout`` that need its values on the host: done only for a
+    CPU tensor (no device sync on the CUDA hot path; what CUDA does instead is documented on the public ops).
+
+    Per-row: every id is -1 (padding) or a group in ``[0, G)``. Psum: the ends are non-decreasing and in
+    ``[0, M_sum]`` (DeepGEMM's layout is a prefix sum)."""
+    if grouped_layout.device.type != "cpu" or grouped_layout.numel() == 0:
+        return
+    v = grouped_layout
+    if not use_psum_layout:
+        bad = ((v < -1) | (v >= g_num)).nonzero()
+        if bad.numel():
+            i = int(bad[0, 0])
+            raise ValueError(f"grouped_layout[{i}] = {int(v[i])} is neither a group id in [0, G={g_num}) nor -1 "
+                             f"(padding); per-row layout of shape {list(v.shape)}")
+        return
+    bad = ((v < 0) | (v > m_sum)).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        raise ValueError(f"grouped_layout[{i}] = {int(v[i])} (psum layout: cumulative end row of group {i}) must be "
+                         f"in [0, M_sum={m_sum}]; got {v.tolist()}")
+    if v.numel() > 1:
+        dec = (v[1:] < v[:-1]).nonzero()
+        if dec.numel():
+            i = int(dec[0, 0]) + 1
+            raise ValueError(f"grouped_layout (psum layout: cumulative end rows) must be non-decreasing, got "
+                             f"grouped_layout[{i - 1}] = {int(v[i - 1])} > grouped_layout[{i}] = {int(v[i])} "
+                             f"(layout {v.tolist()}, M_sum {m_sum})")
 
 
 # ------------------------------------------------------------------------------------------- m-grouped contiguous
@@ -329,6 +367,8 @@ def _contiguous(a_data, b_data, sfa, sfb, d, grouped_layout, use_psum_layout, b_
     _L.check_int32_extent("M_sum", m_sum)
     _L.check_int32_extent("G * N" if b_kmajor else "G * K", g_num * (n if b_kmajor else k))
     alignment = get_mk_alignment_for_contiguous_layout()
+    _check_host_layout(grouped_layout, use_psum_layout, m_sum, g_num)
+    host_check = grouped_layout.device.type == "cpu"
     if not use_kernels(a_data, b_data, d, grouped_layout, sfa, sfb):
         if is_fp8:
             out = _ref.m_grouped_fp8_gemm_contiguous_ref((a_data, sfa), (b_data, sfb), grouped_layout,
@@ -349,11 +389,11 @@ def _contiguous(a_data, b_data, sfa, sfb, d, grouped_layout, use_psum_layout, b_
         b_data = b_store.transpose(1, 2)
     gcfg = _gluon_contiguous_config(m_sum, n, k, is_fp8, b_kmajor, d, alignment, _config)
     if gcfg is not None:
-        run = _ContiguousRun(_GluonPlan(gcfg, False), False, use_psum_layout, m_sum, g_num, alignment)
+        run = _ContiguousRun(_GluonPlan(gcfg, False), False, use_psum_layout, m_sum, g_num, alignment, host_check)
     else:
         plan = _L.m_contiguous_plan(a_data, b_data, b_kmajor, d, _mn_major_sfa(sfa) if is_fp8 else None, sfb,
                                     _config, alignment)
-        run = _ContiguousRun(plan, is_fp8, use_psum_layout, m_sum, g_num, alignment)
+        run = _ContiguousRun(plan, is_fp8, use_psum_layout, m_sum, g_num, alignment, host_check)
     run(a_data, sfa, b_data, sfb, d, grouped_layout)
     return run if _same(a_data, a_in) and _same(b_data, b_in) else None
 
@@ -374,13 +414,18 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, grouped_layout: torc
         grouped_layout: int32 on a's device. Per-row layout (default): ``[M_sum]`` group id of each row, -1 for
             padding rows; groups should start at multiples of :func:`get_mk_alignment_for_contiguous_layout`
             (speed only: a tile mixing groups is still exact). Psum layout (``use_psum_layout=True``): ``[G]``
-            cumulative end row of each group; group g starts at ``align(end_{g-1}, alignment)``; gap rows -> 0.
+            cumulative end row of each group, non-decreasing, in ``[0, M_sum]``; group g starts at
+            ``align(end_{g-1}, alignment)`` (a group with ``end_g`` below that start is empty); gap rows -> 0.
+            Values are checked for a CPU tensor (ValueError: per-row id other than -1 outside ``[0, G)``; psum
+            decreasing or outside ``[0, M_sum]``). On CUDA they are not (no host sync): an out-of-range per-row id
+            makes a padding row (0); a bad psum layout gives unspecified rows, never an out-of-bounds access.
         recipe / recipe_a / recipe_b: None or ``(1, 128, 128)`` / ``(1, 128)`` + ``(128, 128)``.
         compiled_dims, disable_ue8m0_cast, ensure_zero_padding, expected_m_for_psum_layout: accepted for
             compatibility (compile-cache / SM100 / heuristic knobs upstream; no effect on results here).
 
     ``M_sum == 0`` is a no-op. Raises TypeError (types, dtypes) or ValueError (shapes, scale shapes, recipes,
-    K % 16 != 0, N, K or G == 0, extents >= 2^31) before launch.
+    K % 16 != 0, N, K or G == 0, extents >= 2^31, overlapping rows of d, grouped_layout values on CPU) before
+    launch.
     """
     sig = _fp8_sig("contiguous", a, b, d, grouped_layout, (recipe, recipe_a, recipe_b, compiled_dims,
                                                            use_psum_layout, _MK_ALIGNMENT, _config, _CONTIG_SFA_COPY))

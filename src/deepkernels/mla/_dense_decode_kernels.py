@@ -1,7 +1,7 @@
 """Triton kernel for dense paged MLA decode (split-KV stage; FlashMLA SM90 dense decode semantics).
 
 One program = one (sm part, kv head, block of BLOCK_M query rows). Query rows are FlashMLA's flattened
-``row = s_q_idx * (h_q / h_kv) + head_in_group`` (spec/mla.md §4), so all h_q/h_kv heads and all s_q positions of a
+``row = s_q_idx * (h_q / h_kv) + head_in_group`` (docs/spec/mla.md §4), so all h_q/h_kv heads and all s_q positions of a
 kv head share every KV tile (MQA: at h_q=128 a 64-row tile does 64x the FLOPs per byte). The program walks the
 requests of its part (scheduler record, spec §3.1) and, per request, the KV tiles of its block range:
 

@@ -3,7 +3,7 @@ dense decode uses, :mod:`deepkernels.mla.combine`).
 
 One program = one (scheduler part, query position s, block of BLOCK_H query heads); the heads form the M dimension
 of both MMAs (MQA: every head reads the same KV token). The program walks the requests of its part (FlashMLA
-scheduler record, spec/mla.md §3.1) and, per request, its share of the request's *virtual token line*:
+scheduler record, docs/spec/mla.md §3.1) and, per request, its share of the request's *virtual token line*:
 ``[0, 64*ceil(n_main/64))`` are main-cache positions, then ``[.., + n_extra)`` extra-cache positions (FlashMLA's
 MODEL1 block order, spec §4). Per BLOCK_N positions it
 

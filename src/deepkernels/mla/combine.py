@@ -1,4 +1,4 @@
-"""Split-KV combine for MLA decode, dense and sparse (FlashMLA ``flash_fwd_mla_combine_kernel`` math, spec/mla.md
+"""Split-KV combine for MLA decode, dense and sparse (FlashMLA ``flash_fwd_mla_combine_kernel`` math, docs/spec/mla.md
 §3.5).
 
 Inputs are the per-split partials a decode kernel wrote: ``o_accum [rows, s_q, h_q, d_v]`` fp32 holding ``O/L``

@@ -1,6 +1,6 @@
 """MLA decode entry points: get_mla_metadata, FlashMLASchedMeta, flash_mla_with_kvcache (FlashMLA).
 
-Semantics: FlashMLA ``flash_mla_interface.py`` at commit 9241ae3 (spec/mla.md §1.1-§1.2, §3, §4). The dense path
+Semantics: FlashMLA ``flash_mla_interface.py`` at commit 9241ae3 (docs/spec/mla.md §1.1-§1.2, §3, §4). The dense path
 (no ``indices``) runs :mod:`deepkernels.mla._dense_decode_kernels` (split-KV) + :mod:`deepkernels.mla.combine`
 with the device scheduler of :mod:`deepkernels.mla.metadata`; the sparse path (``indices`` given) is routed to
 ``deepkernels.mla.sparse_decode._sparse_decode_forward``. CPU tensors without ``TRITON_INTERPRET=1`` run the
@@ -52,13 +52,21 @@ _POISON_OUTPUTS = False   # test knob: fill out/lse/accumulators with NaN before
 
 
 def set_mla_num_sms(n: Optional[int]) -> None:
-    """Override the SM count the MLA split-KV scheduler balances over (None: the device's count, or the GEMM
-    knob :func:`deepkernels.set_num_sms` when that is set). FlashMLA has no such knob; the top-level
-    ``set_num_sms`` is DeepGEMM's. Raises ValueError outside ``[1, 1024]`` (the range ``set_num_sms`` allows)."""
+    """Override the SM count the MLA split-KV scheduler balances over. FlashMLA has no such knob (it always uses
+    the device's count); this one follows DeepGEMM's ``set_num_sms`` (:func:`deepkernels.set_num_sms`) in
+    validation and meaning: ``n`` must be an int (bool is not) or None, and ``0`` or ``None`` restores the default
+    (the ``set_num_sms`` value when set, else the device's count; 4 under the interpreter without CUDA). One
+    difference: the upper bound is 1024 whatever the device, because the count only sizes the schedule (more
+    parts than SMs is legal: the tests use it to force many splits).
+
+    Raises TypeError for a non-int (e.g. ``"3"``, ``2.5``, ``True``), ValueError outside ``[0, 1024]``.
+    """
     global _NUM_SMS
-    if n is not None and not 1 <= int(n) <= 1024:
-        raise ValueError(f"num_sms must be in [1, 1024] or None, got {n}")
-    _NUM_SMS = None if n is None else int(n)
+    if n is None:
+        _NUM_SMS = None
+        return
+    _gemm_dense._check_num_sms(n, cap=1024)
+    _NUM_SMS = n or None
 
 
 def _num_sms(device: torch.device) -> int:
@@ -184,8 +192,6 @@ def _validate_dense(q, k_cache, block_table, cache_seqlens, head_dim_v):
                          f"(k_cache shape {list(k_cache.shape)})")
     if page < 1 or nb < 1:
         raise ValueError(f"k_cache must have >= 1 block and page_block_size >= 1, got shape {list(k_cache.shape)}")
-    if s_q < 1:
-        raise ValueError(f"q must have s_q >= 1, got shape {list(q.shape)}")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1:
         raise ValueError(f"q and k_cache must have a contiguous last dim, got strides {q.stride()} / "
                          f"{k_cache.stride()}")
@@ -373,8 +379,10 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         block_table: ``[b, max_blocks_per_seq]`` int32; only entries ``< ceil(seqlen / page_block_size)`` are read
             and they must be page ids in ``[0, num_blocks)``. CPU tensors are checked (ValueError); on CUDA an
             out-of-range id is clamped (never faulting; the result is then unspecified).
-        cache_seqlens: ``[b]`` int32 (0 allowed: out 0, lse +inf); each must fit its block-table row (checked for
-            CPU tensors; on CUDA the kernels stop at the row's end).
+        cache_seqlens: ``[b]`` int32, each ``>= 0`` (0 allowed: out 0, lse +inf) and fitting its block-table row.
+            Checked for CPU tensors (ValueError for a negative length or one past the row). On CUDA they are not
+            checked (a host sync): a negative length counts as 0 (out 0, lse +inf) and the kernels stop at the
+            row's end.
         head_dim_v: must be 512.
         softmax_scale: default ``576 ** -0.5``; any finite value: ``s = (q . k) * softmax_scale`` as in the
             reference, so 0 gives uniform weights over the visible keys and a negative scale is exact too (the
@@ -393,7 +401,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
             plausible-looking wrong value never comes out). Plan such a batch with its real length to get values.
         causal: bottom-right aligned (query i of s_q sees keys ``< seqlen - (s_q-1-i)``); ignored when s_q == 1.
 
-    Sparse path (``indices`` given; ``deepkernels.mla.sparse_decode``, FlashMLA sparse decode, spec/mla.md §1.2):
+    Sparse path (``indices`` given; ``deepkernels.mla.sparse_decode``, FlashMLA sparse decode, docs/spec/mla.md §1.2):
         q: ``[b, s_q, h_q, d_qk]`` bf16, any strides; ``h_q`` in {16, 32, 64, 128}; ``d_qk`` set by the format.
         k_cache: FP8/FP4 byte cache ``[num_blocks, page_block_size, 1, bytes_per_token]`` (float8_e4m3fn, int8 or
             uint8 container, ``h_k == 1``, ``stride(1) == bytes_per_token``, any page_block_size). The format is
@@ -420,13 +428,17 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         Batch-invariant mode: ``deepkernels.set_sparse_decode_batch_invariant(True)`` (or
         ``DEEPKERNELS_BATCH_INVARIANT=1``) turns split-KV off, so each request's result is bit-identical whatever
         else is in the batch (slower for small batches).
+    Empty work: ``b == 0``, ``s_q == 0`` (dense and sparse) or ``h_q == 0`` (dense) returns empty ``out`` /
+    ``lse`` of the shapes below without a launch (FlashMLA asserts ``b > 0``; a documented superset).
+
     Returns:
         ``out [b, s_q, h_q, 512]`` in q's dtype and ``lse [b, h_q, s_q]`` fp32, **natural log** (sparse: the
         transposed view of a contiguous ``[b, s_q, h_q]``, strides ``(s_q*h_q, 1, h_q)``); a row with no key
         (no valid index) gives out 0 and lse +inf, with or without a sink.
     Raises:
-        TypeError/ValueError naming the argument for bad shapes, dtypes, strides, formats, flags or metadata;
-        NotImplementedError for a dense call over an FP8 cache.
+        TypeError/ValueError naming the argument for bad shapes, dtypes, strides, formats, flags or metadata; a
+        dense call over an FP8 cache is a TypeError (k_cache's dtype must be q's; FlashMLA's dense path has the
+        same dtype check and ignores ``is_fp8_kvcache``), with a hint to pass ``indices``.
     """
     if indices is not None:
         return _sparse_route(q=q, k_cache=k_cache, indices=indices, head_dim_v=head_dim_v,
@@ -469,10 +481,16 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
 def _check_host_pages(block_table, cache_seqlens, num_blocks: int, page: int) -> None:
     """Value checks that need the block table and lengths on the host, done only when both are CPU tensors (no
     device sync on the CUDA hot path): each length must fit its block-table row, and every entry a request reads
-    (``j < ceil(len / page)``) must be a page id in ``[0, num_blocks)``. On CUDA the kernels clamp page ids and
-    stop at the row's end instead (never out of bounds; the values are then unspecified)."""
+    (``j < ceil(len / page)``) must be a page id in ``[0, num_blocks)``; no length may be negative. On CUDA the
+    kernels clamp page ids, stop at the row's end and count a negative length as 0 instead (never out of bounds;
+    a bad page id's values are then unspecified)."""
     if block_table.device.type != "cpu" or cache_seqlens.device.type != "cpu":
         return
+    neg = (cache_seqlens < 0).nonzero()
+    if neg.numel():
+        i = int(neg[0, 0])
+        raise ValueError(f"cache_seqlens[{i}] = {int(cache_seqlens[i])} is negative (cache_seqlens shape "
+                         f"{list(cache_seqlens.shape)}); a request with no cached token has length 0")
     cap = block_table.shape[1]
     need = (cache_seqlens.long().clamp(min=0) + page - 1) // page
     over = (need > cap).nonzero()
@@ -505,9 +523,14 @@ def _validate_call(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num
     """Every argument check of the dense path that depends only on the call signature (all of them except the
     FlashMLASchedMeta state and softmax_scale), once per new signature; returns (and caches) the plan."""
     if isinstance(k_cache, torch.Tensor) and isinstance(q, torch.Tensor) and k_cache.dtype != q.dtype and \
-            is_fp8_kvcache:
-        raise NotImplementedError("dense decode over an FP8 KV cache is not supported (FlashMLA neither); "
-                                  "pass indices for sparse FP8 decode")
+            q.dtype in (torch.bfloat16, torch.float16):
+        # FlashMLA's dense path ignores is_fp8_kvcache and requires k_cache.dtype == q.dtype: a dtype error,
+        # whatever the flag says (docs/spec/mla.md §1.2)
+        fp8 = k_cache.dtype in (torch.float8_e4m3fn, torch.int8, torch.uint8) or bool(is_fp8_kvcache)
+        hint = ("; dense decode over an FP8 KV cache is not supported (FlashMLA neither): pass indices for sparse "
+                "FP8 decode") if fp8 else ""
+        raise TypeError(f"k_cache must have q's dtype {q.dtype} for dense decode (no indices), got {k_cache.dtype} "
+                        f"(k_cache shape {list(k_cache.shape)}){hint}")
     _validate_dense(q, k_cache, block_table, cache_seqlens, head_dim_v)
     b, s_q, h_q, _ = q.shape
     _, page, h_kv, _ = k_cache.shape
@@ -517,7 +540,7 @@ def _validate_call(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num
                                         topk=None, extra_page_block_size=None, extra_topk=None)
     plan.rows = s_q * (h_q // h_kv)
     plan.h_kv = h_kv
-    plan.empty = b == 0 or h_q == 0
+    plan.empty = b == 0 or h_q == 0 or s_q == 0
     plan.kernels = use_kernels(q, k_cache, block_table, cache_seqlens)
     if not plan.empty:
         if isinstance(meta, torch.Tensor):

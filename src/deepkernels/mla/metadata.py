@@ -1,6 +1,6 @@
 """Split-KV scheduler for MLA decode, computed on the device (no host sync, CUDA-graph capturable).
 
-Produces FlashMLA's metadata format (spec/mla.md §3.1): ``meta [num_sm_parts, 8]`` int32 records
+Produces FlashMLA's metadata format (docs/spec/mla.md §3.1): ``meta [num_sm_parts, 8]`` int32 records
 ``(begin_req, end_req (inclusive), begin_block, end_block (exclusive), begin_split, first_splitted,
 last_splitted, pad)`` in 64-token scheduler blocks, and ``num_splits [b + 1]`` int32, the prefix sum of each
 request's split count. Split ``n`` of request ``i`` owns accumulator row ``num_splits[i] + n``; the total number
@@ -139,7 +139,7 @@ def compute_schedule(token_counts: torch.Tensor, num_sm_parts: int,
         num_sm_parts: number of parts (persistent programs per (kv head, query-row block)), ``>= 1``.
         fixed_overhead: per-split cost in 64-token blocks (FlashMLA uses 5).
     Returns:
-        ``(meta [num_sm_parts, 8] int32, num_splits [b + 1] int32)`` (spec/mla.md §3.1).
+        ``(meta [num_sm_parts, 8] int32, num_splits [b + 1] int32)`` (docs/spec/mla.md §3.1).
     Raises:
         TypeError/ValueError for a non-int32 or non-1-D ``token_counts`` or ``num_sm_parts < 1``.
     """
@@ -171,7 +171,7 @@ def compute_schedule(token_counts: torch.Tensor, num_sm_parts: int,
 
 def resolve_schedule(meta, num_splits, cfg, plan, legacy, meta_type):
     """The ``(tile_scheduler_metadata, num_splits)`` pair of one decode call: FlashMLA's metadata contract
-    (spec/mla.md §1.1), shared by the dense and the sparse decode paths.
+    (docs/spec/mla.md §1.1), shared by the dense and the sparse decode paths.
 
     Args:
         meta: the call's ``tile_scheduler_metadata``. A ``meta_type`` instance (``FlashMLASchedMeta``) is filled on

@@ -3,7 +3,7 @@
 
 ``deepkernels.mla.decode.flash_mla_with_kvcache`` routes every call with ``indices`` here
 (:func:`_sparse_decode_forward`). Semantics: :mod:`deepkernels.reference.mla_sparse` (FlashMLA
-``flash_mla_with_kvcache`` sparse mode, spec/mla.md §1.2, §2, §3, §4, §9). Kernels:
+``flash_mla_with_kvcache`` sparse mode, docs/spec/mla.md §1.2, §2, §3, §4, §9). Kernels:
 :mod:`deepkernels.mla._sparse_kernels` (split-KV stage) and the combine shared with dense decode
 (:func:`deepkernels.mla.combine.combine_splits_`), scheduled by :func:`deepkernels.mla.metadata.compute_schedule`
 driven by the per-request token count (``topk_length`` or ``topk``; with an extra cache

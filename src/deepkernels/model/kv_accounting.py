@@ -4,7 +4,7 @@ Units: bytes (B); KiB = 1024 B. The ratio to MHA is reported as ``1/N`` with ``N
 rounded to the nearest integer, which is how the seed article prints it ("1/57" for 65536/1152 = 56.9).
 
 Reproduces the "cache 账本" table of ``shared/seeds/deepgemm-flashmla-explained.zh.txt`` §6 for DeepSeek-V3
-(128 heads × 128 dims, BF16), plus the packed formats of spec/mla.md §2.1:
+(128 heads × 128 dims, BF16), plus the packed formats of docs/spec/mla.md §2.1:
 
     MHA 64 KiB · GQA(8) 4 KiB · MQA 512 B · MLA BF16 1152 B · V3.2 FP8 656 B · MODEL1 584 B · V4.1 FP8 528 B ·
     V4.1 FP4 288 B
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 __all__ = ["KV_FORMAT_BYTES", "KV_FORMAT_DIMS", "kv_bytes_per_token", "mha_bytes_per_token",
            "KVRow", "seed_table", "format_bytes", "kv_cache_bytes"]
 
-#: Packed bytes per token of each latent-cache format (spec/mla.md §2.1); "bf16" is the 576-dim dense row.
+#: Packed bytes per token of each latent-cache format (docs/spec/mla.md §2.1); "bf16" is the 576-dim dense row.
 KV_FORMAT_BYTES = {
     "bf16": 576 * 2,                  # [512 c_KV ‖ 64 k_R] bf16
     "v32": 512 + 4 * 4 + 64 * 2,      # 512 e4m3 NoPE, 4 fp32 scales (tile 128), 64 bf16 RoPE = 656
@@ -51,7 +51,7 @@ def kv_bytes_per_token(scheme: str, *, num_heads: int = 128, head_dim: int = 128
     Schemes: ``"mha"`` (num_heads KV heads), ``"gqa"`` (``groups`` KV heads), ``"mqa"`` (1 KV head), ``"mla"``
     (one ``kv_lora_rank + qk_rope_head_dim`` row at ``dtype_bytes``), or a packed latent format name in
     :data:`KV_FORMAT_BYTES` (``"bf16"``, ``"v32"``, ``"model1"``, ``"v41"``, ``"fp4"``; fixed sizes from
-    FlashMLA, spec/mla.md §2.1). Raises ValueError for an unknown scheme.
+    FlashMLA, docs/spec/mla.md §2.1). Raises ValueError for an unknown scheme.
     """
     if scheme == "mha":
         return mha_bytes_per_token(num_heads, head_dim, dtype_bytes)

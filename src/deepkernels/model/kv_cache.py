@@ -3,7 +3,7 @@
 Dense formats (``"bf16"``, ``"fp16"``; ``"fp32"``/``"fp64"`` for float references) store the rows as
 ``k_cache [num_blocks, page_block_size, 1, d_qk]`` — the tensor ``flash_mla_with_kvcache`` reads in its dense
 mode. Packed formats (``"v32"`` 656 B, ``"model1"`` 584 B, ``"v41"`` 528 B, ``"fp4"`` 288 B per token;
-spec/mla.md §2) store what :func:`deepkernels.quant.quantize_kv_cache` produces for the page tensor.
+docs/spec/mla.md §2) store what :func:`deepkernels.quant.quantize_kv_cache` produces for the page tensor.
 
 Writes go to ``block_table[b, pos // page_block_size]``, row ``pos % page_block_size``. For a packed format the
 new rows are encoded on their own with the quant helper and each token's byte records (MODEL1: its data

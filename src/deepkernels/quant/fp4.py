@@ -5,7 +5,7 @@ Packing: two codes per byte, **even index in the low nibble**: ``byte = code[2i]
 
 Two rounding rules exist upstream and both are provided:
 
-- :func:`round_to_e2m1` (FlashMLA [2026-09+] V4.1 FP4 KV cache, spec/mla.md §2.4): PTX ``cvt.rn.satfinite`` --
+- :func:`round_to_e2m1` (FlashMLA [2026-09+] V4.1 FP4 KV cache, docs/spec/mla.md §2.4): PTX ``cvt.rn.satfinite`` --
   round to nearest, ties to the even code, saturate to +-6, NaN -> magnitude 0; the sign bit is always
   ``signbit(x)`` (so ``-0.1`` gives code 8, "-0").
 - DeepGEMM ``_quantize_to_fp4_e2m1`` (used by :func:`per_token_cast_to_fp4`): ``bucketize`` on the midpoints, so
@@ -92,7 +92,7 @@ def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_fp4_e2m1(x: torch.Tensor, tile: int = 16) -> Tuple[torch.Tensor, torch.Tensor]:
-    """FP4 quantisation with one e4m3 scale per ``tile`` elements (FlashMLA V4.1 FP4 rule, spec/mla.md §2.4).
+    """FP4 quantisation with one e4m3 scale per ``tile`` elements (FlashMLA V4.1 FP4 rule, docs/spec/mla.md §2.4).
 
     Per tile: ``amax = max|x|`` in FP32 (NaN counts as inf); ``scale = e4m3(clamp(amax / 6, 2^-9, 448))`` (clamped
     before the cast, so no overflow); a tile holding NaN or inf gets scale NaN (byte 0x7F). Each element:

@@ -1,19 +1,28 @@
 """FP8 (e4m3) block-scaled quantizers and UE8M0 scale helpers, bit-for-bit with DeepGEMM.
 
-Source of the semantics: DeepGEMM ``deep_gemm/utils/math.py`` at ``54e2261`` (spec/gemm.md §2.4). Every function
+Source of the semantics: DeepGEMM ``deep_gemm/utils/math.py`` at ``54e2261`` (docs/spec/gemm.md §2.4). Every function
 here is plain PyTorch, follows the device of its input (CPU or CUDA) and never synchronises with the host, except
 :func:`pack_ue8m0_to_int`, which validates its input the way upstream asserts it.
 
-The one quantisation rule used everywhere (spec/gemm.md §7.6, edge-cases.md §8):
+The one quantisation rule used everywhere (docs/spec/gemm.md §7.6, docs/cases/edge-cases.md §8):
 
 1. zero-pad the input to whole groups (padding never raises an amax);
 2. ``amax = max |x|`` over each group, computed in FP32, then ``clamp(min=1e-4)`` (an all-zero group gets a finite,
-   positive scale; NaN propagates);
+   positive scale);
 3. ``sf = amax / 448.0``; with ``use_ue8m0`` the scale is rounded *up* to a power of two by :func:`ceil_to_ue8m0`;
 4. ``q = e4m3(clamp(x * (1.0 / sf), -448, 448))`` -- multiply by the FP32 reciprocal (BF16 x FP32 promotes to
    FP32), round to nearest even. The clamp only matters where a rounding error pushes ``|x/sf|`` a hair past 448
    (torch would round that to 448 anyway) or for ``inf`` inputs; it keeps the result identical on every backend
    (ml_dtypes and some CUDA paths give NaN above 464 instead of saturating). NaN stays NaN.
+
+Non-finite input (a deepkernels rule; upstream gives a +inf scale, NaN at the inf elements and 0 at the finite
+ones, which a GEMM turns into NaN or +-inf depending on how the backend decodes an e4m3 NaN): a group holding
++-inf or NaN quantises to **all-NaN data** with a **NaN scale** (FP32 scales) or a ``2^127`` scale (UE8M0, which
+cannot express NaN). A consumer that multiplies by the scale (every GEMM kernel, the reference) therefore gives NaN
+in every output that reads the group, on every backend -- never a finite or infinite value that looks like an
+answer. (Under ``TRITON_INTERPRET=1`` only the NaN scale guarantees that: the interpreter decodes an e4m3 NaN as a
+finite number, so with UE8M0 scales an interpreter run may give +-inf there instead of NaN.) Groups without a
+non-finite element are unaffected (bit-identical to upstream).
 """
 from __future__ import annotations
 
@@ -129,9 +138,19 @@ def dense(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
 
 
-def _scale_from_amax(amax: torch.Tensor, use_ue8m0: bool) -> torch.Tensor:
+def _scale_from_amax(amax: torch.Tensor, use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sf, inv)``: the scale of each group (rule steps 2-3) and the multiplier its data is quantised with.
+
+    A group whose amax is not finite (it holds +-inf or NaN) gets ``inv = NaN``, so all of its data is NaN, and
+    ``sf = NaN`` (FP32 scales) or ``2^127`` (UE8M0: :func:`ceil_to_ue8m0` cannot express NaN; the NaN data still
+    carries it). Cost: one elementwise op on the (small) amax tensor, two more with UE8M0."""
+    nan = float("nan")
+    amax = amax.nan_to_num(nan=nan, posinf=nan)  # amax >= 0: +inf is the only other non-finite value
     sf = amax.clamp(min=_AMAX_FLOOR) / E4M3_MAX
-    return ceil_to_ue8m0(sf) if use_ue8m0 else sf
+    if not use_ue8m0:
+        return sf, 1.0 / sf
+    sf_r = ceil_to_ue8m0(sf)
+    return sf_r, 1.0 / sf_r + (sf - sf)  # + 0 for finite groups (exact), + NaN for non-finite ones
 
 
 def _check_float_input(name: str, x: torch.Tensor, ndim=None) -> None:
@@ -161,6 +180,8 @@ def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False, gran_k: int 
     Returns:
         ``(x_fp8, sf)``: ``x_fp8`` float8_e4m3fn ``[m, n]`` contiguous; ``sf`` float32 ``[m, ceil(n/gran_k)]``
         (scale = dequantisation multiplier, ``x ~= x_fp8 * sf``), or int32 ``[m, ceil(ceil(n/gran_k)/4)]`` packed.
+        Non-finite input: a group holding +-inf or NaN gets all-NaN data and a NaN scale (``2^127`` with UE8M0;
+        module docstring), so ``fp8_gemm_nt`` rows reading it are NaN on every backend.
     Raises:
         TypeError for a non-tensor or non-float dtype; ValueError for a non-2-D ``x``, a bad ``gran_k`` or
         ``use_packed_ue8m0`` without ``use_ue8m0``.
@@ -172,8 +193,8 @@ def per_token_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False, gran_k: int 
     m, n = x.shape
     padded_n = align(n, gran_k)
     x_view = _pad_last(x, padded_n).reshape(m, padded_n // gran_k, gran_k)
-    sf = _scale_from_amax(x_view.abs().float().amax(dim=2), use_ue8m0)
-    x_fp8 = cast_to_e4m3(x_view * (1.0 / sf.unsqueeze(2))).view(m, padded_n)[:, :n].contiguous()
+    sf, inv = _scale_from_amax(x_view.abs().float().amax(dim=2), use_ue8m0)
+    x_fp8 = cast_to_e4m3(x_view * inv.unsqueeze(2)).view(m, padded_n)[:, :n].contiguous()
     if use_packed_ue8m0:
         num_sf = sf.size(1)
         sf = pack_ue8m0_to_int(torch.nn.functional.pad(sf, (0, align(num_sf, 4) - num_sf), value=1.0))
@@ -202,8 +223,8 @@ def per_channel_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False,
     if m % gran_k != 0:
         raise ValueError(f"x must have a first dim that is a multiple of gran_k={gran_k}, got shape {[m, n]}")
     x_view = x.reshape(m // gran_k, gran_k, n)
-    sf = _scale_from_amax(x_view.abs().float().amax(dim=1), use_ue8m0)
-    return cast_to_e4m3(x_view * (1.0 / sf.unsqueeze(1))).view(m, n), sf
+    sf, inv = _scale_from_amax(x_view.abs().float().amax(dim=1), use_ue8m0)
+    return cast_to_e4m3(x_view * inv.unsqueeze(1)).view(m, n), sf
 
 
 def per_block_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False,
@@ -226,8 +247,8 @@ def per_block_cast_to_fp8(x: torch.Tensor, use_ue8m0: bool = False,
     pm, pn = align(m, gran_k), align(n, gran_k)
     x_padded = x if (pm, pn) == (m, n) else torch.nn.functional.pad(x, (0, pn - n, 0, pm - m))
     x_view = x_padded.reshape(pm // gran_k, gran_k, pn // gran_k, gran_k)
-    sf = _scale_from_amax(x_view.abs().float().amax(dim=(1, 3), keepdim=True), use_ue8m0)
-    x_fp8 = cast_to_e4m3(x_view * (1.0 / sf)).view(pm, pn)[:m, :n].contiguous()
+    sf, inv = _scale_from_amax(x_view.abs().float().amax(dim=(1, 3), keepdim=True), use_ue8m0)
+    x_fp8 = cast_to_e4m3(x_view * inv).view(pm, pn)[:m, :n].contiguous()
     return x_fp8, sf.view(pm // gran_k, pn // gran_k)
 
 
@@ -257,8 +278,8 @@ def per_custom_dims_cast_to_fp8(x: torch.Tensor, dims: Sequence[int],
         amax = x.new_zeros([1 if i in reduce else x.size(i) for i in range(x.dim())], dtype=torch.float32)
     else:
         amax = x.abs().float().amax(dim=reduce, keepdim=True) if reduce else x.abs().float()
-    sf = _scale_from_amax(amax, use_ue8m0)
-    return cast_to_e4m3(x * (1.0 / sf)), sf.squeeze()
+    sf, inv = _scale_from_amax(amax, use_ue8m0)
+    return cast_to_e4m3(x * inv), sf.squeeze()
 
 
 def _gran_for(size: int, num_sf: int, gran_k: int, name: str, x_shape, sf_shape) -> int:

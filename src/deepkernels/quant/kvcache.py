@@ -1,6 +1,6 @@
 """Paged MLA KV-cache formats of FlashMLA, byte for byte: V3.2 (656 B), MODEL1 (584 B), V4.1 FP8 (528 B), V4.1 FP4 (288 B).
 
-Source of the semantics: FlashMLA ``tests/quant.py`` at ``9241ae3`` and the [2026-09+] revisions (spec/mla.md §2).
+Source of the semantics: FlashMLA ``tests/quant.py`` at ``9241ae3`` and the [2026-09+] revisions (docs/spec/mla.md §2).
 
 Byte layouts (per token unless said otherwise; ``B`` = page_block_size; all offsets in bytes):
 
@@ -293,7 +293,7 @@ def dequantize_kv_cache(packed: torch.Tensor, fmt: Union[str, KVCacheFormat, Non
                         numerics: str = "reference") -> torch.Tensor:
     """Decode a packed cache back to BF16 K (FlashMLA ``dequantize_k_cache``).
 
-    Numerics (spec/mla.md §2.4-2.5):
+    Numerics (docs/spec/mla.md §2.4-2.5):
 
     - v32, ``numerics="reference"`` (FlashMLA's test dequant): ``bf16(fp32(e4m3) * fp32 scale)``, one rounding.
       ``numerics="sm90"`` (what the SM90 sparse-decode kernel computes): ``bf16(e4m3) * bf16_rn(scale)`` rounded to

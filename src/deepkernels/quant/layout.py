@@ -1,8 +1,8 @@
 """Scale-factor layouts for the FP8 GEMMs: TMA alignment, MN-major transposes, packed UE8M0 (DeepGEMM-compatible).
 
 Source of the semantics: DeepGEMM ``csrc/apis/layout.hpp``, ``csrc/utils/layout.hpp`` and
-``csrc/jit_kernels/impls/smxx_layout.hpp`` at ``54e2261`` (spec/gemm.md §1.13, §2.1-2.3). Plain PyTorch, follows the
-device of its input; upstream's ``DG_HOST_ASSERT`` failures are ``ValueError``/``TypeError`` here.
+``csrc/jit_kernels/impls/smxx_layout.hpp`` at ``54e2261`` (docs/spec/gemm.md §1.13, §2.1-2.3). Plain PyTorch,
+follows the device of its input; upstream's ``DG_HOST_ASSERT`` failures are ``ValueError``/``TypeError`` here.
 
 Layout words: an SF tensor ``[.., MN, SFK]`` is *MN-major TMA-aligned* when ``stride(-2) == 1`` and
 ``stride(-1) == A = get_tma_aligned_size(MN, element_size)`` (for FP32/int32: ``align(MN, 4)``), with groups packed
@@ -214,7 +214,7 @@ def transform_sf_into_required_layout(sf: torch.Tensor, mn: int, k: int, recipe:
                                       *, arch_major: Optional[int] = None) -> torch.Tensor:
     """Bring a GEMM scale tensor into the layout the kernels read (DeepGEMM ``transform_sf_into_required_layout``).
 
-    Decision table (spec/gemm.md §2.3), after :func:`check_sf_layout` on the shape:
+    Decision table (docs/spec/gemm.md §2.3), after :func:`check_sf_layout` on the shape:
 
     ======  ====================  =====================================  ==============================================
     dtype   (gran_mn, gran_k)     arch / flag                            result

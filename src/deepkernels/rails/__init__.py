@@ -14,7 +14,7 @@ can plan an SM100 kernel with (docs/rails.md has the plan for a real SM100 path)
 - :mod:`.planner`   — TMEM plan of a decode CTA (O, Q, P columns; refuses > 512) and the seed's §3.1 table.
 - :mod:`.cli`       — ``python -m deepkernels.rails plan --heads 64 --d 512 --topk-block 64``.
 
-Sources: shared/seeds/multi-rail-gemm.zh.txt; spec/mla.md §1.3, §8; PTX ISA 9.5 §9.7.18 (tcgen05).
+Sources: shared/seeds/multi-rail-gemm.zh.txt; docs/spec/mla.md §1.3, §8; PTX ISA 9.5 §9.7.18 (tcgen05).
 """
 from .tmem import (LANES_PER_WARP, TMEM_BYTES, TMEM_CELL_BITS, TMEM_COLUMNS, TMEM_LANES, TensorMemory,
                    columns_for, elements_per_column)

@@ -1,7 +1,7 @@
 """Two ways to fill ``tcgen05.mma.ws`` for the decode QKᵀ (P = Q·Kᵀ), and the wrong one in between.
 
 The hardware formula is fixed (lane group g: D_g = A_g × B_g, see :mod:`deepkernels.rails.mma_ws`); the
-fillings differ only in what is written into A_g and B (seed article §2.4 table, spec/mla.md §8.1):
+fillings differ only in what is written into A_g and B (seed article §2.4 table, docs/spec/mla.md §8.1):
 
 =========================  ===========================================  ===========================================
                            official (CuTe, FOLD_DEGREE = 1)             multi-rail (FlashMLA MRGEMM, R rails)
@@ -22,7 +22,7 @@ m + r·128/R, replicated G/R times), and B's N-slices line up with those groups.
 The "wrong" filling splits Q into rails but leaves B as rail 0's features for every group (the B descriptor
 is not re-pointed per rail), so group g of rail r computes the cross term Q_{R_r}·K_{R_0}ᵀ (seed §2.5).
 
-Sources: shared/seeds/multi-rail-gemm.zh.txt §2; spec/mla.md §8.1–8.2; FlashMLA sm100 head64 ``config.h``
+Sources: shared/seeds/multi-rail-gemm.zh.txt §2; docs/spec/mla.md §8.1–8.2; FlashMLA sm100 head64 ``config.h``
 (``QK_MRGEMM_N = (128/64)·B_TOPK``, ``QK_MRGEMM_K = D_V/(128/64)``).
 """
 from __future__ import annotations

@@ -13,11 +13,11 @@ Column counts, per lane (G = 128/heads lane groups, R rails, T = topk_block, e =
   P  = R·T/G  per buffer        (D of the QK MMA: N = R·T split over G groups)
 
 With heads 64, d 512, d_rope 64, bf16, T 64, R 2 this is FlashMLA's head64 decode map: O 0–255, Q 256–383,
-Q tail 384–399, P 400–463 (spec/mla.md §8.4, ``csrc/sm100/decode/head64/config.h``). With d_rope 0 and two
+Q tail 384–399, P 400–463 (docs/spec/mla.md §8.4, ``csrc/sm100/decode/head64/config.h``). With d_rope 0 and two
 P buffers it is the fused core-attn map: O 0, Q 256, P_0 384, P_1 448. With R = 1 (the official filling)
 O and Q alone take 512 columns and the plan is refused, which is the point of the seed article (§1.5).
 
-Sources: shared/seeds/multi-rail-gemm.zh.txt §1.5, §3.1, §3.2; spec/mla.md §8.2, §8.4.
+Sources: shared/seeds/multi-rail-gemm.zh.txt §1.5, §3.1, §3.2; docs/spec/mla.md §8.2, §8.4.
 """
 from __future__ import annotations
 

@@ -7,15 +7,15 @@ Three orders of "mask" and "reduce", and what each does with a NaN (or +inf) in 
 * :func:`retrieve_mask_and_reduce_p` — FlashMLA's SM100 routine, modelled warp by warp: each thread masks
   only the half of the tokens it keeps (its own rail) and adds its peer rail's partial unmasked. -inf + x is
   -inf for finite x, so one masked half suffices, except when the peer's partial is NaN or +inf: then
-  -inf + NaN = NaN and -inf + inf = NaN leak into P. This is the caveat of spec/mla.md §1.3 (a NaN in a K
+  -inf + NaN = NaN and -inf + inf = NaN leak into P. This is the caveat of docs/spec/mla.md §1.3 (a NaN in a K
   row that is valid in [0, s_kv) but past ``topk_length`` can make the output NaN on SM100).
 * :func:`reduce_then_mask` — reduce first, then mask. With ``how="additive"`` (add a -inf bias) the NaN of
   the sum survives (NaN + -inf = NaN): it leaks. With ``how="select"`` (``where``) it is replaced: safe.
 
-The semantics deepkernels wants (spec/mla.md §9.2: select-style masking, NaN never multiplied in) is
+The semantics deepkernels wants (docs/spec/mla.md §9.2: select-style masking, NaN never multiplied in) is
 :func:`masked_scores_reference`.
 
-Sources: spec/mla.md §1.3, §8.3, §9.2; seed article §2.3; FlashMLA ``common_subroutine.h``
+Sources: docs/spec/mla.md §1.3, §8.3, §9.2; seed article §2.3; FlashMLA ``common_subroutine.h``
 ``retrieve_mask_and_reduce_p``.
 """
 from __future__ import annotations
@@ -114,7 +114,7 @@ def retrieve_mask_and_reduce_p(tmem: TensorMemory, *, p_tmem_col: int, valid: to
 
     Result (returned as one [64, b_topk] float32 tensor): warp 0 = heads 0–31 × tokens [0, n), warp 2 =
     heads 0–31 × [n, 2n), warp 1 = heads 32–63 × [0, n), warp 3 = heads 32–63 × [n, 2n). A NaN/+inf in the
-    peer half of an invalid token leaks (spec/mla.md §1.3). valid: bool [b_topk]; b_topk even, 2·b_topk a
+    peer half of an invalid token leaks (docs/spec/mla.md §1.3). valid: bool [b_topk]; b_topk even, 2·b_topk a
     legal N (64 → N = 128). Raises ValueError naming the argument.
     """
     if b_topk < 2 or b_topk % 2:

@@ -8,7 +8,7 @@ PTX ISA tcgen05 "Access restrictions" (§9.7.18.8.1 in ISA 9.5): warp ``w`` of a
 touch lanes ``32w … 32w+31``.
 
 Sources: PTX ISA, tcgen05 "Tensor Memory" (128 lanes × 512 columns per CTA, 32-bit cells; §9.7.18 in ISA 9.5),
-the seed article shared/seeds/multi-rail-gemm.zh.txt §1.3/§1.5, spec/mla.md §8.
+the seed article shared/seeds/multi-rail-gemm.zh.txt §1.3/§1.5, docs/spec/mla.md §8.
 """
 from __future__ import annotations
 

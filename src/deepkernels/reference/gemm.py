@@ -3,7 +3,7 @@
 This module *defines* what the Triton kernels in :mod:`deepkernels.gemm` compute. It is written for clarity
 and runs on any device (CPU or CUDA).
 
-FP8 block-scaled GEMM (DeepGEMM SM90 "promotion" rule, spec/gemm.md §2.5)::
+FP8 block-scaled GEMM (DeepGEMM SM90 "promotion" rule, docs/spec/gemm.md §2.5)::
 
     for every 128-wide K block kb:
         P   = fp32( A[:, kb] @ B[:, kb].T )          # fresh partial, exact products, one rounding to fp32

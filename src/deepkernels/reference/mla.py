@@ -1,6 +1,6 @@
 """PyTorch reference: dense paged MLA decode, split-KV partials and combine, scheduler metadata (FlashMLA).
 
-Semantics follow FlashMLA ``flash_mla_with_kvcache`` (dense path, commit 9241ae3; spec/mla.md §1.2, §3, §4):
+Semantics follow FlashMLA ``flash_mla_with_kvcache`` (dense path, commit 9241ae3; docs/spec/mla.md §1.2, §3, §4):
 
 - q ``[b, s_q, h_q, d_qk]`` (bf16/fp16), k_cache ``[num_blocks, page_block_size, h_kv, d_qk]`` (same dtype),
   V = the first ``d_v`` columns of K, ``block_table [b, max_blocks_per_seq]`` int32, ``cache_seqlens [b]`` int32.

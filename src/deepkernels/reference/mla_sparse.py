@@ -2,7 +2,7 @@
 
 Defines the semantics of ``flash_mla_with_kvcache(..., is_fp8_kvcache=True, indices=...)`` for every format
 (FlashMLA ``tests/ref.py::ref_sparse_attn_decode`` at 9241ae3, extended to the [2026-09+] V4.1 / FP4 formats;
-spec/mla.md §1.2, §2, §4, §9):
+docs/spec/mla.md §1.2, §2, §4, §9):
 
 - The format is detected from the cache's last dim (bytes per token): 656 -> V3.2 (d_qk 576, V = the 512 NoPE
   dims), 584 -> MODEL1 (d_qk 512, V = K incl. RoPE), 528 -> V4.1 (d_qk 512), 288 -> FP4 (d_qk 512; only as the

@@ -1,8 +1,8 @@
 """Comparison metrics of the upstream test harnesses, so deepkernels' pass/fail thresholds mean the same thing.
 
-- DeepGEMM ``deep_gemm/testing/numeric.py``: :func:`calc_diff`, :func:`count_bytes` (spec/gemm.md §3.1).
+- DeepGEMM ``deep_gemm/testing/numeric.py``: :func:`calc_diff`, :func:`count_bytes` (docs/spec/gemm.md §3.1).
 - FlashMLA ``tests/kernelkit`` (``compare.py``): :func:`get_cos_diff`, :func:`check_is_allclose`,
-  :func:`check_is_bitwise_equal` (spec/mla.md §5.2).
+  :func:`check_is_bitwise_equal` (docs/spec/mla.md §5.2).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         x, y: tensors of the same shape, any dtypes (both cast to float64).
     Returns:
         0-d float64 tensor on the inputs' device (no host sync; compare it with a float or call ``float()``).
-        Two all-zero inputs give 0 (upstream would give NaN from 0/0; spec/gemm.md §3.1 defines 0).
+        Two all-zero inputs give 0 (upstream would give NaN from 0/0; docs/spec/gemm.md §3.1 defines 0).
     Thresholds upstream: FP8 GEMM 1e-3, BF16 1e-5, MQA logits 1e-3 / 5e-6 / 3e-5, HC pre-norm 1e-8.
     Raises:
         ValueError if the shapes differ; TypeError for non-tensors.
@@ -75,7 +75,7 @@ def check_is_allclose(name: str, ans: torch.Tensor, ref: torch.Tensor, abs_tol: 
                       dtype_for_cos_diff_calc: torch.dtype = torch.float64) -> bool:
     """FlashMLA's ``kernelkit.check_is_allclose``: anomaly positions, per-element tolerance, then cosine diff.
 
-    Steps (spec/mla.md §5.2): both cast to FP32; the positions of ``+inf``, ``-inf`` and NaN must match exactly,
+    Steps (docs/spec/mla.md §5.2): both cast to FP32; the positions of ``+inf``, ``-inf`` and NaN must match exactly,
     and matched (and unmatched) anomalies are zeroed; an element passes if ``|a-r| < abs_tol`` or
     ``|a-r| / (|r| + 1e-6) < rel_tol``; finally ``|get_cos_diff(a, r)| <= cos_diff_tol``.
 
