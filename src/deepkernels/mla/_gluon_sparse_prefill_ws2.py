@@ -125,6 +125,13 @@ configurations compared, tests/test_gluon_sparse_prefill_ws2.py ``test_default_p
   because the gathers miss L2 more and the slack is halved -- below ws2 at 64K is possible (the decode FA3 failure
   mode). OVERLAP 2: period ~ 1,150 + 510 + 2,400 ~ 4,060 clk: 1.10x -> 8K ~ 530, 64K ~ 470. Not bit-identical
   guaranteed but expected (the same operations per block in the same order; GPU test records it).
+* MEASURED (session 16, H200, git 2cbd731921ab, ``bash benchmarks/device_sparse_prefill_ov.sh``,
+  results/sparse_prefill_ov-h200-2026-11-29-s16.json): correct -- 41/41 (OVERLAP 1) and 24/24 (OVERLAP 2 subset)
+  GPU tests, output bit-identical to the default -- but SLOWER: OVERLAP 1 382-383 TFLOPS at 8K (ws2 476: 0.80x),
+  336 at 64K (ws2 421: 0.80x); OVERLAP 2 397-401 at 8K (0.83-0.84x), 339-340 at 64K (0.81x). Prediction (1.26x /
+  1.10x) missed in sign, as the dense decode FA3 order did: with two 72 KB ring slots, releasing slot j-1 only after
+  P V_{j-1} (now completing after S_j) leaves the producer's next gather too little slack; not profiled. Not
+  dispatched; kept as an option for a 3-slot ring (needs a smaller tile or Q out of shared memory).
 """
 from __future__ import annotations
 
