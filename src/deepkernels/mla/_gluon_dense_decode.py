@@ -120,6 +120,7 @@ GLUON_DEFAULT = (2, 232, 40)
 # DEEPKERNELS_DENSE_DECODE_VARIANT=0 keeps the plain kernel for every call.
 DISPATCH_Q_TMA = True
 DISPATCH_HALF_MIN_SQ = 2
+DISPATCH_MIN_ROWS = 64     # s_q * h_q / h_kv: the A/B covered h_q 64 / 128 only
 GLUON_CANDIDATES = [GLUON_DEFAULT]
 
 
@@ -592,13 +593,18 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     compute them here with :func:`deepkernels._launch.spec_key` (descriptors included).
 
     ``half_tiles`` / ``q_tma``: the variant (module docstring): 32-token half-tile ring barriers, Q loaded by the
-    producer with TMA; None (decode.py's launches): the measured choice, Q by TMA (:data:`DISPATCH_Q_TMA`) and half
-    tiles from s_q >= :data:`DISPATCH_HALF_MIN_SQ` (``DEEPKERNELS_DENSE_DECODE_VARIANT=0``: neither). ``q_tma`` falls back to the plain Q loads when the query rows of a
+    producer with TMA; None (decode.py's launches): the measured choice at >= :data:`DISPATCH_MIN_ROWS` query rows per
+    kv head, Q by TMA (:data:`DISPATCH_Q_TMA`) and half tiles from s_q >= :data:`DISPATCH_HALF_MIN_SQ`
+    (``DEEPKERNELS_DENSE_DECODE_VARIANT=0``: neither). ``q_tma`` falls back to the plain Q loads when the query rows of a
     block are not one strided run (needs h_kv == 1 or s_q == 1 and q viewable as ``[b * s_q * h_q, 576]`` with a
     16-B aligned base and row pitch): :func:`q_tma_supported`."""
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
     if half_tiles is None or q_tma is None:
-        on = os.environ.get("DEEPKERNELS_DENSE_DECODE_VARIANT", "") != "0"
+        # only where it was measured: >= 64 query rows per kv head (h_q 64 / 128); the bandwidth regime (16 / 32
+        # rows: the Q box would load 64 rows for 16 / 32 used) keeps the plain kernel -- the closing bench of session
+        # 16 showed h_q 16 / 32 7-12 % below session 15 at long s_k with the variant on, not A/B-tested
+        on = (os.environ.get("DEEPKERNELS_DENSE_DECODE_VARIANT", "") != "0"
+              and q.shape[1] * q.shape[2] // k_cache.shape[2] >= DISPATCH_MIN_ROWS)
         if half_tiles is None:
             half_tiles = on and q.shape[1] >= DISPATCH_HALF_MIN_SQ
         if q_tma is None:
