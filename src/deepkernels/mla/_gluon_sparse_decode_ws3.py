@@ -30,7 +30,8 @@ Shared-memory addresses for the inline PTX: Gluon 3.6 exposes no address of a sh
 reads the allocation offsets of ``kv_n`` / ``ready`` / ``empty`` from the compiled kernel's own TTGIR by running
 Triton's shared-memory allocation pass on it (:func:`smem_offsets`, the passes ``make_llir`` runs before lowering)
 and passes them as runtime arguments (``ring_off``, ``ready_off``, ``empty_off``); the PTX forms addresses as
-``global_smem + offset``. The compile tier checks them against the layout (ring at 0, barriers after the data).
+``global_smem + offset``, ``global_smem`` read once per partition before its loops (section "Uniform registers").
+The compile tier checks them against the layout (ring at 0, barriers after the data).
 
 Barrier protocol (``it`` = ring counter, same sequence in both CTAs):
 
@@ -55,26 +56,49 @@ Registers (launch maxnreg 168 x 12 warps; setmaxnreg PV 160, producer :data:`WS3
 (V4.1), the softmax warpgroup the rest: 208 / 224 -- the WS2 split).
 
 Cross-compile (Triton 3.6 wheel, ptxas sm_90a; page shift 6 / -1 x lengths x sink = 4 configs per format; SASS
-instructions and spill instructions per innermost loop):
+instructions and spill instructions per innermost loop; session 17, after the uniform-register fix below):
 
 =========  =========  ==================  ===================  =============  ===================
 format     smem (B)   softmax token loop  PV token loop        producer loop  spill st / ld (B)
 =========  =========  ==================  ===================  =============  ===================
-V3.2       230,080-   867, 40 HGMMA,      216, 4 HGMMA, 0      655-690, 1-3   412-420 / 476-480
-           230,096    35 spills           spills               spills
-V4.1       205,488-   809, 36 HGMMA,      212, 4 HGMMA, 0      773-795, 0     332-336 / 376
-           205,504    24 spills           spills               spills
+V3.2       230,080-   610, 40 HGMMA,      190, 4 HGMMA, 0      640-676, 1-3   24-56 / 24-56
+           230,096    0 spills            spills               spills
+V4.1       205,488-   574, 36 HGMMA,      186, 4 HGMMA, 0      763-786, 0     0 / 0
+           205,504    0 spills            spills               spills
 =========  =========  ==================  ===================  =============  ===================
 
-(WS2 for comparison: softmax loop 605 / 569 instructions with 0 spills, producer loop 968-1,340 with 5-14.) The
-producer loop halves as designed (V3.2 with the asm dequant: 1,010 -> 657; V4.1 1,380 -> 773 and its 12-14 spills
-gone). The softmax loop regressed: as soon as the kernel holds the cluster inline PTX (any of the producer's push /
-expect or the consumers' remote arrive; measured by removing each), ptxas stops computing the wgmma descriptors in
-uniform registers (R2UR 14 -> 157, UIADD3.64 60 -> 0 in the loop) and spills 64-bit descriptors to local memory
-(28 LDL.64 per block, L1 hits); more registers for it (producer 128 / 120) still leave 28-31. Not understood yet;
-ptxas-version dependent. ``mbarrier.arrive.release.cluster`` cost a ``MEMBAR.ALL.GPU`` per block in the loops, so
-the remote arrive uses the default (.release.cta) form, as CUTLASS's ClusterBarrier does; the cluster barriers at
+(WS2 for comparison: softmax loop 605 / 569 instructions with 0 spills, producer loop 968-1,340 with 5-14; the first
+WS3 version, measured on the H200 in session 16: softmax loop 867 / 809 with 35 / 24 spills, spill stores 412-420 /
+332-336 B.) The producer loop halves as designed (V3.2 with the asm dequant: 1,010 -> 640-676; V4.1 1,380 -> 763-786
+and its 12-14 spills gone). ``mbarrier.arrive.release.cluster`` cost a ``MEMBAR.ALL.GPU`` per block in the loops,
+so the remote arrive uses the default (.release.cta) form, as CUTLASS's ClusterBarrier does; the cluster barriers at
 partition start / end keep theirs (6 per CTA in all).
+
+Uniform registers (why the first version's softmax loop spilled; found in session 17 by editing the compiled PTX and
+re-running ptxas, :func:`tests.test_mla_sparse_decode_ws3.test_compile_uniform_register_triggers` is the
+reproducer). WS2's softmax loop computes its wgmma descriptors in uniform registers (SASS ``UIADD3.64`` 60 per block,
+``R2UR`` 14); the first WS3 version rebuilt them in vector registers (``UIADD3.64`` 0, ``R2UR`` 157) and spilled the
+64-bit Q descriptors (28 ``LDL.64`` per block). Not the ``volatile`` asm, the ``.reg .pred`` in it, ``mapa``,
+``%cluster_ctarank``, the remote ``mbarrier.arrive`` or the bulk copy (each replaced or removed in turn: no effect).
+Two independent triggers, each enough on its own:
+
+(a) ``mov.u32 t, %tid.x`` inside the asm of a WORKER partition's loop (the producer's expect_tx / push predicate
+    ``tid % 128 == 0``, or the PV warpgroup's remote arrive): softmax loop ``R2UR`` 157, 35-39 spills. The same
+    read inside the softmax loop itself is harmless. Triton's PTX reads ``%tid.x`` once, at kernel entry (all its
+    thread indices derive from that read); one more PTX read in a worker's loop is enough.
+(b) ``mov.u32 a, global_smem`` inside the SOFTMAX partition's request / token loop nest (its remote arrive's
+    address): ``R2UR`` 78, 39 spills. The same ``mov`` at the partition's top (outside both loops) or inside the PV
+    or producer loops is harmless; ptxas apparently merges it with Triton's own ``global_smem`` (the descriptors'
+    base) and the base is then defined inside the loop nest.
+
+The mechanism inside ptxas is not known (closed source; ptxas of the Triton 3.6 wheel); the rules are measured.
+What the kernel does now (same instructions executed, same threads elected, same addresses -- semantics unchanged):
+the one-thread predicate is an operand (``lane == 0`` with ``lane`` = :func:`_c_lane`, a Gluon ``arange`` that LLVM
+folds into Triton's own ``(%tid.x & 127) == 0`` predicate: the PTX has a single ``%tid.x`` read, the compile test
+checks it), and ``global_smem`` is read once per partition (:func:`_c_smem_base`, 3 reads + Triton's 2); the
+softmax / PV remote arrive adds the offsets inside its asm (``gs + empty_off + 8 slot``: the hoisted sum was one
+more long-lived register and cost V3.2 one spill per block) and reads ``%cluster_ctarank`` there; the producer
+keeps the hoisted peer rank (:func:`_c_peer_rank`; reading it per push cost it 2 spills).
 
 Prediction (H200, h_q 128, topk 2048; per (CTA, 64-token block); measured for WS2 at V3.2 b 128 s_q 1: kernel
 ~4.4 us = 266 TFLOPS, consumers alone 2.1-2.4 us, producer alone 3.2 us with asm dequant + L2 prefetch).
@@ -82,7 +106,8 @@ Producer: the session-15 lesson is that it is latency- and SM-sharing-bound, not
 gave -5 %); this variant halves what each CTA gathers from NoPE (256 of 512 B per token; 25 KB per block with
 scales and RoPE instead of 42 KB), its dequantisation (16 K elements) and its in-flight registers, and the push is
 an asynchronous bulk copy (32 KB over DSMEM per block, ~0.2 us of transfer, no issue slots): producer alone
-~1.8-2.3 us. Consumers: WS2's plus ~35 spill instructions per block in the softmax loop (~+5-10 %): 2.2-2.6 us.
+~1.8-2.3 us. Consumers: WS2's plus ~35 spill instructions per block in the softmax loop (~+5-10 %): 2.2-2.6 us
+(session 17: the spills are gone, consumers as WS2's + 2 remote arrives per block).
 Coupling: both CTAs' consumers must release a slot before either producer refills it (lockstep per block pair, one
 DSMEM arrive latency ~0.2-0.5 us on the critical path only when the producers are behind). With the lighter
 producer sharing the SM the overlap penalty (~1 us in WS/WS2) should shrink: block ~2.9-3.4 us -> V3.2 h_q 128
@@ -104,6 +129,15 @@ bit-identical to WS2 at all 6 bench shapes, 66/66 clusters co-resident. Speed: V
 the softmax loop's 24-35 spill instructions per block (ptxas stops keeping the wgmma descriptors in uniform
 registers once the cluster PTX is present), and the per-block lockstep of the two CTAs (each slot refilled only
 after BOTH CTAs' consumers released it). Kept (not dispatched) as the working cluster/DSMEM scaffold.
+
+Session 17 (CPU only, no device time): the first candidate is removed -- softmax loop 0 spills for both formats
+(section "Uniform registers"; 867 -> 610 / 809 -> 574 SASS instructions per block, WS2 605 / 569), PV loop
+unchanged (0), producer loop 640-786 with 0-3 spills. The cluster PTX executes the same operations by the same
+threads on the same addresses (only where its operands are computed moved), so out / lse are expected bit-identical
+to WS2 as before. UNVERIFIED on the GPU: correctness of this build and its speed (if the ~35 L1-hit spill
+instructions per block were the gap, V3.2 should move from 0.81x toward >= 1.0x WS2; if it stays near 0.81x the
+per-block lockstep of the two CTAs is the next suspect). Next device run: ``GIT_SHA=<sha> OUT=$OUT bash
+benchmarks/device_sparse_ws3.sh``.
 """
 from __future__ import annotations
 
@@ -156,67 +190,73 @@ def _c_init_fence(x):
 
 
 @_jit
-def _c_remote_arrive(bar_off):
-    """One thread of the calling 128-thread group (``tid % 128 == 0``) arrives on the PEER CTA's mbarrier at shared
-    offset ``bar_off`` (``mapa`` of ``global_smem + bar_off`` to rank ``cluster_ctarank ^ 1``). The caller's local
-    arrive (Gluon: a 128-thread barrier + one arrive) precedes it, so the whole group's wgmma reads are done."""
+def _c_lane():
+    """[128] thread index of the calling 4-warp partition, one element per thread, computed by Gluon (LLVM folds its
+    ``%tid.x`` read into the kernel's single one). The per-block PTX helpers take it as an operand and elect the
+    thread holding element 0: reading ``%tid.x`` again inside their asm made ptxas stop keeping the softmax loop's
+    wgmma descriptors in uniform registers (module docstring, "Uniform registers")."""
+    return gl.arange(0, 128, gl.BlockedLayout([1], [32], [4], [0]))
+
+
+@_jit
+def _c_smem_base():
+    """``global_smem`` (the shared window address of the kernel's shared memory), read ONCE per partition, outside
+    its loops: a ``mov global_smem`` inside the softmax warpgroup's request / token loop nest made ptxas spill that
+    loop's wgmma descriptors (module docstring, "Uniform registers")."""
+    return gl.inline_asm_elementwise(asm="mov.u32 $0, global_smem;", constraints="=r,r", args=[gl.program_id(0)],
+                                     dtype=gl.int32, is_pure=False, pack=1)
+
+
+@_jit
+def _c_peer_rank():
+    """``%cluster_ctarank ^ 1``, the peer CTA's rank in the 2-CTA cluster (read once per partition)."""
+    return gl.inline_asm_elementwise(asm="mov.u32 $0, %cluster_ctarank; xor.b32 $0, $0, 1;", constraints="=r,r",
+                                     args=[gl.program_id(0)], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@_jit
+def _c_remote_arrive(lane, gs, off, slot8):
+    """The thread holding ``lane`` element 0 (one per 128-thread group) arrives on the PEER CTA's mbarrier at local
+    shared address ``gs + off + slot8`` (``gs`` = :func:`_c_smem_base`; the sum is formed inside the asm, a hoisted
+    sum cost a register; ``mapa`` to rank ``%cluster_ctarank ^ 1``). The caller's local arrive (Gluon: a 128-thread
+    barrier + one arrive) precedes it, so the whole group's wgmma reads are done."""
     return gl.inline_asm_elementwise(
         asm="""{
-        .reg .pred p;
-        .reg .b32 t, a, r;
-        mov.u32 t, %tid.x;
-        and.b32 t, t, 127;
-        setp.eq.u32 p, t, 0;
-        mov.u32 a, global_smem;
-        add.u32 a, a, $1;
+        .reg .b32 a, r;
+        add.u32 a, $2, $3;
+        add.u32 a, a, $4;
         mov.u32 r, %cluster_ctarank;
         xor.b32 r, r, 1;
         mapa.shared::cluster.u32 a, a, r;
-        @p mbarrier.arrive.shared::cluster.b64 _, [a];
+        @$1 mbarrier.arrive.shared::cluster.b64 _, [a];
         mov.u32 $0, 0;
-        }""", constraints="=r,r", args=[bar_off], dtype=gl.int32, is_pure=False, pack=1)
+        }""", constraints="=r,b,r,r,r", args=[lane == 0, gs, off, slot8], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @_jit
-def _c_expect_tx(bar_off):
-    """One thread (``tid % 128 == 0``): ``mbarrier.expect_tx`` of the peer's bytes per block on the LOCAL mbarrier at
-    ``bar_off`` (no arrive)."""
+def _c_expect_tx(lane, bar):
+    """One thread (``lane`` element 0): ``mbarrier.expect_tx`` of the peer's bytes per block on the LOCAL mbarrier at
+    shared address ``bar`` (no arrive)."""
     return gl.inline_asm_elementwise(
         asm="""{
-        .reg .pred p;
-        .reg .b32 t, a;
-        mov.u32 t, %tid.x;
-        and.b32 t, t, 127;
-        setp.eq.u32 p, t, 0;
-        mov.u32 a, global_smem;
-        add.u32 a, a, $1;
-        @p mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [a], 32768;
+        @$1 mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [$2], 32768;
         mov.u32 $0, 0;
-        }""", constraints="=r,r", args=[bar_off], dtype=gl.int32, is_pure=False, pack=1)
+        }""", constraints="=r,b,r", args=[lane == 0, bar], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @_jit
-def _c_push(src_off, bar_off):
-    """One thread (``tid % 128 == 0``): bulk-copy the 16 KB at local shared offset ``src_off`` to the same offset of
-    the peer CTA, completing 16,384 tx bytes on the peer's mbarrier at ``bar_off``. The callers fenced
-    (``fence.proxy.async``) and passed a 128-thread barrier after their stores."""
+def _c_push(lane, src, bar, peer):
+    """One thread (``lane`` element 0): bulk-copy the 16 KB at local shared address ``src`` to the same offset of the
+    peer CTA (rank ``peer``), completing 16,384 tx bytes on the peer's mbarrier at local address ``bar``. The
+    callers fenced (``fence.proxy.async``) and passed a 128-thread barrier after their stores."""
     return gl.inline_asm_elementwise(
         asm="""{
-        .reg .pred p;
-        .reg .b32 t, s, d, m, r;
-        mov.u32 t, %tid.x;
-        and.b32 t, t, 127;
-        setp.eq.u32 p, t, 0;
-        mov.u32 s, global_smem;
-        add.u32 m, s, $2;
-        add.u32 s, s, $1;
-        mov.u32 r, %cluster_ctarank;
-        xor.b32 r, r, 1;
-        mapa.shared::cluster.u32 d, s, r;
-        mapa.shared::cluster.u32 m, m, r;
-        @p cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [d], [s], 16384, [m];
+        .reg .b32 d, m;
+        mapa.shared::cluster.u32 d, $2, $4;
+        mapa.shared::cluster.u32 m, $3, $4;
+        @$1 cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [d], [$2], 16384, [m];
         mov.u32 $0, 0;
-        }""", constraints="=r,r,r", args=[src_off, bar_off], dtype=gl.int32, is_pure=False, pack=1)
+        }""", constraints="=r,b,r,r,r", args=[lane == 0, src, bar, peer], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @_jit
@@ -271,7 +311,7 @@ def _w3_load_chunk41(kv_ptr, rec, valid, G, L3: gl.constexpr):
 
 @_jit
 def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
-               num_tok, page, stride_kb, it, dr, hb, ring_off, ready_off,
+               num_tok, page, stride_kb, it, dr, hb, ring_off, ready_off, lane, gs, peer,
                PAGE_SHIFT: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PF_L2: gl.constexpr):
     """The producer's block loop over positions [t_lo, t_end) (ring counter ``it`` in and out): per block the
     validity mask, (V3.2) the 64 RoPE rows by cp.async, and this CTA's half of the NoPE columns -- chunks
@@ -317,8 +357,8 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
         i1, v = _g_load_idx(idx_row, t0 + 64, t_end, num_tok, LT)
         rec = _g_rows(i1, v, page, stride_kb, RB, PAGE_SHIFT)
         mbarrier.wait(empty.index(slot), ((it // 2) & 1) ^ 1)       # both CTAs' consumers released the slot
-        bar = ready_off + slot * 8
-        _c_expect_tx(bar)                                           # the peer's 32 KB of this block
+        bar = gs + ready_off + slot * 8
+        _c_expect_tx(lane, bar)                                     # the peer's 32 KB of this block
         if FMT == 0:
             pp = (kv_ptr + recp + 528).to(gl.pointer_type(gl.bfloat16))
             async_copy.async_copy_global_to_shared(kv_p.index(slot), pp[:, None] + dr[None, :],
@@ -333,7 +373,7 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
             r0, s0 = _w3_load_chunk41(kv_ptr, rec, v, g0, L)
         fence_async_shared()
         gl.thread_barrier()
-        _c_push(ring_off + q0 * 16384, bar)
+        _c_push(lane, gs + ring_off + q0 * 16384, bar, peer)
         if FMT == 0:
             _w_dequant_store(r1, s1, kv8.index(q0 + 1), DEQ_ASM)
             r1, s1 = _w3_load_chunk(kv_ptr, rec, v, g0 + 1, L)
@@ -342,7 +382,7 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
             r1, s1 = _w3_load_chunk41(kv_ptr, rec, v, g0 + 1, L)
         fence_async_shared()
         gl.thread_barrier()
-        _c_push(ring_off + (q0 + 1) * 16384, bar)
+        _c_push(lane, gs + ring_off + (q0 + 1) * 16384, bar, peer)
         if FMT == 0:
             async_copy.mbarrier_arrive(ready.index(slot))
         mbarrier.arrive(ready.index(slot))
@@ -359,6 +399,9 @@ def _w3_producer(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
     LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1], [1, 0])
     hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
     _c_sync()
+    lane = _c_lane()
+    gs = _c_smem_base()
+    peer = _c_peer_rank()
     si64 = si.to(gl.int64)
     dr = gl.arange(0, 64, gl.SliceLayout(0, LP4))
     it = 0
@@ -367,7 +410,8 @@ def _w3_producer(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
                                                                begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
                                                                SBLOCK)
         it = _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo,
-                        t_end, num_tok, page, stride_kb, it, dr, hb, ring_off, ready_off, PAGE_SHIFT, FMT, DEQ_ASM,
+                        t_end, num_tok, page, stride_kb, it, dr, hb, ring_off, ready_off, lane, gs, peer, PAGE_SHIFT,
+                        FMT, DEQ_ASM,
                         PF_L2)
     _c_sync()
 
@@ -387,6 +431,8 @@ def _w3_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pr
     LS: gl.constexpr = gl.SliceLayout(0, S_L)
     hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
     _c_sync()
+    lane = _c_lane()
+    gs = _c_smem_base()
     si64 = si.to(gl.int64)
     hq = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, LP))
     dq = gl.arange(0, 64, gl.SliceLayout(0, LP))
@@ -426,7 +472,7 @@ def _w3_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pr
             tok_o = warpgroup_mma(p_smem, kv_n.index(slot).slice(0, 256, dim=1), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(tok_o, ))
             mbarrier.arrive(empty.index(slot))
-            _c_remote_arrive(empty_off + slot * 8)
+            _c_remote_arrive(lane, gs, empty_off, slot * 8)
             it += 1
         inv = _w2_scale(m_i, l_i, hb, req64, si64, nsp, base_row, split, sink_ptr, lse_ptr, lacc_ptr, s_q, h_q,
                         acc_rows, sm_scale_log2, HAS_SINK, S_L)
@@ -447,6 +493,8 @@ def _w3_pv_wg(kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_p
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
     _c_sync()
+    lane = _c_lane()
+    gs = _c_smem_base()
     it = 0
     msg = 0
     for req in range(begin_req, end_req + 1):
@@ -467,7 +515,7 @@ def _w3_pv_wg(kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_p
             acc = warpgroup_mma_wait(0, deps=(tok, ))
             mbarrier.arrive(pfree)
             mbarrier.arrive(empty.index(slot))
-            _c_remote_arrive(empty_off + slot * 8)
+            _c_remote_arrive(lane, gs, empty_off, slot * 8)
             msg += 1
             it += 1
         mbarrier.wait(pready, msg & 1)
