@@ -105,22 +105,27 @@ def sparse_inputs(s_q, s_kv, topk, h_q, d_qk, sink):
 # Gluon sparse config label -> variant of launch_sparse_prefill_gluon (None: the dispatched one; "ws2*": the
 # split-consumer kernel of mla/_gluon_sparse_prefill_ws2.py, with its opt-in ``overlap`` schedule per _WS2_OVERLAP)
 GLUON_SPARSE = {"gluon": None, "gluon-ws": "ws", "gluon-ws2": "ws2", "gluon-ws2-ov": "ws2-ov",
-                "gluon-ws2-ov2": "ws2-ov2"}
-# overlap keyword of launch_sparse_prefill_gluon_ws2: 0 the dispatched schedule, 1 FA3 order + lagged PV warpgroup,
-# 2 FA3 order only (module docstring section "OVERLAP")
-_WS2_OVERLAP = {"ws2": 0, "ws2-ov": 1, "ws2-ov2": 2}
+                "gluon-ws2-ov2": "ws2-ov2", "gluon-ws2-half": "ws2-half", "gluon-ws2-half-ov": "ws2-half-ov",
+                "gluon-ws2-half-ov2": "ws2-half-ov2"}
+# (overlap, half_tiles) keywords of launch_sparse_prefill_gluon_ws2: overlap 0 the dispatched schedule, 1 FA3 order +
+# lagged PV warpgroup, 2 FA3 order only (module docstring section "OVERLAP"); half_tiles the 32-token half-tile
+# ready / empty ring (section "HALF")
+_WS2_OVERLAP = {"ws2": (0, False), "ws2-ov": (1, False), "ws2-ov2": (2, False), "ws2-half": (0, True),
+                "ws2-half-ov": (1, True), "ws2-half-ov2": (2, True)}
 # labels timed only when named in --gluon-add (keeps the other device scripts' --gluon runs at their length)
-GLUON_OPT_IN = ("gluon-ws2-ov2", )
+GLUON_OPT_IN = ("gluon-ws2-ov2", "gluon-ws2-half", "gluon-ws2-half-ov", "gluon-ws2-half-ov2")
 
 
 def _launch_cfg(cfg):
     """The launcher for one candidate: a Triton config tuple or a Gluon label of :data:`GLUON_SPARSE`
     (mla/_gluon_sparse_prefill.py: "gluon" = the dispatched variant, "gluon-ws"; "gluon-ws2" =
-    mla/_gluon_sparse_prefill_ws2.py, "gluon-ws2-ov" / "gluon-ws2-ov2" = the same with overlap=1 / 2)."""
+    mla/_gluon_sparse_prefill_ws2.py, "gluon-ws2-ov" / "gluon-ws2-ov2" = the same with overlap=1 / 2,
+    "gluon-ws2-half" / "-half-ov" / "-half-ov2" = half_tiles=True with overlap=0 / 1 / 2)."""
     if isinstance(cfg, str) and GLUON_SPARSE.get(cfg) in _WS2_OVERLAP:   # the split-consumer module (not a variant)
-        overlap = _WS2_OVERLAP[GLUON_SPARSE[cfg]]
+        overlap, half = _WS2_OVERLAP[GLUON_SPARSE[cfg]]
+        kw = dict(half_tiles=True) if half else {}
         return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp2.launch_sparse_prefill_gluon_ws2(
-            out, ml, lse, q, kv, ind, scale, sk, tl, overlap=overlap)
+            out, ml, lse, q, kv, ind, scale, sk, tl, overlap=overlap, **kw)
     if isinstance(cfg, str) and cfg in GLUON_SPARSE:
         variant = GLUON_SPARSE[cfg]
         return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp.launch_sparse_prefill_gluon(
@@ -129,14 +134,15 @@ def _launch_cfg(cfg):
         out, ml, lse, q, kv, ind, scale, sk, tl, config=cfg)
 
 
-def run_sparse(rows, sweep, s_kvs, s_q=4096, topk=2048, gluon=False, gluon_skip=(), gluon_add=()):
+def run_sparse(rows, sweep, s_kvs, s_q=4096, topk=2048, gluon=False, gluon_skip=(), gluon_add=(), rounds=0,
+               paired_base="gluon-ws2", sinks=(False, True), skip_triton=False):
     h_q, d_qk = 128, 576
-    configs = SPARSE_CANDIDATES if sweep else [SPARSE_CONFIGS[h_q]]
+    configs = [] if skip_triton else (SPARSE_CANDIDATES if sweep else [SPARSE_CONFIGS[h_q]])
     if gluon:
         configs = configs + [c for c in GLUON_SPARSE
                              if c not in gluon_skip and (c not in GLUON_OPT_IN or c in gluon_add)]
     for s_kv in s_kvs:
-        for sink in (False, True):
+        for sink in sinks:
             try:
                 q, kv, ind, sk = sparse_inputs(s_q, s_kv, topk, h_q, d_qk, sink)
             except Exception as e:  # noqa: BLE001
@@ -149,6 +155,12 @@ def run_sparse(rows, sweep, s_kvs, s_q=4096, topk=2048, gluon=False, gluon_skip=
             lse = torch.empty(s_q, h_q, device=DEV)
             rows_chk = torch.tensor([0, 1, s_q // 2, s_q - 1], device=DEV)
             ro, _, rlse = sparse_prefill_ref(q[rows_chk], kv, ind[rows_chk], 0.5, 512, sk)
+            if rounds:
+                _paired_rounds(rows, configs, rounds, paired_base, out, ml, lse, q, kv, ind, sk, rows_chk, ro, rlse,
+                               dict(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=d_qk, topk=topk, sink=sink), flops, nbytes)
+                del q, kv, ind
+                torch.cuda.empty_cache()
+                continue
             for cfg in configs:
                 shape = dict(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=d_qk, topk=topk, sink=sink)
                 try:
@@ -171,6 +183,55 @@ def run_sparse(rows, sweep, s_kvs, s_q=4096, topk=2048, gluon=False, gluon_skip=
                              config=cfg if isinstance(cfg, str) else list(cfg), shape=shape, error=repr(e)[:300])
             del q, kv, ind
             torch.cuda.empty_cache()
+
+
+def _paired_rounds(rows, configs, rounds, base, out, ml, lse, q, kv, ind, sk, rows_chk, ro, rlse, shape, flops,
+                   nbytes):
+    """Rotated rounds (benchmarks/sparse_decode_rowlanes.py's method; the H200's clock drifts +-10 % over a run): each
+    config checked once (NaN-poisoned outputs, error on 4 rows, bit identity of out / lse / max_logits against
+    ``base``), then ``rounds`` rounds each timing every config (do_bench median, warmup 10, rep 60 ms) in an order
+    rotated by one per round; per config the median over rounds, and the median of the PAIRED ratios t / t_base of
+    the same round (< 1: faster than ``base``). One row per config."""
+    import statistics
+    fns, err, res = {}, {}, {}
+    for cfg in configs:
+        try:
+            launch = _launch_cfg(cfg)
+            fn = (lambda f=launch: f(out, ml, lse, q, kv, ind, 0.5, sk, None))
+            for t in (out, ml, lse):
+                t.fill_(float("nan"))
+            fn()
+            _sync()
+            res[cfg] = (out.clone(), ml.clone(), lse.clone())
+            err[cfg] = ((out[rows_chk].float() - ro).abs().max().item(), (lse[rows_chk] - rlse).abs().max().item(),
+                        bool(torch.isnan(out).any() or torch.isnan(lse).any()))
+            fns[cfg] = fn
+        except Exception as e:  # noqa: BLE001
+            rows.add(op="flash_mla_sparse_fwd", provider="deepkernels",
+                     config=cfg if isinstance(cfg, str) else list(cfg), shape=shape, error=repr(e)[:300])
+    names = list(fns)
+    times = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            if DEV == "cuda":
+                import triton.testing
+                times[n].append(triton.testing.do_bench(fns[n], warmup=10, rep=60, return_mode="median"))
+            else:
+                times[n].append(bench(fns[n]))
+    for n in names:
+        ms = statistics.median(times[n])
+        row = dict(op="flash_mla_sparse_fwd", provider="deepkernels", config=n if isinstance(n, str) else list(n),
+                   shape=shape, median_us=ms * 1e3, tflops=flops / ms / 1e9, gbps=nbytes / ms / 1e6,
+                   max_abs_err_rows=err[n][0], lse_err_rows=lse_err_fmt(err[n][1]), nan=err[n][2], rounds=rounds,
+                   ms_rounds=times[n], anchor="FlashMLA H200 (ANCHORS.md, no sink)",
+                   anchor_tflops=FLASHMLA_H200.get(shape["s_kv"]),
+                   ratio_to_anchor=(flops / ms / 1e9) / FLASHMLA_H200[shape["s_kv"]] if shape["s_kv"] in FLASHMLA_H200
+                   else None, target_tflops=SPARSE_TARGET)
+        if base in times and n != base:
+            pr = [a / b for a, b in zip(times[n], times[base])]
+            row.update(paired_base=base, paired_ratios=pr, paired_median=statistics.median(pr),
+                       bit_identical_to_base=all(torch.equal(x, y) for x, y in zip(res[n], res[base])))
+        rows.add(**row)
 
 
 def lse_err_fmt(x):
@@ -265,6 +326,11 @@ def main(argv=None):
     ap.add_argument("--gluon-add", default="", help="comma-separated opt-in Gluon sparse labels to time as well "
                     f"(of {', '.join(GLUON_OPT_IN)})")
     ap.add_argument("--s-kv", default="", help="comma-separated sparse s_kv values (default: 8K/32K/64K/128K)")
+    ap.add_argument("--rounds", type=int, default=0, help="sparse: time the configs in this many rotated rounds with "
+                    "paired ratios against --paired-base (0: one do_bench per config, the old mode)")
+    ap.add_argument("--paired-base", default="gluon-ws2", help="config label the paired ratios divide by")
+    ap.add_argument("--sink", default="off,on", help="sparse: comma-separated sink settings (off, on)")
+    ap.add_argument("--no-triton", action="store_true", help="sparse: skip the Triton config (Gluon labels only)")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="tiny shapes on the CPU (run with TRITON_INTERPRET=1) to check the script itself")
     args = ap.parse_args(argv)
@@ -272,7 +338,7 @@ def main(argv=None):
     if args.cpu_smoke:
         DEV = "cpu"
         rows = Rows(args.out, provenance())
-        run_sparse(rows, args.sweep, [96], s_q=2, topk=64)
+        run_sparse(rows, args.sweep, [96], s_q=2, topk=64, rounds=args.rounds)
         run_dense(rows, args.sweep, [32], h=2)
         summary(rows.rows)
         return 0
@@ -286,7 +352,9 @@ def main(argv=None):
             [8192] if args.quick else [8192, 32768, 65536, 131072])
         run_sparse(rows, args.sweep, s_kvs, gluon=args.gluon,
                    gluon_skip=tuple(c for c in args.gluon_skip.split(",") if c),
-                   gluon_add=tuple(c for c in args.gluon_add.split(",") if c))
+                   gluon_add=tuple(c for c in args.gluon_add.split(",") if c), rounds=args.rounds,
+                   paired_base=args.paired_base, sinks=tuple(x == "on" for x in args.sink.split(",") if x),
+                   skip_triton=args.no_triton)
     if args.only in (None, "dense"):
         run_dense(rows, args.sweep, [4096] if args.quick else [4096, 8192], gluon=args.gluon)
     summary(rows.rows)
