@@ -13,27 +13,18 @@
 # Caps (with the 10 s junit summary) sum to 195 s, plus at most 5 s kill grace per step; expected ~100-150 s. Every
 # step under `timeout`; no step stops the others. Files: one tarball $OUT/grouped_epi.tgz (the device returns at most
 # 8 files) + a short summary on stdout.
-set -u
-export PYTHONPATH=src PYTHONUNBUFFERED=1
-export GIT_SHA="${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
-OUT=${OUT:-/tmp/grouped_epi_out}
-W=$(mktemp -d)
-mkdir -p "$OUT"
-unset TRITON_INTERPRET DEEPKERNELS_GROUPED_EPI DEEPKERNELS_GROUPED_GLUON DEEPKERNELS_DISABLE_GLUON
-T0=$(date +%s)
-el() { echo "$(( $(date +%s) - T0 )) s"; }
-timeout -k 2 "${T_ENV:-15}" python3 -c 'import json, sys; from deepkernels.bench.runner import provenance
-json.dump(provenance(), open(sys.argv[1], "w"), indent=1)' "$W/env.json" 2>&1
+unset DEEPKERNELS_GROUPED_EPI DEEPKERNELS_GROUPED_GLUON DEEPKERNELS_DISABLE_GLUON
+# the shared preamble, benchmarks/_device_common.sh: set -u, PYTHONPATH, GIT_SHA, OUT, W, el, env.json, TO, XD
+DK_OUT_DEFAULT=/tmp/grouped_epi_out DK_ENV_CAP=${T_ENV:-15} DK_PYTEST_TIMEOUT=50 DK_SHOW_SHA=0 \
+  . "$(dirname "$0")/_device_common.sh"
 cat "$W/env.json"; echo
-TO=""; python3 -c "import pytest_timeout" 2>/dev/null && TO="--timeout=50"
 
 echo "== 1. grouped EPI GPU tests (cap ${T_TESTS:-75}s)"
 timeout -k 5 "${T_TESTS:-75}" python3 -m pytest tests/test_grouped_gluon_epi.py -m gpu -q -rfs -p no:cacheprovider $TO \
   --junitxml="$W/epi_tests.xml" > "$W/epi_tests.log" 2>&1
 echo "epi tests rc=$? ($(el))"
 tail -3 "$W/epi_tests.log"; grep -E "^FAILED|^ERROR" "$W/epi_tests.log" | head -20
-timeout -k 2 10 python3 benchmarks/junit_summary.py "$W/epi_tests.xml" "$W/env.json" "$W/epi_tests.json" \
-  "grouped epi"
+junit_json epi_tests "grouped epi"
 
 echo "== 2. grouped register-epilogue vs EPI A/B (cap ${T_BENCH:-95}s)"
 GROUPED_BENCH_EPI_AB=1 GROUPED_BENCH_ROUNDS=3 timeout -k 5 "${T_BENCH:-95}" python3 benchmarks/grouped_gemm.py \

@@ -14,20 +14,9 @@
 #    the JSON is rewritten after every shape, so a cap hit keeps the shapes done).
 # Total caps ~215 s (15 + 45 + 80 + 10 + 65). One tarball $OUT/mla_decode_ring.tgz (logs, junit, JSON) +
 # summaries on stdout; no step stops the others except a hung smoke test (-> no tests, no bench).
-set -u
-export PYTHONPATH=src PYTHONUNBUFFERED=1
-export GIT_SHA="${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
-OUT=${OUT:-/tmp/mla_decode_ring_out}
-W=$(mktemp -d)
-mkdir -p "$OUT"
-unset TRITON_INTERPRET
-T0=$(date +%s)
-el() { echo "$(( $(date +%s) - T0 )) s"; }
-echo "GIT_SHA=$GIT_SHA"
-timeout -k 2 15 python3 -c 'import json, sys; from deepkernels.bench.runner import provenance
-json.dump(provenance(), open(sys.argv[1], "w"), indent=1)' "$W/env.json" 2>&1
+# the shared preamble, benchmarks/_device_common.sh: set -u, PYTHONPATH, GIT_SHA, OUT, W, el, env.json, TO, XD
+DK_OUT_DEFAULT=/tmp/mla_decode_ring_out . "$(dirname "$0")/_device_common.sh"
 cat "$W/env.json" 2>/dev/null | tr -d '\n' | cut -c1-400; echo
-TO=""; python3 -c "import pytest_timeout" 2>/dev/null && TO="--timeout=60"
 PT="python3 -m pytest -p no:cacheprovider -q -rfs --tb=short"
 
 echo "== 1. smoke (hang guard, cap ${T_SMOKE:-45}s)"
@@ -37,7 +26,6 @@ echo "smoke rc=$SMOKE ($(el))"
 tail -5 "$W/smoke.log"
 HUNG=0; { [ "$SMOKE" = 124 ] || [ "$SMOKE" = 137 ]; } && HUNG=1
 
-XD=""; python3 -c "import xdist" 2>/dev/null && XD="-n ${NPROC:-4}"
 if [ "$HUNG" = 1 ]; then
   echo "== 2. GPU tier SKIPPED (smoke test timed out: rc $SMOKE -> protocol hang?)"
 else
@@ -46,8 +34,7 @@ else
     --junitxml="$W/ring_tests.xml" > "$W/ring_tests.log" 2>&1
   echo "tests rc=$? ($(el))"
   tail -3 "$W/ring_tests.log"; grep -E "^FAILED|^ERROR" "$W/ring_tests.log" | head -20
-  timeout -k 2 10 python3 benchmarks/junit_summary.py "$W/ring_tests.xml" "$W/env.json" \
-    "$W/ring_tests.json" "mla decode ring" 2>&1 | tail -2
+  junit_json ring_tests "mla decode ring" 2>&1 | tail -2
 fi
 
 if [ "$HUNG" = 1 ]; then

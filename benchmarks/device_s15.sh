@@ -9,26 +9,16 @@
 #    alone; cap 90 s).
 # Every step under `timeout`; no step stops the others. Files: everything in one tarball $OUT/s15.tgz (the device
 # returns at most 8 files) + the summaries on stdout.
-set -u
-export PYTHONPATH=src PYTHONUNBUFFERED=1
-export GIT_SHA="${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
-OUT=${OUT:-/tmp/s15_out}
-W=$(mktemp -d)
-mkdir -p "$OUT"
-unset TRITON_INTERPRET
-T0=$(date +%s)
-el() { echo "$(( $(date +%s) - T0 )) s"; }
-timeout -k 2 30 python3 -c 'import json, sys; from deepkernels.bench.runner import provenance
-json.dump(provenance(), open(sys.argv[1], "w"), indent=1)' "$W/env.json" 2>&1
+# the shared preamble, benchmarks/_device_common.sh: set -u, PYTHONPATH, GIT_SHA, OUT, W, el, env.json, TO, XD
+DK_OUT_DEFAULT=/tmp/s15_out DK_ENV_CAP=30 DK_SHOW_SHA=0 . "$(dirname "$0")/_device_common.sh"
 cat "$W/env.json"
-TO=""; python3 -c "import pytest_timeout" 2>/dev/null && TO="--timeout=60"
 
 echo "== 1. GEMM GPU tests (cap ${T_GEMM_TESTS:-120}s)"
 timeout -k 5 "${T_GEMM_TESTS:-120}" python3 -m pytest tests/test_gemm_gluon.py tests/test_gemm.py -m gpu -q -rfs \
   -p no:cacheprovider $TO --junitxml="$W/gemm_tests.xml" > "$W/gemm_tests.log" 2>&1
 echo "gemm tests rc=$? ($(el))"
 tail -3 "$W/gemm_tests.log"; grep -E "^FAILED|^ERROR" "$W/gemm_tests.log" | head -20
-timeout -k 2 10 python3 benchmarks/junit_summary.py "$W/gemm_tests.xml" "$W/env.json" "$W/gemm_tests.json" "gemm"
+junit_json gemm_tests "gemm"
 
 echo "== 2. GEMM A/B at M 1024/2048/4096 (cap ${T_GEMM_AB:-110}s)"
 timeout -k 5 "${T_GEMM_AB:-110}" python3 benchmarks/gemm_gluon.py --ab --epi --all-shapes --rounds 2 \
@@ -41,8 +31,7 @@ timeout -k 5 "${T_SP_TESTS:-120}" python3 -m pytest tests/test_mla_sparse_decode
   -p no:cacheprovider $TO --junitxml="$W/sparse_tests.xml" > "$W/sparse_tests.log" 2>&1
 echo "sparse tests rc=$? ($(el))"
 tail -3 "$W/sparse_tests.log"; grep -E "^FAILED|^ERROR" "$W/sparse_tests.log" | head -20
-timeout -k 2 10 python3 benchmarks/junit_summary.py "$W/sparse_tests.xml" "$W/env.json" "$W/sparse_tests.json" \
-  "sparse decode ws"
+junit_json sparse_tests "sparse decode ws"
 
 echo "== 3b. sparse decode WS timing diagnostics (cap ${T_PROF:-90}s)"
 timeout -k 5 "${T_PROF:-90}" python3 benchmarks/sparse_decode_ws_profile.py "$W/sparse_decode_ws_profile.json" \

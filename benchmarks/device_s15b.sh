@@ -6,18 +6,9 @@
 # 3. benchmarks/sparse_decode_ws_profile.py: kernel vs consumers alone vs producer alone, default vs inline-PTX
 #    dequant (cap 120 s).
 # One tarball $OUT/s15b.tgz + summaries on stdout.
-set -u
-export PYTHONPATH=src PYTHONUNBUFFERED=1
-export GIT_SHA="${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
-OUT=${OUT:-/tmp/s15b_out}
-W=$(mktemp -d)
-mkdir -p "$OUT" "$W/grouped"
-unset TRITON_INTERPRET
-T0=$(date +%s)
-el() { echo "$(( $(date +%s) - T0 )) s"; }
-timeout -k 2 30 python3 -c 'import json, sys; from deepkernels.bench.runner import provenance
-json.dump(provenance(), open(sys.argv[1], "w"), indent=1)' "$W/env.json" 2>&1
-TO=""; python3 -c "import pytest_timeout" 2>/dev/null && TO="--timeout=90"
+# the shared preamble, benchmarks/_device_common.sh: set -u, PYTHONPATH, GIT_SHA, OUT, W, el, env.json, TO, XD
+DK_OUT_DEFAULT=/tmp/s15b_out DK_ENV_CAP=30 DK_PYTEST_TIMEOUT=90 DK_SHOW_SHA=0 . "$(dirname "$0")/_device_common.sh"
+mkdir -p "$W/grouped"
 
 echo "== 1. grouped EPI (cap ${T_GROUPED:-200}s)"
 OUT="$W/grouped" timeout -k 5 "${T_GROUPED:-200}" bash benchmarks/device_grouped_epi.sh > "$W/grouped.log" 2>&1
@@ -29,8 +20,7 @@ timeout -k 5 "${T_SP_TESTS:-200}" python3 -m pytest tests/test_mla_sparse_decode
   -p no:cacheprovider $TO --junitxml="$W/sparse_tests.xml" > "$W/sparse_tests.log" 2>&1
 echo "sparse tests rc=$? ($(el))"
 tail -3 "$W/sparse_tests.log"; grep -E "^FAILED|^ERROR" "$W/sparse_tests.log" | head -20
-timeout -k 2 10 python3 benchmarks/junit_summary.py "$W/sparse_tests.xml" "$W/env.json" "$W/sparse_tests.json" \
-  "sparse decode ws"
+junit_json sparse_tests "sparse decode ws"
 
 echo "== 3. sparse decode WS profile + inline-PTX dequant A/B (cap ${T_PROF:-120}s)"
 timeout -k 5 "${T_PROF:-120}" python3 benchmarks/sparse_decode_ws_profile.py "$W/sparse_decode_ws_profile.json" \

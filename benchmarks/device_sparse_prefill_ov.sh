@@ -13,19 +13,8 @@
 #    shape with errors within 2x of ws2's. Nothing is exported (the dispatch is not changed by this script).
 # Caps total 10 + 30 + 60 + 25 + 5 + 5 + 85 + 10 = 230 s (+ up to 3 s kill grace per capped step).
 # One tarball $OUT/sparse_prefill_ov.tgz + summaries on stdout.
-set -u
-export PYTHONPATH=src PYTHONUNBUFFERED=1
-export GIT_SHA="${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
-OUT=${OUT:-/tmp/sparse_prefill_ov_out}
-W=$(mktemp -d)
-mkdir -p "$OUT"
-unset TRITON_INTERPRET
-T0=$(date +%s)
-el() { echo "$(( $(date +%s) - T0 )) s"; }
-echo "GIT_SHA=$GIT_SHA"
-timeout -k 2 10 python3 -c 'import json, sys; from deepkernels.bench.runner import provenance
-json.dump(provenance(), open(sys.argv[1], "w"), indent=1)' "$W/env.json" 2>&1
-TO=""; python3 -c "import pytest_timeout" 2>/dev/null && TO="--timeout=60"
+# the shared preamble, benchmarks/_device_common.sh: set -u, PYTHONPATH, GIT_SHA, OUT, W, el, env.json, TO, XD
+DK_OUT_DEFAULT=/tmp/sparse_prefill_ov_out DK_ENV_CAP=10 . "$(dirname "$0")/_device_common.sh"
 F=tests/test_gluon_sparse_prefill_ws2.py
 
 echo "== 1. smoke ov1 / ov2 (cap ${T_OV_SMOKE:-30}s)"
@@ -36,7 +25,6 @@ echo "smoke rc=$SMOKE ($(el))"
 tail -5 "$W/smoke.log"
 HUNG=0; { [ "$SMOKE" = 124 ] || [ "$SMOKE" = 137 ]; } && HUNG=1
 
-XD=""; python3 -c "import xdist" 2>/dev/null && XD="-n ${NPROC:-4}"
 if [ "$HUNG" = 1 ]; then
   echo "== 2. GPU tier SKIPPED (smoke test timed out: rc $SMOKE)"
 else
@@ -52,10 +40,8 @@ else
   echo "tests rc=$? ($(el))"
   tail -3 "$W/ov2_tests.log"; grep -E "^FAILED|^ERROR" "$W/ov2_tests.log" | head -20
 fi
-timeout -k 1 5 python3 benchmarks/junit_summary.py "$W/ov1_tests.xml" "$W/env.json" \
-  "$W/ov1_tests.json" "sparse prefill ws2 overlap=1"
-timeout -k 1 5 python3 benchmarks/junit_summary.py "$W/ov2_tests.xml" "$W/env.json" \
-  "$W/ov2_tests.json" "sparse prefill ws2 overlap=2 (subset)"
+junit_json ov1_tests "sparse prefill ws2 overlap=1" 5 1
+junit_json ov2_tests "sparse prefill ws2 overlap=2 (subset)" 5 1
 grep -o 'name="bit_identical_to_default" value="[A-Za-z]*"' "$W"/ov*_tests.xml 2>/dev/null | sort | uniq -c
 
 if [ "$HUNG" = 1 ]; then

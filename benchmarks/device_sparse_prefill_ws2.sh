@@ -9,19 +9,8 @@
 # 4. verdict: tests clean (0 failed, >= 30 passed) and gluon-ws2 faster than gluon-ws at every bench shape with
 #    errors within 2x of gluon-ws's -> $OUT/export_env gets DEEPKERNELS_SPARSE_PREFILL_WS2=1 (device_final.sh PRE).
 # One tarball $OUT/sparse_prefill_ws2.tgz + summaries on stdout.
-set -u
-export PYTHONPATH=src PYTHONUNBUFFERED=1
-export GIT_SHA="${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
-OUT=${OUT:-/tmp/sparse_prefill_ws2_out}
-W=$(mktemp -d)
-mkdir -p "$OUT"
-unset TRITON_INTERPRET
-T0=$(date +%s)
-el() { echo "$(( $(date +%s) - T0 )) s"; }
-echo "GIT_SHA=$GIT_SHA"
-timeout -k 2 15 python3 -c 'import json, sys; from deepkernels.bench.runner import provenance
-json.dump(provenance(), open(sys.argv[1], "w"), indent=1)' "$W/env.json" 2>&1
-TO=""; python3 -c "import pytest_timeout" 2>/dev/null && TO="--timeout=60"
+# the shared preamble, benchmarks/_device_common.sh: set -u, PYTHONPATH, GIT_SHA, OUT, W, el, env.json, TO, XD
+DK_OUT_DEFAULT=/tmp/sparse_prefill_ws2_out . "$(dirname "$0")/_device_common.sh"
 F=tests/test_gluon_sparse_prefill_ws2.py
 
 echo "== 1. smoke (cap 60s)"
@@ -31,7 +20,6 @@ echo "smoke rc=$SMOKE ($(el))"
 tail -5 "$W/smoke.log"
 HUNG=0; { [ "$SMOKE" = 124 ] || [ "$SMOKE" = 137 ]; } && HUNG=1
 
-XD=""; python3 -c "import xdist" 2>/dev/null && XD="-n ${NPROC:-4}"
 if [ "$HUNG" = 1 ]; then
   echo "== 2. GPU tier SKIPPED (smoke test timed out: rc $SMOKE)"
 else
@@ -41,8 +29,7 @@ else
   echo "tests rc=$? ($(el))"
   tail -3 "$W/ws2_tests.log"; grep -E "^FAILED|^ERROR" "$W/ws2_tests.log" | head -20
 fi
-timeout -k 2 10 python3 benchmarks/junit_summary.py "$W/ws2_tests.xml" "$W/env.json" \
-  "$W/ws2_tests.json" "sparse prefill ws2"
+junit_json ws2_tests "sparse prefill ws2"
 
 if [ "$HUNG" = 1 ]; then
   echo "== 3. bench SKIPPED (smoke test timed out)"

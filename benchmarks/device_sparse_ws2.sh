@@ -7,19 +7,8 @@
 # 3. benchmarks/sparse_decode_ws2.py: ws vs ws2 (+ ws2 consumers alone), V3.2 + V4.1, 4 shapes (cap 60 s; skipped
 #    when the smoke test timed out).
 # Total caps 280 s. One tarball $OUT/sparse_ws2.tgz + summaries on stdout; no step stops the others (except 1 -> 3).
-set -u
-export PYTHONPATH=src PYTHONUNBUFFERED=1
-export GIT_SHA="${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
-OUT=${OUT:-/tmp/sparse_ws2_out}
-W=$(mktemp -d)
-mkdir -p "$OUT"
-unset TRITON_INTERPRET
-T0=$(date +%s)
-el() { echo "$(( $(date +%s) - T0 )) s"; }
-echo "GIT_SHA=$GIT_SHA"
-timeout -k 2 15 python3 -c 'import json, sys; from deepkernels.bench.runner import provenance
-json.dump(provenance(), open(sys.argv[1], "w"), indent=1)' "$W/env.json" 2>&1
-TO=""; python3 -c "import pytest_timeout" 2>/dev/null && TO="--timeout=60"
+# the shared preamble, benchmarks/_device_common.sh: set -u, PYTHONPATH, GIT_SHA, OUT, W, el, env.json, TO, XD
+DK_OUT_DEFAULT=/tmp/sparse_ws2_out . "$(dirname "$0")/_device_common.sh"
 
 echo "== 1. smoke (cap 60s)"
 timeout -k 5 60 python3 -m pytest tests/test_mla_sparse_decode_ws2.py -m gpu -k smoke -q -rfs -p no:cacheprovider \
@@ -28,7 +17,6 @@ SMOKE=$?
 echo "smoke rc=$SMOKE ($(el))"
 tail -5 "$W/smoke.log"
 
-XD=""; python3 -c "import xdist" 2>/dev/null && XD="-n ${NPROC:-4}"
 if [ "$SMOKE" = 124 ] || [ "$SMOKE" = 137 ]; then
   echo "== 2. WS2 GPU tier SKIPPED (smoke test timed out: rc $SMOKE)"
 else
@@ -38,8 +26,7 @@ else
   echo "tests rc=$? ($(el))"
 fi
 tail -3 "$W/ws2_tests.log"; grep -E "^FAILED|^ERROR" "$W/ws2_tests.log" | head -20
-timeout -k 2 10 python3 benchmarks/junit_summary.py "$W/ws2_tests.xml" "$W/env.json" \
-  "$W/ws2_tests.json" "sparse decode ws2"
+junit_json ws2_tests "sparse decode ws2"
 
 if [ "$SMOKE" = 124 ] || [ "$SMOKE" = 137 ]; then
   echo "== 3. bench SKIPPED (smoke test timed out: rc $SMOKE)"

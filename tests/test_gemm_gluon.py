@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from deepkernels.gemm import _gluon_fp8 as G
-from deepkernels.testing.compile import SM90_SMEM_LIMIT, ptxas_sm90
+from deepkernels.testing.compile import SM90_SMEM_LIMIT, ptxas_sm90_or_skip
 
 needs_gluon = pytest.mark.skipif(not G.available(), reason=f"gluon not importable: {G._IMPORT_ERROR!r}")
 
@@ -20,12 +20,6 @@ needs_gluon = pytest.mark.skipif(not G.available(), reason=f"gluon not importabl
 SHAPES_4096 = [(4096, 2112, 7168), (4096, 24576, 1536), (4096, 32768, 512),
                (4096, 7168, 16384), (4096, 4096, 7168), (4096, 7168, 2048)]
 
-
-def _ptxas(ptx: str):
-    rep = ptxas_sm90(ptx)
-    if rep is None:
-        pytest.skip("no bundled ptxas")
-    return rep
 
 
 
@@ -41,7 +35,7 @@ def test_gluon_config_compiles_for_sm90(cfg):
     assert "mbarrier" in ptx
     assert int(c.metadata.shared) <= SM90_SMEM_LIMIT
     assert ".local" not in ptx
-    rep = _ptxas(ptx)
+    rep = ptxas_sm90_or_skip(ptx, reason="no bundled ptxas")
     info = rep.log
     assert rep.spill_bytes == 0, info
     if cfg.warp_spec:
@@ -56,7 +50,7 @@ def test_gluon_overlap_128x128_serialises_or_spills():
     """Documented limit: wgmma kb+1 in flight during kb's promotion needs 3 x 64 accumulator registers per thread
     at 64x128 per warpgroup; with 384 threads ptxas caps registers at 168, so it spills."""
     cfg = G.GluonConfig(128, 128, 4, overlap=True)
-    assert _ptxas(G._compile_sm90(cfg).asm["ptx"]).spill_bytes > 0
+    assert ptxas_sm90_or_skip(G._compile_sm90(cfg).asm["ptx"], reason="no bundled ptxas").spill_bytes > 0
 
 
 def test_gluon_refuses_cpu_tensors():
@@ -221,7 +215,7 @@ def test_gluon_m_contiguous_compiles_for_sm90(cfg):
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
     assert "ttg.warp_specialize" in c.asm["ttgir"]
     assert int(c.metadata.shared) <= SM90_SMEM_LIMIT
-    rep = _ptxas(ptx)
+    rep = ptxas_sm90_or_skip(ptx, reason="no bundled ptxas")
     assert rep.spill_bytes == 0, rep.log
     assert "C7514" not in rep.log
 
@@ -237,7 +231,7 @@ def test_gluon_m_masked_compiles_for_sm90(cfg):
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
     assert "ttg.warp_specialize" in c.asm["ttgir"]
     assert int(c.metadata.shared) <= SM90_SMEM_LIMIT
-    rep = _ptxas(ptx)
+    rep = ptxas_sm90_or_skip(ptx, reason="no bundled ptxas")
     assert rep.spill_bytes == 0, rep.log
 
 
@@ -261,7 +255,7 @@ def test_gluon_epi_tma_compiles_for_sm90(cfg):
     assert cfg.smem_bytes() <= shared <= SM90_SMEM_LIMIT
     assert shared - G.GluonConfig(128, 128, cfg.num_stages, overlap=False).smem_bytes() >= 2 * 64 * 128 * 2
     assert ".local" not in ptx
-    rep = _ptxas(ptx)
+    rep = ptxas_sm90_or_skip(ptx, reason="no bundled ptxas")
     assert rep.spill_bytes == 0, rep.log
     assert "C7514" not in rep.log, "ptxas serialised the wgmmas"
 

@@ -20,7 +20,7 @@ import torch
 
 from deepkernels.gemm import _gluon_fp8 as G
 from deepkernels.testing import calc_diff
-from deepkernels.testing.compile import SM90_SMEM_LIMIT, ptxas_sm90
+from deepkernels.testing.compile import SM90_SMEM_LIMIT, ptxas_sm90_or_skip
 from test_grouped_gemm import contiguous_case, fp8_a3, fp8_b, nan
 
 needs_gluon = pytest.mark.skipif(not G.available(), reason=f"gluon not importable: {G._IMPORT_ERROR!r}")
@@ -34,12 +34,6 @@ def _reg(cfg):
     """The register-epilogue twin of an EPI config."""
     return replace(cfg, epi_tma=False)
 
-
-def _ptxas(ptx):
-    rep = ptxas_sm90(ptx)
-    if rep is None:
-        pytest.skip("no bundled ptxas")
-    return rep
 
 
 # ----------------------------------------------------------------------------------------------- host tier
@@ -219,7 +213,7 @@ def _check_epi_compiled(c, cfg):
     shared = int(c.metadata.shared)
     assert cfg.smem_bytes() <= shared <= SM90_SMEM_LIMIT, shared
     assert ".local" not in ptx
-    rep = _ptxas(ptx)
+    rep = ptxas_sm90_or_skip(ptx, reason="no bundled ptxas")
     assert rep.spill_bytes == 0, rep.log
     assert "C7514" not in rep.log, "ptxas serialised the wgmmas"
     return shared

@@ -17,7 +17,7 @@ import torch
 import deepkernels.mla.decode as dec
 from deepkernels.mla import _gluon_dense_decode as G
 from deepkernels.reference import mla as ref
-from deepkernels.testing.compile import SM90_SMEM_LIMIT, ptxas_sm90
+from deepkernels.testing.compile import SM90_SMEM_LIMIT, ptxas_sm90_or_skip
 from deepkernels.testing.numerics import check_is_allclose
 
 from test_mla_decode_reference import make_case
@@ -47,9 +47,7 @@ def test_gluon_decode_compiles_for_sm90(cfg, causal):
     assert "ttg.warp_specialize" in ttgir and "setmaxnreg" in ptx
     assert int(c.metadata.shared) <= SM90_SMEM_LIMIT
     assert ".local" not in ptx
-    rep = ptxas_sm90(ptx, sass=True)
-    if rep is None:
-        pytest.skip("no bundled ptxas/nvdisasm")
+    rep = ptxas_sm90_or_skip(ptx, sass=True, reason="no bundled ptxas/nvdisasm")
     assert "C7514" not in rep.log, "ptxas serialised the wgmmas"
     # a few scalars of the per-request setup spill at the 168-register cap (Triton pads 9 warps to 384 threads);
     # SASS (notes) shows them outside the tile loop. Bound them so a regression that spills the accumulators fails.

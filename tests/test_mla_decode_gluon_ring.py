@@ -22,7 +22,8 @@ import torch
 import deepkernels.mla.decode as dec
 from deepkernels.mla import _gluon_dense_decode as G
 from deepkernels.reference import mla as ref
-from deepkernels.testing.compile import SM90_SMEM_LIMIT, ptxas_sm90
+from deepkernels.testing.compile import (SM90_SMEM_LIMIT, clean_ptx, n_hgmma, n_spill, ptxas_sm90_or_skip, sass_count,
+                                        sass_loops)
 from deepkernels.testing.numerics import check_is_allclose
 
 from test_mla_decode_reference import make_case
@@ -38,24 +39,6 @@ VID = "h{:d}q{:d}".format
 
 
 # ------------------------------------------------------------------ compile tier
-def clean_ptx(ptx: str) -> str:
-    """PTX without debug information: ``.loc`` / ``.file`` lines, comments, label lines, debug sections."""
-    out, skip = [], False
-    for ln in ptx.splitlines():
-        s = ln.strip()
-        if s.startswith(".section") and "debug" in s:
-            skip = "}" not in s
-            continue
-        if skip:
-            skip = s != "}"
-            continue
-        s = re.sub(r"//.*$", "", s).strip()
-        if not s or s.startswith((".loc", ".file")) or re.match(r"^[$\w.]+:$", s):
-            continue
-        out.append(s)
-    return "\n".join(out)
-
-
 # sha256 of the cleaned PTX of the default kernel (GLUON_DEFAULT) before the variant existed (git 1c39d4c, Triton
 # 3.6.0, sm_90a): the option must leave it byte-identical.
 _BASE_PTX_SHA = {
@@ -70,38 +53,6 @@ _BASE_PTX_SHA = {
 def _compiled(half, qt, causal, dtype="bf16"):
     c = G._compile_sm90(None, causal, dtype, half, qt)
     return c.asm["ptx"], c.asm["ttgir"], int(c.metadata.shared)
-
-
-@functools.lru_cache(maxsize=None)
-def _ptxas(ptx):
-    return ptxas_sm90(ptx, sass=True)
-
-
-def _sass_loops(sass: str):
-    """Innermost loops of a SASS listing as lists of instruction texts (a loop = a backward BRA)."""
-    ins, labels, pending = [], {}, []
-    for line in sass.splitlines():
-        lm = re.match(r"^(\.L_x_\d+):", line)
-        if lm:
-            pending.append(lm.group(1))
-            continue
-        m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(.*?);", line)
-        if m:
-            pc = int(m.group(1), 16)
-            labels.update({p: pc for p in pending})
-            pending = []
-            ins.append((pc, m.group(2)))
-    loops = []
-    for pc, txt in ins:
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", txt)
-        if m and labels.get(m.group(1), 1 << 62) < pc:
-            loops.append((labels[m.group(1)], pc))
-    inner = [lp for lp in loops if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
-    return [[t for pc, t in ins if a <= pc <= b_] for a, b_ in inner]
-
-
-def _count(loop, pat):
-    return sum(1 for t in loop if re.search(pat, t))
 
 
 @pytest.mark.compile
@@ -149,21 +100,19 @@ def test_variant_compiles_for_sm90(half, qt, causal):
         assert len(re.findall(r"async_tma_copy_global_to_local[^\n]*-> !ttg.memdesc<32x512x", ttgir)) == 2
         assert len(re.findall(r"async_tma_copy_global_to_local[^\n]*-> !ttg.memdesc<32x64x", ttgir)) == 2
     assert ".local" not in ptx
-    rep = _ptxas(ptx)
-    if rep is None:
-        pytest.skip("no bundled ptxas/nvdisasm")
+    rep = ptxas_sm90_or_skip(ptx, sass=True, cached=True, reason="no bundled ptxas/nvdisasm")
     assert "C7514" not in rep.log, "ptxas serialised the wgmmas"
     assert re.search(r"Used 168 registers", rep.log), rep.log
     assert rep.spill_bytes <= _SPILL_BYTES[(half, qt, causal)] + 8, rep.log
-    loops = _sass_loops(rep.sass)
-    soft = [lp for lp in loops if _count(lp, "HGMMA") > 4]
-    pv = [lp for lp in loops if _count(lp, "HGMMA") == 4]
-    prod = [lp for lp in loops if not _count(lp, "HGMMA") and _count(lp, r"UTMALDG") >= 9]
+    loops = sass_loops(rep.sass)
+    soft = [lp for lp in loops if n_hgmma(lp) > 4]
+    pv = [lp for lp in loops if n_hgmma(lp) == 4]
+    prod = [lp for lp in loops if not n_hgmma(lp) and sass_count(lp, r"UTMALDG") >= 9]
     assert len(soft) == 1 and len(pv) == 1 and len(prod) == 1, [len(x) for x in (soft, pv, prod)]
-    assert _count(pv[0], r"\b(STL|LDL)\b") == 0
-    assert _count(soft[0], r"\b(STL|LDL)\b") <= 2           # measured 0 (q_tma, non-causal) .. 2
-    assert _count(prod[0], r"\b(STL|LDL)\b") <= 2           # measured 0 .. 2 (the 40-register producer)
-    assert _count(prod[0], r"UTMALDG") == (18 if half else 9)
+    assert n_spill(pv[0]) == 0
+    assert n_spill(soft[0]) <= 2           # measured 0 (q_tma, non-causal) .. 2
+    assert n_spill(prod[0]) <= 2           # measured 0 .. 2 (the 40-register producer)
+    assert sass_count(prod[0], r"UTMALDG") == (18 if half else 9)
     assert any("HGMMA.64x64x16" in t for t in soft[0]) and any("HGMMA.64x256x16" in t for t in pv[0])
 
 

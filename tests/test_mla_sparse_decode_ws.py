@@ -19,6 +19,7 @@ import deepkernels as dk
 import deepkernels.mla.sparse_decode as sd
 from deepkernels.mla import _gluon_sparse_decode as G
 from deepkernels.mla import _gluon_sparse_decode_ws as W
+from deepkernels.testing.compile import n_spill, ptxas_sm90_or_skip, sass_loops, setmaxnreg_values
 
 from test_mla_sparse_kernels import poison, run_and_check, sms  # noqa: F401  (fixtures)
 from test_mla_sparse_reference import _public, make_case
@@ -34,60 +35,29 @@ def _ws_route(monkeypatch):
 
 
 # ------------------------------------------------------------------ compile tier (CPU cross-compile for sm90)
-def _sass_loops(sass: str):
-    """Innermost loops of a SASS listing as lists of instruction texts (a loop = a backward BRA)."""
-    ins, labels, pending = [], {}, []
-    for line in sass.splitlines():
-        lm = re.match(r"^(\.L_x_\d+):", line)
-        if lm:
-            pending.append(lm.group(1))
-            continue
-        m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(.*?);", line)
-        if m:
-            pc = int(m.group(1), 16)
-            labels.update({p: pc for p in pending})
-            pending = []
-            ins.append((pc, m.group(2)))
-    loops = []
-    for pc, txt in ins:
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", txt)
-        if m and labels.get(m.group(1), 1 << 62) < pc:
-            loops.append((labels[m.group(1)], pc))
-    inner = [lp for lp in loops if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
-    return [[t for pc, t in ins if a <= pc <= b_] for a, b_ in inner]
-
-
 def _assert_setmaxnreg(ptx: str, producer_regs: int):
     """Warp specialisation: the producer's register count is set (``inc``), the consumers get the rest of the launch
     cap (``dec``), as Triton splits it."""
-    regs = dict((d, int(n)) for d, n in re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
-                if int(n) not in (24, 240))
+    regs = dict(setmaxnreg_values(ptx, skip=(24, 240), unique=False))
     assert regs.get("inc") == producer_regs, regs
     assert regs.get("dec") == (W.WS_MAXNREG * (8 + W.WS_PRODUCER_WARPS) * 32 - producer_regs
                                * W.WS_PRODUCER_WARPS * 32) // 256 // 8 * 8, regs
-
-
-def _n_spill(loop) -> int:
-    return sum(1 for t in loop if re.search(r"\b(STL|LDL)\b", t))
 
 
 def _ptxas_loops(ptx: str, is_producer_loop, n_producer_loops: int, max_spill_bytes: int = 256):
     """Assemble with ptxas (skip when it is missing) and check what every WS config must hold: one consumer token
     loop (the HGMMA loop) with no spill and no global load in it, ``n_producer_loops`` producer block loops
     (``is_producer_loop``), at most ``max_spill_bytes`` of spill stores / loads in all. Returns the producer loops."""
-    from deepkernels.testing.compile import ptxas_sm90
-    rep = ptxas_sm90(ptx, sass=True)
-    if rep is None:
-        pytest.skip("ptxas not available")
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep.log)
+    rep = ptxas_sm90_or_skip(ptx, sass=True)
+    spill = rep.spills
     assert spill, rep.log
-    loops = _sass_loops(rep.sass)
+    loops = sass_loops(rep.sass)
     cons = [lp for lp in loops if any("HGMMA" in t for t in lp)]
     prod = [lp for lp in loops if not any("HGMMA" in t for t in lp) and is_producer_loop(lp)]
     assert len(cons) == 1 and len(prod) == n_producer_loops, (len(cons), len(prod))
-    assert _n_spill(cons[0]) == 0, "spills in the consumers' token loop"
+    assert n_spill(cons[0]) == 0, "spills in the consumers' token loop"
     assert not any(re.match(r"(@!?P\w+\s+)?LDG", t) for t in cons[0]), "global load in the consumers' token loop"
-    assert int(spill.group(1)) <= max_spill_bytes and int(spill.group(2)) <= max_spill_bytes, rep.log
+    assert spill[0] <= max_spill_bytes and spill[1] <= max_spill_bytes, rep.log
     return prod
 
 
@@ -117,11 +87,11 @@ def test_compile_sm90_ws(page_shift, has_len, has_sink):
     # from shared memory), producer block loop 5 (of ~1,320 instructions) without the producer options, 10 (of
     # ~1,006) with V3.2's defaults (inline-PTX dequant + L2 prefetch, measured faster with them)
     (prod,) = _ptxas_loops(ptx, lambda lp: any("LDGSTS" in t for t in lp), 1)
-    assert _n_spill(prod) <= 12, f"{_n_spill(prod)} spill instructions in the producer's block loop"
+    assert n_spill(prod) <= 12, f"{n_spill(prod)} spill instructions in the producer's block loop"
     assert "cp.async.bulk.prefetch.L2" in ptx                          # V3.2 default: the L2 prefetch
     plain = W.compile_sm90_ws(page_shift, has_len, has_sink, deq_asm=False, pf_l2=False).asm["ptx"]
     (prod,) = _ptxas_loops(plain, lambda lp: any("LDGSTS" in t for t in lp), 1)
-    assert _n_spill(prod) <= 8, f"{_n_spill(prod)} spill instructions in the plain producer's block loop"
+    assert n_spill(prod) <= 8, f"{n_spill(prod)} spill instructions in the plain producer's block loop"
 
 @pytest.mark.compile
 @pytest.mark.parametrize("page_shift,has_len,has_sink", [(6, True, True), (-1, False, False), (6, False, True)])
@@ -144,7 +114,7 @@ def test_compile_sm90_ws_v41(page_shift, has_len, has_sink):
     # measured (Triton 3.6): consumer token loop 0 (producer 136 / consumers 184 gave 5 there), producer block loop
     # 14 (of ~1,380), ~150 B spill stores / ~165 B loads in all
     (prod,) = _ptxas_loops(ptx, lambda lp: sum(1 for t in lp if re.match(r"(@!?P\w+\s+)?LDG\.E\.128", t)) >= 16, 1)
-    assert _n_spill(prod) <= 20, f"{_n_spill(prod)} spill instructions in the producer's block loop"
+    assert n_spill(prod) <= 20, f"{n_spill(prod)} spill instructions in the producer's block loop"
 
 
 _WGMMA_S = {"v32": 36, "v41": 32}                 # S k-steps: 576 / 16 (NoPE + RoPE), 512 / 16
@@ -206,7 +176,7 @@ def test_compile_sm90_ws_extra(fmt, xfmt, page_shift, xpage_shift, has_len, has_
     prod = _ptxas_loops(ptx, lambda lp: sum(1 for t in lp if re.match(r"(@!?P\w+\s+)?LDG", t)) >= 16, 2,
                         max_spill_bytes=320)
     lim = _PROD_SPILLS[(fmt, xfmt)]
-    got = sorted(_n_spill(lp) for lp in prod)
+    got = sorted(n_spill(lp) for lp in prod)
     assert got[0] <= min(lim) + 4 and got[1] <= max(lim) + 4, f"producer block loops spill {got}, measured {lim}"
 
 

@@ -20,6 +20,8 @@ import deepkernels.mla.sparse_decode as sd
 from deepkernels.mla import _gluon_sparse_decode as G
 from deepkernels.mla import _gluon_sparse_decode_ws as W
 from deepkernels.mla import _gluon_sparse_decode_ws2 as W2
+from deepkernels.testing.compile import (n_hgmma, n_spill, ptxas_sm90_cached, ptxas_sm90_or_skip, sass_loops,
+                                        setmaxnreg_values)
 
 from test_mla_sparse_kernels import poison, run_and_check, sms  # noqa: F401  (fixtures)
 from test_mla_sparse_reference import _public, make_case
@@ -30,35 +32,8 @@ FMTS = ("v32", "v41")
 
 
 # ------------------------------------------------------------------ compile tier (CPU cross-compile for sm90)
-def _sass_loops(sass: str):
-    """Innermost loops of a SASS listing as lists of instruction texts (a loop = a backward BRA)."""
-    ins, labels, pending = [], {}, []
-    for line in sass.splitlines():
-        lm = re.match(r"^(\.L_x_\d+):", line)
-        if lm:
-            pending.append(lm.group(1))
-            continue
-        m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(.*?);", line)
-        if m:
-            pc = int(m.group(1), 16)
-            labels.update({p: pc for p in pending})
-            pending = []
-            ins.append((pc, m.group(2)))
-    loops = []
-    for pc, txt in ins:
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", txt)
-        if m and labels.get(m.group(1), 1 << 62) < pc:
-            loops.append((labels[m.group(1)], pc))
-    inner = [lp for lp in loops if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
-    return [[t for pc, t in ins if a <= pc <= b_] for a, b_ in inner]
-
-
-def _n_spill(loop) -> int:
-    return sum(1 for t in loop if re.search(r"\b(STL|LDL)\b", t))
-
-
-def _n_hgmma(loop) -> int:
-    return sum(1 for t in loop if "HGMMA" in t)
+# imported from here by test_mla_sparse_decode_ws3 (which keeps its own local helpers for now)
+_n_hgmma, _n_spill, _sass_loops = n_hgmma, n_spill, sass_loops
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,25 +42,17 @@ def _compiled(fmt, page_shift, has_len, has_sink):
     return k.asm["ptx"], k.asm["ttgir"], k.metadata.shared
 
 
-@functools.lru_cache(maxsize=None)
-def _ptxas(ptx):
-    from deepkernels.testing.compile import ptxas_sm90
-    return ptxas_sm90(ptx, sass=True)
-
-
 def _loops(ptx):
     """(softmax token loop, PV token loop, producer block loop, spill store bytes, spill load bytes) from ptxas."""
-    rep = _ptxas(ptx)
-    if rep is None:
-        pytest.skip("ptxas not available")
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep.log)
+    rep = ptxas_sm90_or_skip(ptx, sass=True, cached=True)
+    spill = rep.spills
     assert spill, rep.log
-    loops = _sass_loops(rep.sass)
-    s_loops = [lp for lp in loops if _n_hgmma(lp) > 4]          # S (32 / 36 k-steps) + P V_left (4)
-    pv_loops = [lp for lp in loops if _n_hgmma(lp) == 4]        # P V_right (4 k-steps of m64n256)
-    prod = [lp for lp in loops if not _n_hgmma(lp) and sum(1 for t in lp if re.match(r"(@!?P\w+\s+)?LDG", t)) >= 16]
+    loops = sass_loops(rep.sass)
+    s_loops = [lp for lp in loops if n_hgmma(lp) > 4]          # S (32 / 36 k-steps) + P V_left (4)
+    pv_loops = [lp for lp in loops if n_hgmma(lp) == 4]        # P V_right (4 k-steps of m64n256)
+    prod = [lp for lp in loops if not n_hgmma(lp) and sum(1 for t in lp if re.match(r"(@!?P\w+\s+)?LDG", t)) >= 16]
     assert len(s_loops) == 1 and len(pv_loops) == 1 and len(prod) == 1, (len(s_loops), len(pv_loops), len(prod))
-    return s_loops[0], pv_loops[0], prod[0], int(spill.group(1)), int(spill.group(2))
+    return s_loops[0], pv_loops[0], prod[0], spill[0], spill[1]
 
 
 _SMEM = {"v32": 230064, "v41": 205472}       # measured (Triton 3.6); the WS kernel: 230,052 / 205,476
@@ -93,13 +60,6 @@ _S_STEPS = {"v32": 36, "v41": 32}           # S k-steps: 576 / 16 (NoPE + RoPE),
 # measured spill instructions in the producer's block loop (the WS kernel's producer, unchanged): 5-6 / 12-14
 _PROD_SPILLS = {"v32": 8, "v41": 20}
 _CONFIGS = [(6, True, True), (-1, False, False), (6, False, True), (-1, True, False)]
-
-
-def _setmaxnreg(ptx):
-    """The setmaxnreg values Triton emits besides its 256 / 120 entry and exit dance: the producer's and the PV
-    warpgroup's ``inc``, the softmax warpgroup's ``dec`` (the rest of the launch cap)."""
-    regs = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
-    return sorted({(d, int(n)) for d, n in regs if int(n) not in (120, 256) or d == "inc" and int(n) == 120})
 
 
 @pytest.mark.compile
@@ -124,17 +84,19 @@ def test_compile_sm90_ws2(fmt, page_shift, has_len, has_sink):
     # partitions' registers: producer (the WS kernel's value), PV warpgroup, softmax warpgroup gets the rest
     prod = W.WS_PRODUCER_REGS_V41 if fmt == "v41" else W.WS_PRODUCER_REGS
     soft = (W.WS_MAXNREG * 12 * 32 - (prod + W2.WS2_PV_REGS) * 128) // 128 // 8 * 8
-    regs = _setmaxnreg(ptx)
+    # the setmaxnreg values besides Triton's 256 / 120 entry and exit dance: the producer's and the PV warpgroup's
+    # ``inc`` (which may be 120), the softmax warpgroup's ``dec``
+    regs = setmaxnreg_values(ptx, keep=[("inc", 120)])
     assert ("inc", prod) in regs and ("inc", W2.WS2_PV_REGS) in regs and ("dec", soft) in regs, regs
     assert not re.search(r"ttg.convert_layout %\S+ : tensor<[0-9x]+xbf16", ttgir)
     # ptxas (Triton 3.6 wheel), measured: 0 spill instructions in both consumer token loops (PV_REGS 160: softmax WG
     # 208 / 224 registers), producer block loop 5-6 (V3.2) / 12-14 (V4.1), 56-92 B spill stores in all
     s_loop, pv_loop, prod_loop, st, ld = _loops(ptx)
-    assert _n_hgmma(s_loop) == _S_STEPS[fmt] + 4 and _n_spill(s_loop) == 0, _n_spill(s_loop)
-    assert _n_spill(pv_loop) == 0, _n_spill(pv_loop)
+    assert n_hgmma(s_loop) == _S_STEPS[fmt] + 4 and n_spill(s_loop) == 0, n_spill(s_loop)
+    assert n_spill(pv_loop) == 0, n_spill(pv_loop)
     for lp in (s_loop, pv_loop):     # the validity comes from shared memory: no global load in the token loops
         assert not any(re.match(r"(@!?P\w+\s+)?LDG", t) for t in lp)
-    assert _n_spill(prod_loop) <= _PROD_SPILLS[fmt], _n_spill(prod_loop)
+    assert n_spill(prod_loop) <= _PROD_SPILLS[fmt], n_spill(prod_loop)
     assert st <= 160 and ld <= 192, (st, ld)
 
 
@@ -145,11 +107,11 @@ def test_compile_sm90_ws2_producer_no_worse_than_ws(fmt):
     ptx = _compiled(fmt, 6, True, True)[0]
     _, _, prod, _, _ = _loops(ptx)
     old = W.compile_sm90_ws(6, True, True, fmt=fmt).asm["ptx"]
-    rep = _ptxas(old)
-    old_prod = [lp for lp in _sass_loops(rep.sass) if not _n_hgmma(lp)
+    rep = ptxas_sm90_cached(old)
+    old_prod = [lp for lp in sass_loops(rep.sass) if not n_hgmma(lp)
                 and sum(1 for t in lp if re.match(r"(@!?P\w+\s+)?LDG", t)) >= 16]
     assert len(old_prod) == 1
-    assert _n_spill(prod) <= _n_spill(old_prod[0]) + 1, (_n_spill(prod), _n_spill(old_prod[0]))
+    assert n_spill(prod) <= n_spill(old_prod[0]) + 1, (n_spill(prod), n_spill(old_prod[0]))
 
 
 # ------------------------------------------------------------------ CPU: launcher contract (kernel stubbed)

@@ -286,29 +286,11 @@ def sass_spill_report(ptx: str):
     """(spill bytes from ptxas -v, spill instructions inside innermost loops) or None if ptxas is missing.
 
     The PTX has no local memory even when ptxas spills, so the register allocation is checked on the SASS."""
-    from deepkernels.testing.compile import ptxas_sm90
+    from deepkernels.testing.compile import n_spill, ptxas_sm90, sass_loops
     rep = ptxas_sm90(ptx, sass=True)
     if rep is None:
         return None
-    ins, labels, pending = [], {}, []
-    for line in rep.sass.splitlines():
-        lm = re.match(r"^(\.L_x_\d+):", line)
-        if lm:
-            pending.append(lm.group(1))
-            continue
-        m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(.*?);", line)
-        if m:
-            pc = int(m.group(1), 16)
-            labels.update({p: pc for p in pending})
-            pending = []
-            ins.append((pc, m.group(2)))
-    loops = []
-    for pc, txt in ins:
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", txt)
-        if m and labels.get(m.group(1), 1 << 62) < pc:
-            loops.append((labels[m.group(1)], pc))
-    inner = [lp for lp in loops if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
-    in_loop = sum(1 for a, b_ in inner for pc, t in ins if a <= pc <= b_ and re.search(r"\b(STL|LDL)\b", t))
+    in_loop = sum(n_spill(loop) for loop in sass_loops(rep.sass))
     return rep.spill_bytes, in_loop
 
 

@@ -6,6 +6,7 @@ production config: wgmma, TMA bulk copies, shared memory under the 227 KB limit,
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -13,7 +14,9 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-__all__ = ["compile_sm90", "CompiledSM90", "SM90_SMEM_LIMIT", "nvidia_tool", "ptxas_sm90", "PtxasReport"]
+__all__ = ["compile_sm90", "CompiledSM90", "SM90_SMEM_LIMIT", "nvidia_tool", "ptxas_sm90", "PtxasReport",
+           "ptxas_sm90_cached", "ptxas_sm90_or_skip", "sass_loops", "sass_count", "n_spill", "n_hgmma",
+           "setmaxnreg_values", "clean_ptx"]
 
 SM90_SMEM_LIMIT = 232448  # bytes of shared memory a block may opt into on sm90 (227 KB)
 
@@ -27,10 +30,12 @@ class CompiledSM90:
 
     @property
     def has_wgmma(self) -> bool:
+        """True when the PTX issues warpgroup MMAs (``wgmma.mma_async``)."""
         return "wgmma.mma_async" in self.ptx
 
     @property
     def has_tma(self) -> bool:
+        """True when the PTX issues TMA bulk tensor copies (``cp.async.bulk.tensor``)."""
         return "cp.async.bulk.tensor" in self.ptx
 
     @property
@@ -91,6 +96,13 @@ class PtxasReport:
         m = re.search(r"(\d+) bytes spill stores", self.log)
         return int(m.group(1)) if m else 0
 
+    @property
+    def spills(self) -> tuple[int, int] | None:
+        """(spill store bytes, spill load bytes) from ptxas's ``N bytes spill stores, M bytes spill loads`` line;
+        None when the log has no such line (callers assert it is there)."""
+        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", self.log)
+        return (int(m.group(1)), int(m.group(2))) if m else None
+
 
 def ptxas_sm90(ptx: str, *, sass: bool = False, timeout: float = 300) -> PtxasReport | None:
     """Assemble ``ptx`` for sm_90a with ``ptxas -v`` (and, with ``sass=True``, disassemble the cubin with
@@ -112,3 +124,96 @@ def ptxas_sm90(ptx: str, *, sass: bool = False, timeout: float = 300) -> PtxasRe
         if sass:
             dis = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True, timeout=timeout).stdout
     return PtxasReport(log=r.stderr, sass=dis)
+
+
+def ptxas_sm90_cached(ptx: str, sass: bool = True) -> PtxasReport | None:
+    """``ptxas_sm90(ptx, sass=sass)`` memoised on the PTX text (per process): for compile tests that assemble the
+    same cached kernel in several tests (ptxas + nvdisasm take seconds). Defaults to ``sass=True``."""
+    return _ptxas_sm90_memo(ptx, bool(sass))
+
+
+@functools.lru_cache(maxsize=None)
+def _ptxas_sm90_memo(ptx: str, sass: bool) -> PtxasReport | None:
+    """The cache behind ``ptxas_sm90_cached`` (one key per (PTX, sass) however the caller spells the arguments)."""
+    return ptxas_sm90(ptx, sass=sass)
+
+
+def ptxas_sm90_or_skip(ptx: str, *, sass: bool = False, cached: bool = False,
+                       reason: str = "ptxas not available") -> PtxasReport:
+    """``ptxas_sm90`` (``ptxas_sm90_cached`` with ``cached=True``) for a pytest test: skips the test with ``reason``
+    when the tool(s) are not found, so the report returned is never None."""
+    rep = ptxas_sm90_cached(ptx, sass) if cached else ptxas_sm90(ptx, sass=sass)
+    if rep is None:
+        import pytest
+        pytest.skip(reason)
+    return rep
+
+
+# ------------------------------------------------------------------ SASS / PTX text helpers for compile tests
+def sass_loops(sass: str) -> list[list[str]]:
+    """Innermost loops of an ``nvdisasm -c`` listing (``PtxasReport.sass``) as lists of instruction texts, in
+    program order (a loop = a backward ``BRA`` to a ``.L_x_N`` label; a loop that contains another is dropped)."""
+    ins, labels, pending = [], {}, []
+    for line in sass.splitlines():
+        lm = re.match(r"^(\.L_x_\d+):", line)
+        if lm:
+            pending.append(lm.group(1))
+            continue
+        m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(.*?);", line)
+        if m:
+            pc = int(m.group(1), 16)
+            labels.update({p: pc for p in pending})
+            pending = []
+            ins.append((pc, m.group(2)))
+    loops = []
+    for pc, txt in ins:
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", txt)
+        if m and labels.get(m.group(1), 1 << 62) < pc:
+            loops.append((labels[m.group(1)], pc))
+    inner = [lp for lp in loops if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
+    return [[t for pc, t in ins if a <= pc <= b_] for a, b_ in inner]
+
+
+def sass_count(loop, pattern: str) -> int:
+    """Instructions of ``loop`` (a list of SASS texts, e.g. one of ``sass_loops``) in which regex ``pattern`` is
+    found (``re.search``)."""
+    return sum(1 for t in loop if re.search(pattern, t))
+
+
+def n_spill(loop) -> int:
+    """Spill instructions (local-memory ``STL`` / ``LDL``) in ``loop``."""
+    return sass_count(loop, r"\b(STL|LDL)\b")
+
+
+def n_hgmma(loop) -> int:
+    """``HGMMA`` (wgmma) instructions in ``loop``."""
+    return sass_count(loop, "HGMMA")
+
+
+def setmaxnreg_values(ptx: str, *, skip=(120, 256), keep=(), unique: bool = True) -> list[tuple[str, int]]:
+    """``("inc" | "dec", registers)`` of every ``setmaxnreg`` in ``ptx``, leaving out register counts in ``skip``
+    (default: Triton's 256 / 120 entry and exit dance) unless the pair is in ``keep`` (e.g. ``[("inc", 120)]`` where
+    a partition's own value is 120). ``unique=True``: a sorted list without repeats; ``unique=False``: every
+    occurrence in PTX order (``dict()`` of it keeps the last value per direction)."""
+    regs = [(d, int(n)) for d, n in re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)]
+    regs = [(d, n) for d, n in regs if n not in skip or (d, n) in keep]
+    return sorted(set(regs)) if unique else regs
+
+
+def clean_ptx(ptx: str) -> str:
+    """PTX without debug information: ``.loc`` / ``.file`` lines, comments, label lines, debug sections (what a
+    byte-identity hash of a kernel's PTX should cover)."""
+    out, skip = [], False
+    for ln in ptx.splitlines():
+        s = ln.strip()
+        if s.startswith(".section") and "debug" in s:
+            skip = "}" not in s
+            continue
+        if skip:
+            skip = s != "}"
+            continue
+        s = re.sub(r"//.*$", "", s).strip()
+        if not s or s.startswith((".loc", ".file")) or re.match(r"^[$\w.]+:$", s):
+            continue
+        out.append(s)
+    return "\n".join(out)
