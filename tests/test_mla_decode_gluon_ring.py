@@ -190,6 +190,9 @@ def test_variant_launch_arguments(monkeypatch):
     G.gluon_dense_launch(*case(s_q=2))
     x = fn.full_args(fn.log[-1])
     assert x[names.index("QTMA")] is G.DISPATCH_Q_TMA and x[names.index("HALF")] is (2 >= G.DISPATCH_HALF_MIN_SQ)
+    G.gluon_dense_launch(*case(s_q=2, h_kv=2))                    # no Q by TMA possible: no half tiles either
+    x = fn.full_args(fn.log[-1])
+    assert x[names.index("qn_desc")] is None and x[names.index("HALF")] is False
     G.gluon_dense_launch(*case(h_q=32))                           # 32 rows: the plain kernel (not measured there)
     x = fn.full_args(fn.log[-1])
     assert x[names.index("qn_desc")] is None and x[names.index("HALF")] is False

@@ -605,10 +605,11 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
         # 16 showed h_q 16 / 32 7-12 % below session 15 at long s_k with the variant on, not A/B-tested
         on = (os.environ.get("DEEPKERNELS_DENSE_DECODE_VARIANT", "") != "0"
               and q.shape[1] * q.shape[2] // k_cache.shape[2] >= DISPATCH_MIN_ROWS)
-        if half_tiles is None:
-            half_tiles = on and q.shape[1] >= DISPATCH_HALF_MIN_SQ
         if q_tma is None:
             q_tma = on and DISPATCH_Q_TMA
+        if half_tiles is None:   # measured only together with Q by TMA (half tiles alone: not A/B-tested)
+            half_tiles = (on and q.shape[1] >= DISPATCH_HALF_MIN_SQ and bool(q_tma)
+                          and q_tma_supported(q, k_cache.shape[2]))
     half_tiles = bool(half_tiles)
     q_tma = bool(q_tma) and q_tma_supported(q, k_cache.shape[2])
     grid, args = _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc,
