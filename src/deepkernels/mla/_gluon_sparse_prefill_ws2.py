@@ -275,20 +275,15 @@ def _p2_stats(m_i, l_i, tok, hb, sink_ptr, ml_ptr, lse_ptr, sm_scale, H_Q, HAS_S
 
 
 @_jit
-def _p2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree, q_ptr, idx_ptr, len_ptr,
-                   sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_qs, stride_qh,
-                   stride_is, stride_os, stride_oh, H_Q, D_PE: gl.constexpr, HAS_LEN: gl.constexpr,
-                   HAS_SINK: gl.constexpr):
-    """Default partition (4 warps): Q, the full S = Q K^T, the online softmax, P + alpha to the PV warpgroup,
-    O[:, :256] += P V[:, :256]; epilogue: lse / max_logits, the output scale to the PV warpgroup, out[:, :256]."""
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
-    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+def _p2_prologue(q_n, q_p, q_ptr, idx_ptr, len_ptr, topk, stride_qs, stride_qh, stride_is, H_Q,
+                 D_PE: gl.constexpr, HAS_LEN: gl.constexpr):
+    """Every softmax warpgroup's start: this CTA's (query token, 64-head group), its 64 Q rows into shared memory
+    in 64-column chunks (32 registers of loads live at a time) made visible to the wgmma proxy, the token's valid
+    position count ``n`` and block count, and its index row. Returns (tok, hb, n, num_blocks, idx_row)."""
     LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    LS: gl.constexpr = gl.SliceLayout(0, S_L)
     pid = gl.program_id(0)
     tok = (pid // (H_Q // 64)).to(gl.int64)
     hb = pid % (H_Q // 64)
-    # Q -> shared memory in 64-column chunks (32 registers of loads live at a time)
     hq = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, LP))
     dq = gl.arange(0, 64, gl.SliceLayout(0, LP))
     q_rows = q_ptr + tok * stride_qs + hq.to(gl.int64)[:, None] * stride_qh
@@ -299,7 +294,21 @@ def _p2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, p
     fence_async_shared()
     gl.thread_barrier()
     n, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
-    idx_row = idx_ptr + tok * stride_is
+    return tok, hb, n, num_blocks, idx_ptr + tok * stride_is
+
+
+@_jit
+def _p2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree, q_ptr, idx_ptr, len_ptr,
+                   sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_qs, stride_qh,
+                   stride_is, stride_os, stride_oh, H_Q, D_PE: gl.constexpr, HAS_LEN: gl.constexpr,
+                   HAS_SINK: gl.constexpr):
+    """Default partition (4 warps): Q, the full S = Q K^T, the online softmax, P + alpha to the PV warpgroup,
+    O[:, :256] += P V[:, :256]; epilogue: lse / max_logits, the output scale to the PV warpgroup, out[:, :256]."""
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    LS: gl.constexpr = gl.SliceLayout(0, S_L)
+    tok, hb, n, num_blocks, idx_row = _p2_prologue(q_n, q_p, q_ptr, idx_ptr, len_ptr, topk, stride_qs, stride_qh,
+                                                   stride_is, H_Q, D_PE, HAS_LEN)
     m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))   # running max of raw q.k
     l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
     acc = gl.zeros([64, 256], gl.float32, O_L)
@@ -427,22 +436,9 @@ def _p2o_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, 
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     L_PA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
-    LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     LS: gl.constexpr = gl.SliceLayout(0, S_L)
-    pid = gl.program_id(0)
-    tok = (pid // (H_Q // 64)).to(gl.int64)
-    hb = pid % (H_Q // 64)
-    hq = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, LP))
-    dq = gl.arange(0, 64, gl.SliceLayout(0, LP))
-    q_rows = q_ptr + tok * stride_qs + hq.to(gl.int64)[:, None] * stride_qh
-    for c in gl.static_range(8):
-        q_n.slice(c * 64, 64, dim=1).store(gl.load(q_rows + (c * 64 + dq)[None, :]))
-    if D_PE > 0:
-        q_p.store(gl.load(q_rows + (512 + dq)[None, :]))
-    fence_async_shared()
-    gl.thread_barrier()
-    n, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
-    idx_row = idx_ptr + tok * stride_is
+    tok, hb, n, num_blocks, idx_row = _p2_prologue(q_n, q_p, q_ptr, idx_ptr, len_ptr, topk, stride_qs, stride_qh,
+                                                   stride_is, H_Q, D_PE, HAS_LEN)
     m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))   # running max of raw q.k
     l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
     acc = gl.zeros([64, 256], gl.float32, O_L)
@@ -588,22 +584,9 @@ def _p2h_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, 
     [:, :256] as two 32-token commit groups (:func:`_p2h_pv`) releasing each half-slot separately."""
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
-    LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     LS: gl.constexpr = gl.SliceLayout(0, S_L)
-    pid = gl.program_id(0)
-    tok = (pid // (H_Q // 64)).to(gl.int64)
-    hb = pid % (H_Q // 64)
-    hq = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, LP))
-    dq = gl.arange(0, 64, gl.SliceLayout(0, LP))
-    q_rows = q_ptr + tok * stride_qs + hq.to(gl.int64)[:, None] * stride_qh
-    for c in gl.static_range(8):
-        q_n.slice(c * 64, 64, dim=1).store(gl.load(q_rows + (c * 64 + dq)[None, :]))
-    if D_PE > 0:
-        q_p.store(gl.load(q_rows + (512 + dq)[None, :]))
-    fence_async_shared()
-    gl.thread_barrier()
-    n, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
-    idx_row = idx_ptr + tok * stride_is
+    tok, hb, n, num_blocks, idx_row = _p2_prologue(q_n, q_p, q_ptr, idx_ptr, len_ptr, topk, stride_qs, stride_qh,
+                                                   stride_is, H_Q, D_PE, HAS_LEN)
     m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))
     l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
     acc = gl.zeros([64, 256], gl.float32, O_L)
@@ -647,22 +630,9 @@ def _p2ho_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready,
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     L_PA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
-    LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     LS: gl.constexpr = gl.SliceLayout(0, S_L)
-    pid = gl.program_id(0)
-    tok = (pid // (H_Q // 64)).to(gl.int64)
-    hb = pid % (H_Q // 64)
-    hq = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, LP))
-    dq = gl.arange(0, 64, gl.SliceLayout(0, LP))
-    q_rows = q_ptr + tok * stride_qs + hq.to(gl.int64)[:, None] * stride_qh
-    for c in gl.static_range(8):
-        q_n.slice(c * 64, 64, dim=1).store(gl.load(q_rows + (c * 64 + dq)[None, :]))
-    if D_PE > 0:
-        q_p.store(gl.load(q_rows + (512 + dq)[None, :]))
-    fence_async_shared()
-    gl.thread_barrier()
-    n, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
-    idx_row = idx_ptr + tok * stride_is
+    tok, hb, n, num_blocks, idx_row = _p2_prologue(q_n, q_p, q_ptr, idx_ptr, len_ptr, topk, stride_qs, stride_qh,
+                                                   stride_is, H_Q, D_PE, HAS_LEN)
     m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))
     l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
     acc = gl.zeros([64, 256], gl.float32, O_L)
