@@ -33,6 +33,8 @@ import torch
 from deepkernels.mla import _gluon_sparse_prefill as G
 from deepkernels.mla import _gluon_sparse_prefill_ws2 as P
 from deepkernels.reference.mla_prefill import sparse_prefill_ref
+from deepkernels.testing.compile import (clean_ptx, n_hgmma, n_spill, ptxas_sm90_cached, sass_loops,
+                                         setmaxnreg_values)
 from deepkernels.testing.numerics import check_is_allclose
 
 from test_mla_prefill import make_case
@@ -41,37 +43,6 @@ pytestmark = pytest.mark.skipif(not P.available(), reason=f"Gluon not importable
 
 
 # ------------------------------------------------------------------ compile tier (CPU cross-compile for sm90)
-def _sass_loops(sass: str):
-    """Innermost loops of a SASS listing as lists of instruction texts (a loop = a backward BRA)."""
-    ins, labels, pending = [], {}, []
-    for line in sass.splitlines():
-        lm = re.match(r"^(\.L_x_\d+):", line)
-        if lm:
-            pending.append(lm.group(1))
-            continue
-        m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(.*?);", line)
-        if m:
-            pc = int(m.group(1), 16)
-            labels.update({p: pc for p in pending})
-            pending = []
-            ins.append((pc, m.group(2)))
-    loops = []
-    for pc, txt in ins:
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", txt)
-        if m and labels.get(m.group(1), 1 << 62) < pc:
-            loops.append((labels[m.group(1)], pc))
-    inner = [lp for lp in loops if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in loops)]
-    return [[t for pc, t in ins if a <= pc <= b_] for a, b_ in inner]
-
-
-def _n_spill(loop) -> int:
-    return sum(1 for t in loop if re.search(r"\b(STL|LDL)\b", t))
-
-
-def _n_hgmma(loop) -> int:
-    return sum(1 for t in loop if "HGMMA" in t)
-
-
 @functools.lru_cache(maxsize=None)
 def _compiled(d_pe, has_len, has_sink, overlap=0, half_tiles=False):
     kw = dict(half_tiles=True) if half_tiles else {}     # the pre-HALF call for the hashed kernels
@@ -79,21 +50,9 @@ def _compiled(d_pe, has_len, has_sink, overlap=0, half_tiles=False):
     return k.asm["ptx"], k.metadata.shared
 
 
-@functools.lru_cache(maxsize=None)
-def _ptxas(ptx):
-    from deepkernels.testing.compile import ptxas_sm90
-    return ptxas_sm90(ptx, sass=True)
-
-
 # (d_pe, has_len, has_sink): d_qk 576 and 512 (what supported() accepts), lengths and sinks on and off
 _CONFIGS = [(64, False, False), (64, True, True), (64, False, True), (0, True, False), (0, False, False)]
 _SMEM = {64: 229888, 0: 205296}      # measured (Triton 3.6), max over the configurations
-
-
-def _setmaxnreg(ptx):
-    """The setmaxnreg values besides Triton's 256 / 120 entry and exit dance."""
-    regs = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
-    return sorted({(d, int(n)) for d, n in regs if int(n) not in (120, 256)})
 
 
 @pytest.mark.compile
@@ -118,43 +77,25 @@ def test_compile_sm90_ws2(d_pe, has_len, has_sink):
     assert "cp.async.wait_group" not in ptx     # the producer tracks its copies by the mbarrier, no commit groups
     # partitions' registers: producer, PV warpgroup, the softmax warpgroup gets the rest of the launch cap
     soft = (P.WS2_MAXNREG * 12 * 32 - (P.WS2_PRODUCER_REGS + P.WS2_PV_REGS) * 128) // 128 // 8 * 8
-    regs = _setmaxnreg(ptx)
+    regs = setmaxnreg_values(ptx)
     assert ("inc", P.WS2_PV_REGS) in regs and ("dec", soft) in regs, regs
     assert any(r == P.WS2_PRODUCER_REGS for _, r in regs), regs
     # ptxas (Triton 3.6 wheel), measured: 0 spill instructions in the softmax token loop (36 / 32 S k-steps + 4 P V),
     # the PV token loop (4 P V k-steps) and the producer block loop (setmaxnreg 56); 0 bytes of spill in all
-    rep = _ptxas(ptx)
+    rep = ptxas_sm90_cached(ptx)
     if rep is None:
         pytest.skip("ptxas not available")
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep.log)
     assert spill, rep.log
-    loops = _sass_loops(rep.sass)
-    s_loops = [lp for lp in loops if _n_hgmma(lp) == k_steps + 4]
-    pv_loops = [lp for lp in loops if _n_hgmma(lp) == 4]
-    prod = [lp for lp in loops if not _n_hgmma(lp) and any("LDGSTS" in t for t in lp)]
+    loops = sass_loops(rep.sass)
+    s_loops = [lp for lp in loops if n_hgmma(lp) == k_steps + 4]
+    pv_loops = [lp for lp in loops if n_hgmma(lp) == 4]
+    prod = [lp for lp in loops if not n_hgmma(lp) and any("LDGSTS" in t for t in lp)]
     assert len(s_loops) == 1 and len(pv_loops) == 1 and len(prod) == 1, (len(s_loops), len(pv_loops), len(prod))
-    assert _n_spill(s_loops[0]) == 0, f"{_n_spill(s_loops[0])} spill instructions in the softmax token loop"
-    assert _n_spill(pv_loops[0]) == 0, f"{_n_spill(pv_loops[0])} spill instructions in the PV token loop"
-    assert _n_spill(prod[0]) <= 2, f"{_n_spill(prod[0])} spill instructions in the producer block loop"
+    assert n_spill(s_loops[0]) == 0, f"{n_spill(s_loops[0])} spill instructions in the softmax token loop"
+    assert n_spill(pv_loops[0]) == 0, f"{n_spill(pv_loops[0])} spill instructions in the PV token loop"
+    assert n_spill(prod[0]) <= 2, f"{n_spill(prod[0])} spill instructions in the producer block loop"
     assert int(spill.group(1)) <= 64 and int(spill.group(2)) <= 64, rep.log
-
-
-def _clean_ptx(ptx: str) -> str:
-    """PTX without debug information: ``.loc`` / ``.file`` lines, comments, label lines, debug sections."""
-    out, skip = [], False
-    for ln in ptx.splitlines():
-        s = ln.strip()
-        if s.startswith(".section") and "debug" in s:
-            skip = "}" not in s
-            continue
-        if skip:
-            skip = s != "}"
-            continue
-        s = re.sub(r"//.*$", "", s).strip()
-        if not s or s.startswith((".loc", ".file")) or re.match(r"^[$\w.]+:$", s):
-            continue
-        out.append(s)
-    return "\n".join(out)
 
 
 # sha256 of the cleaned PTX of the dispatched kernel (overlap 0) before the OVERLAP option existed (git 52d0099,
@@ -178,7 +119,7 @@ def test_default_ptx_unchanged(d_pe, has_len, has_sink):
     if triton.__version__ != "3.6.0":
         pytest.skip(f"hashes taken with Triton 3.6.0, not {triton.__version__}")
     ptx, _ = _compiled(d_pe, has_len, has_sink)
-    digest = hashlib.sha256(_clean_ptx(ptx).encode()).hexdigest()
+    digest = hashlib.sha256(clean_ptx(ptx).encode()).hexdigest()
     assert digest == _BASE_PTX_SHA[(d_pe, has_len, has_sink)]
 
 
@@ -211,7 +152,7 @@ def test_overlap_ptx_unchanged(overlap, d_pe, has_len, has_sink):
     if triton.__version__ != "3.6.0":
         pytest.skip(f"hashes taken with Triton 3.6.0, not {triton.__version__}")
     ptx, _ = _compiled(d_pe, has_len, has_sink, overlap)
-    digest = hashlib.sha256(_clean_ptx(ptx).encode()).hexdigest()
+    digest = hashlib.sha256(clean_ptx(ptx).encode()).hexdigest()
     assert digest == _BASE_OV_PTX_SHA[(overlap, d_pe, has_len, has_sink)]
 
 
@@ -252,23 +193,23 @@ def test_compile_overlap(d_pe, has_len, has_sink, overlap):
     assert ptx.count("mbarrier.try_wait.parity") == (10 if overlap == 1 else 9)
     assert ptx.count("mbarrier.arrive.shared::cta") == (10 if overlap == 1 else 8)
     soft = (P.WS2_MAXNREG * 12 * 32 - (P.WS2_PRODUCER_REGS + P.WS2_OV_PV_REGS) * 128) // 128 // 8 * 8
-    regs = _setmaxnreg(ptx)
+    regs = setmaxnreg_values(ptx)
     assert regs == [("dec", P.WS2_PRODUCER_REGS), ("dec", soft), ("inc", P.WS2_OV_PV_REGS)], regs   # 56 / 248 / 200
-    rep = _ptxas(ptx)
+    rep = ptxas_sm90_cached(ptx)
     if rep is None:
         pytest.skip("ptxas not available")
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep.log)
     assert spill, rep.log
-    loops = _sass_loops(rep.sass)
-    s_loops = [lp for lp in loops if _n_hgmma(lp) == k_steps + 4]
-    pv_loops = [lp for lp in loops if _n_hgmma(lp) == 4]
-    prod = [lp for lp in loops if not _n_hgmma(lp) and any("LDGSTS" in t for t in lp)]
+    loops = sass_loops(rep.sass)
+    s_loops = [lp for lp in loops if n_hgmma(lp) == k_steps + 4]
+    pv_loops = [lp for lp in loops if n_hgmma(lp) == 4]
+    prod = [lp for lp in loops if not n_hgmma(lp) and any("LDGSTS" in t for t in lp)]
     assert len(s_loops) == 1 and len(pv_loops) == 1 and len(prod) == 1, (len(s_loops), len(pv_loops), len(prod))
     # measured (Triton 3.6 wheel's ptxas, PV 200 / softmax 248): 2-4 spill instructions in the softmax block loop
     # (loads of loop-invariant values before the P pack), 0 in the PV and producer loops, 40-56 bytes in all
-    assert _n_spill(s_loops[0]) <= 4, f"{_n_spill(s_loops[0])} spill instructions in the softmax block loop"
-    assert _n_spill(pv_loops[0]) == 0, f"{_n_spill(pv_loops[0])} spill instructions in the PV block loop"
-    assert _n_spill(prod[0]) <= 2, f"{_n_spill(prod[0])} spill instructions in the producer block loop"
+    assert n_spill(s_loops[0]) <= 4, f"{n_spill(s_loops[0])} spill instructions in the softmax block loop"
+    assert n_spill(pv_loops[0]) == 0, f"{n_spill(pv_loops[0])} spill instructions in the PV block loop"
+    assert n_spill(prod[0]) <= 2, f"{n_spill(prod[0])} spill instructions in the producer block loop"
     assert int(spill.group(1)) <= 64 and int(spill.group(2)) <= 64, rep.log
     # the overlap itself: in the softmax block loop the S_j wgmmas, then P V_{j-1}'s, then the S wait
     # (wait_group 1), EVERY exp2 of softmax_j, and only then P V_{j-1}'s wait (wait_group 0)
@@ -343,25 +284,25 @@ def test_compile_half(d_pe, has_len, has_sink, overlap):
     assert ptx.count("mbarrier.try_wait.parity") == waits
     assert ptx.count("mbarrier.arrive.shared::cta") == arrives
     assert ptx.count("cp.async.mbarrier.arrive") == 2       # one per half in the producer
-    regs = _setmaxnreg(ptx)
+    regs = setmaxnreg_values(ptx)
     if overlap == 0:
         soft = (P.WS2_MAXNREG * 12 * 32 - (P.WS2_PRODUCER_REGS + P.WS2_HALF_PV_REGS) * 128) // 128 // 8 * 8
         assert regs == [("dec", P.WS2_PRODUCER_REGS), ("dec", soft), ("inc", P.WS2_HALF_PV_REGS)], regs  # 56/232/216
     else:   # PV 192 -> the softmax warpgroup gets 256 (Triton's own entry value, filtered by _setmaxnreg)
         assert regs == [("dec", P.WS2_PRODUCER_REGS), ("inc", P.WS2_HALF_OV_PV_REGS)], regs
-    rep = _ptxas(ptx)
+    rep = ptxas_sm90_cached(ptx)
     if rep is None:
         pytest.skip("ptxas not available")
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep.log)
     assert spill, rep.log
-    loops = _sass_loops(rep.sass)
-    s_loops = [lp for lp in loops if _n_hgmma(lp) == k_steps + 4]
-    pv_loops = [lp for lp in loops if _n_hgmma(lp) == 4]
-    prod = [lp for lp in loops if not _n_hgmma(lp) and any("LDGSTS" in t for t in lp)]
+    loops = sass_loops(rep.sass)
+    s_loops = [lp for lp in loops if n_hgmma(lp) == k_steps + 4]
+    pv_loops = [lp for lp in loops if n_hgmma(lp) == 4]
+    prod = [lp for lp in loops if not n_hgmma(lp) and any("LDGSTS" in t for t in lp)]
     assert len(s_loops) == 1 and len(pv_loops) == 1 and len(prod) == 1, (len(s_loops), len(pv_loops), len(prod))
     # measured: OVERLAP 0 no spill at all; OVERLAP 1 / 2 0-3 spill instructions in the softmax block loop, 0-16 B
-    assert _n_spill(s_loops[0]) <= (0 if overlap == 0 else 3), _n_spill(s_loops[0])
-    assert _n_spill(pv_loops[0]) == 0 and _n_spill(prod[0]) == 0, (_n_spill(pv_loops[0]), _n_spill(prod[0]))
+    assert n_spill(s_loops[0]) <= (0 if overlap == 0 else 3), n_spill(s_loops[0])
+    assert n_spill(pv_loops[0]) == 0 and n_spill(prod[0]) == 0, (n_spill(pv_loops[0]), n_spill(prod[0]))
     assert int(spill.group(1)) <= (0 if overlap == 0 else 16), rep.log
     # the producer: 36 cp.async (16 B) per thread and block, as before (2 x 18 per half); 2 empty waits
     assert sum(1 for t in prod[0] if re.match(r"(@!?U?P\w+ )?LDGSTS", t)) == (36 if d_pe else 32)

@@ -32,10 +32,6 @@ FMTS = ("v32", "v41")
 
 
 # ------------------------------------------------------------------ compile tier (CPU cross-compile for sm90)
-# imported from here by test_mla_sparse_decode_ws3 (which keeps its own local helpers for now)
-_n_hgmma, _n_spill, _sass_loops = n_hgmma, n_spill, sass_loops
-
-
 @functools.lru_cache(maxsize=None)
 def _compiled(fmt, page_shift, has_len, has_sink):
     k = W2.compile_sm90_ws2(fmt, page_shift, has_len, has_sink)

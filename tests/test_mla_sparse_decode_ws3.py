@@ -21,7 +21,7 @@ from deepkernels.mla import _gluon_sparse_decode_ws3 as W3
 
 from test_mla_sparse_kernels import poison, run_and_check, sms  # noqa: F401  (fixtures)
 from test_mla_sparse_reference import _public, make_case
-from test_mla_sparse_decode_ws2 import _n_hgmma, _n_spill, _sass_loops
+from deepkernels.testing.compile import n_hgmma as _n_hgmma, n_spill as _n_spill, sass_loops as _sass_loops
 
 pytestmark = pytest.mark.skipif(not W3.available(), reason=f"Gluon not importable: {W3._IMPORT_ERROR!r}")
 
