@@ -821,6 +821,43 @@ def supported_ws(q: torch.Tensor, k_cache: torch.Tensor, fmt: str, extra_k_cache
     return supported(q, k_cache, fmt, extra_k_cache, config)
 
 
+def _acc_buffers(out, lse_buf, q, sched):
+    """The split accumulators of one launch (``o_acc [b + parts, s_q, h_q, 512]``, ``l_acc [b + parts, s_q, h_q]``
+    fp32) and their row count; with ``sparse_decode._POISON_OUTPUTS`` they and the outputs are NaN-filled first.
+    Shared by the WS, WS2 and WS3 launchers."""
+    from . import sparse_decode as sd
+    b, s_q, h_q, _ = q.shape
+    acc_rows = b + sched.shape[0]
+    o_acc = torch.empty(acc_rows, s_q, h_q, 512, dtype=torch.float32, device=q.device)
+    l_acc = torch.empty(acc_rows, s_q, h_q, dtype=torch.float32, device=q.device)
+    if sd._POISON_OUTPUTS:
+        for t in (out, lse_buf, o_acc, l_acc):
+            t.fill_(float("nan"))
+    return o_acc, l_acc, acc_rows
+
+
+def _main_args(out, lse_buf, q, kv, indices, sched, num_splits, attn_sink, topk_length, o_acc, l_acc, acc_rows):
+    """(pointer arguments, integer arguments) of the no-extra-cache kernels (WS, WS2, WS3 take the same list);
+    ``kv`` is the cache viewed as bytes; absent optional tensors are replaced by ``l_acc`` (never read)."""
+    b, s_q, h_q, _ = q.shape
+    dummy = l_acc
+    ptrs = (q, kv, indices, topk_length if topk_length is not None else dummy,
+            attn_sink if attn_sink is not None else dummy, sched, num_splits, out, lse_buf, o_acc, l_acc)
+    ints = (q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1],
+            indices.stride(0), indices.stride(1), b, s_q, h_q, indices.shape[2], acc_rows)
+    return ptrs, ints
+
+
+def _launch_spec(_spec, ptrs, ints, acc_rows, sched, num_splits):
+    """The launcher-cache specialisation key: :func:`deepkernels._launch.spec_key` of every argument, or, given the
+    public op's call plan ``_spec``, that plan plus the only launch facts its signature does not fix
+    (sched / num_splits / acc_rows)."""
+    if _spec is None:
+        return spec_key(*ptrs, *ints)
+    return (_spec, acc_rows < 2 ** 31, sched.dtype, sched.data_ptr() & 15 == 0, num_splits.dtype,
+            num_splits.data_ptr() & 15 == 0)
+
+
 def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None,
                                   extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
                                   extra_topk_length=None, config=None, _spec=None, *,
@@ -834,7 +871,6 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
     kernel's timing diagnostics (consumers alone / producer alone; no extra cache; output meaningless);
     ``deq_asm``: the inline-PTX dequantisation (no extra cache; default: ``fmt in`` :data:`WS_DEQ_ASM`); ``pf_l2``:
     the producer's L2 prefetch of block j+2 (no extra cache; default: ``fmt in`` :data:`WS_PF_L2`)."""
-    from . import sparse_decode as sd
     from .combine import combine_splits_
     from .metadata import SCHED_BLOCK
 
@@ -847,13 +883,7 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
         raise ValueError("launch_sparse_decode_gluon_ws: _profile is for calls without an extra cache")
     b, s_q, h_q, _ = q.shape
     parts = sched.shape[0]
-    acc_rows = b + parts
-    dev = q.device
-    o_acc = torch.empty(acc_rows, s_q, h_q, 512, dtype=torch.float32, device=dev)
-    l_acc = torch.empty(acc_rows, s_q, h_q, dtype=torch.float32, device=dev)
-    if sd._POISON_OUTPUTS:
-        for t in (out, lse_buf, o_acc, l_acc):
-            t.fill_(float("nan"))
+    o_acc, l_acc, acc_rows = _acc_buffers(out, lse_buf, q, sched)
     kv = k_cache.view(torch.uint8)
     topk = indices.shape[2]
     dummy = l_acc
@@ -867,15 +897,9 @@ def launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_
                 indices.stride(0), indices.stride(1), xkv.stride(0), xkv.shape[1], xkv.shape[0] * xkv.shape[1],
                 extra_indices.stride(0), extra_indices.stride(1), b, s_q, h_q, topk, xtopk, acc_rows)
     else:
-        ptrs = (q, kv, indices, topk_length if topk_length is not None else dummy,
-                attn_sink if attn_sink is not None else dummy, sched, num_splits, out, lse_buf, o_acc, l_acc)
-        ints = (q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1],
-                indices.stride(0), indices.stride(1), b, s_q, h_q, topk, acc_rows)
-    if _spec is None:
-        spec = spec_key(*ptrs, *ints)
-    else:   # sched/num_splits/acc_rows are the only launch facts the public op's signature does not fix
-        spec = (_spec, acc_rows < 2 ** 31, sched.dtype, sched.data_ptr() & 15 == 0, num_splits.dtype,
-                num_splits.data_ptr() & 15 == 0)
+        ptrs, ints = _main_args(out, lse_buf, q, kv, indices, sched, num_splits, attn_sink, topk_length, o_acc,
+                                l_acc, acc_rows)
+    spec = _launch_spec(_spec, ptrs, ints, acc_rows, sched, num_splits)
     fence = WS_PRODUCER_FENCE if producer_fence is None else bool(producer_fence)
     opts = (NUM_WARPS, maxnreg or WS_MAXNREG)
     if has_x:

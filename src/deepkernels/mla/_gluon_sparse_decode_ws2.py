@@ -90,7 +90,7 @@ import torch
 from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, fence_async_shared, mbarrier,  # noqa: F401
                       warpgroup_mma, warpgroup_mma_wait)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
-from .._launch import cached_launcher, spec_key
+from .._launch import cached_launcher
 from ._gluon_sparse_decode import GLUON_FMTS, _g_part, _g_req_range, _page_shift, supported
 from . import _gluon_sparse_decode_ws as _ws
 from ._gluon_sparse_decode_ws import (WS_FMTS, WS_MAXNREG, WS_PRODUCER_FENCE, WS_PRODUCER_REGS,
@@ -387,7 +387,6 @@ def launch_sparse_decode_gluon_ws2(out, lse_buf, q, k_cache, indices, sched, num
     only the ring protocol: the consumers' time alone; output meaningless); ``deq_asm`` / ``pf_l2``: the producer
     options (default: the WS kernel's per-format choice, ``fmt in`` its ``WS_DEQ_ASM`` / ``WS_PF_L2``); ``row_lanes``:
     the producer's lanes over token rows first (default ``fmt in`` ``WS_ROW_LANES``)."""
-    from . import sparse_decode as sd
     from .combine import combine_splits_
     from .metadata import SCHED_BLOCK
 
@@ -397,25 +396,12 @@ def launch_sparse_decode_gluon_ws2(out, lse_buf, q, k_cache, indices, sched, num
                          f"only")
     b, s_q, h_q, _ = q.shape
     parts = sched.shape[0]
-    acc_rows = b + parts
-    dev = q.device
-    o_acc = torch.empty(acc_rows, s_q, h_q, 512, dtype=torch.float32, device=dev)
-    l_acc = torch.empty(acc_rows, s_q, h_q, dtype=torch.float32, device=dev)
-    if sd._POISON_OUTPUTS:
-        for t in (out, lse_buf, o_acc, l_acc):
-            t.fill_(float("nan"))
+    o_acc, l_acc, acc_rows = _ws._acc_buffers(out, lse_buf, q, sched)
     kv = k_cache.view(torch.uint8)
     topk = indices.shape[2]
-    dummy = l_acc
-    ptrs = (q, kv, indices, topk_length if topk_length is not None else dummy,
-            attn_sink if attn_sink is not None else dummy, sched, num_splits, out, lse_buf, o_acc, l_acc)
-    ints = (q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1],
-            indices.stride(0), indices.stride(1), b, s_q, h_q, topk, acc_rows)
-    if _spec is None:
-        spec = spec_key(*ptrs, *ints)
-    else:   # sched/num_splits/acc_rows are the only launch facts the public op's signature does not fix
-        spec = (_spec, acc_rows < 2 ** 31, sched.dtype, sched.data_ptr() & 15 == 0, num_splits.dtype,
-                num_splits.data_ptr() & 15 == 0)
+    ptrs, ints = _ws._main_args(out, lse_buf, q, kv, indices, sched, num_splits, attn_sink, topk_length, o_acc, l_acc,
+                                acc_rows)
+    spec = _ws._launch_spec(_spec, ptrs, ints, acc_rows, sched, num_splits)
     fence = WS_PRODUCER_FENCE if producer_fence is None else bool(producer_fence)
     opts = (WS2_NUM_WARPS, maxnreg or WS_MAXNREG)
     names = _CONSTEXPRS

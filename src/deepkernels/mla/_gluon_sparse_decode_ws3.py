@@ -150,7 +150,6 @@ import torch
 from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy, fence_async_shared,  # noqa: F401
                       mbarrier, warpgroup_mma, warpgroup_mma_wait)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
-from .._launch import spec_key
 from ._gluon_sparse_decode import GLUON_FMTS, _g_load_idx, _g_part, _g_req_range, _g_rows, _page_shift
 from . import _gluon_sparse_decode_ws as _ws
 from . import _gluon_sparse_decode_ws2 as _ws2
@@ -681,7 +680,6 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
     """Drop-in for ``launch_sparse_decode_gluon_ws2`` (same arguments and outputs; ``config`` ignored). ``h_q`` not
     a multiple of 128: the WS2 launcher runs the call. Keyword knobs (benchmarks): PV / producer ``setmaxnreg``,
     launch ``maxnreg``, ``deq_asm`` / ``pf_l2`` (default :data:`WS3_DEQ_ASM` / :data:`WS3_PF_L2` by format)."""
-    from . import sparse_decode as sd
     from .combine import combine_splits_
     from .metadata import SCHED_BLOCK
 
@@ -694,31 +692,18 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
         return _ws2.launch_sparse_decode_gluon_ws2(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt,
                                                    attn_sink, None, None, None, topk_length, None, config, _spec)
     parts = sched.shape[0]
-    acc_rows = b + parts
-    dev = q.device
-    o_acc = torch.empty(acc_rows, s_q, h_q, 512, dtype=torch.float32, device=dev)
-    l_acc = torch.empty(acc_rows, s_q, h_q, dtype=torch.float32, device=dev)
-    if sd._POISON_OUTPUTS:
-        for t in (out, lse_buf, o_acc, l_acc):
-            t.fill_(float("nan"))
+    o_acc, l_acc, acc_rows = _ws._acc_buffers(out, lse_buf, q, sched)
     kv = k_cache.view(torch.uint8)
     topk = indices.shape[2]
-    dummy = l_acc
-    ptrs = (q, kv, indices, topk_length if topk_length is not None else dummy,
-            attn_sink if attn_sink is not None else dummy, sched, num_splits, out, lse_buf, o_acc, l_acc)
-    ints = (q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1],
-            indices.stride(0), indices.stride(1), b, s_q, h_q, topk, acc_rows)
-    if _spec is None:
-        spec = spec_key(*ptrs, *ints)
-    else:
-        spec = (_spec, acc_rows < 2 ** 31, sched.dtype, sched.data_ptr() & 15 == 0, num_splits.dtype,
-                num_splits.data_ptr() & 15 == 0)
+    ptrs, ints = _ws._main_args(out, lse_buf, q, kv, indices, sched, num_splits, attn_sink, topk_length, o_acc, l_acc,
+                                acc_rows)
+    spec = _ws._launch_spec(_spec, ptrs, ints, acc_rows, sched, num_splits)
     constexprs = (_page_shift(kv.shape[1]), topk_length is not None, attn_sink is not None, SCHED_BLOCK,
                   producer_regs or WS3_PRODUCER_REGS[fmt], GLUON_FMTS[fmt],
                   bool((fmt in WS3_DEQ_ASM) if deq_asm is None else deq_asm), pv_regs or WS2_PV_REGS,
                   bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2))
     opts = (WS3_NUM_WARPS, maxnreg or WS_MAXNREG)
-    key = (_CONSTEXPRS, constexprs, opts, spec, dev.index)
+    key = (_CONSTEXPRS, constexprs, opts, spec, q.device.index)
     launcher = _LAUNCHERS.get(key)
     if launcher is None:
         if len(_LAUNCHERS) >= _LAUNCHER_LIMIT:
