@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import statistics
 import sys
 
 import torch
+
+from deepkernels.bench.paired import rotation, round_stats, time_rotated
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,41 +42,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 PROVIDERS = {"default": (False, False), "ring": (True, True), "half": (True, False), "qtma": (False, True),
              "default_again": (False, False)}
 DEFAULT_VARIANTS = "default,ring,half,qtma,default_again"
-
-
-def rotation(names: list[str], r: int) -> list[str]:
-    """Round r's timing order: ``names`` rotated to start at index r mod n."""
-    if not names:
-        return []
-    k = r % len(names)
-    return names[k:] + names[:k]
-
-
-def round_stats(ms_rounds: dict[str, list], ref: str = "default") -> dict[str, dict]:
-    """Per provider: ms median / min over rounds, time ratio of medians to ``ref``, paired per-round time ratios
-    (provider / ref in the same round; rounds where either failed are None) and their median."""
-    out = {}
-    ref_ms = ms_rounds.get(ref, [])
-    ref_med = statistics.median([t for t in ref_ms if t is not None]) if any(t is not None for t in ref_ms) \
-        else None
-    for n, ts in ms_rounds.items():
-        ok = [t for t in ts if t is not None]
-        if not ok:
-            continue
-        d = dict(ms_rounds=ts, ms=statistics.median(ok), ms_min=min(ok), ms_max=max(ok))
-        if ref_med is not None:
-            d["time_ratio_of_medians"] = d["ms"] / ref_med
-            d["ratio_vs_default"] = ref_med / d["ms"]
-            paired = [(t / t0 if t is not None and t0 is not None else None) for t, t0 in zip(ts, ref_ms)]
-            d["paired_time_ratios"] = paired
-            pok = [p for p in paired if p is not None]
-            if pok:
-                d["paired_time_ratio_median"] = statistics.median(pok)
-                d["paired_time_ratio_min"] = min(pok)
-                d["paired_time_ratio_max"] = max(pok)
-                d["paired_time_ratio_gmean"] = math.exp(statistics.fmean(math.log(x) for x in pok))
-        out[n] = d
-    return out
 
 
 def self_test() -> int:
@@ -93,7 +58,7 @@ def self_test() -> int:
         for n in rotation(names, r):
             ms[n].append(true[n] * (1.01 ** step))
             step += 1
-    st = round_stats(ms)
+    st = round_stats(ms, "default")
     for n in names:
         p = st[n]["paired_time_ratio_median"]
         print(f"self-test {n:14s} true {true[n]:.3f} paired-median {p:.3f} of-medians "
@@ -102,7 +67,7 @@ def self_test() -> int:
         assert abs(st[n]["paired_time_ratio_gmean"] / true[n] - 1) < 1e-9, n   # R == n: offsets cancel
         assert abs(p / true[n] - 1) < 0.025, (n, p)
     ms_fail = {"default": [1.0, None, 1.0], "ring": [0.9, 0.9, None]}
-    st = round_stats(ms_fail)
+    st = round_stats(ms_fail, "default")
     assert st["ring"]["paired_time_ratios"] == [0.9, None, None] and st["ring"]["paired_time_ratio_median"] == 0.9
     assert parse_shapes("128:1:8192, 64:2:32768") == {(128, 1, 8192), (64, 2, 32768)}
     print("self-test OK")
@@ -191,18 +156,16 @@ def main(args) -> int:
                         rec[n] = dict(failed=f"{type(e).__name__}: {str(e)[:300]}")
                 # 2. timing: R rounds, rotated order, short do_bench each
                 live = [n for n in names if n in fns]
-                ms_rounds = {n: [] for n in live}
-                for r in range(rounds):
-                    for n in rotation(live, r):
-                        try:
-                            ms_rounds[n].append(do_bench(fns[n], warmup=3, rep=rep_ms, return_mode="median"))
-                        except Exception as e:  # noqa: BLE001
-                            ms_rounds[n].append(None)
-                            rec[n].setdefault("timing_errors", []).append(f"round {r}: {type(e).__name__}: "
-                                                                          f"{str(e)[:200]}")
+                errors = {}
+                ms_rounds = time_rotated({n: fns[n] for n in live}, rounds,
+                                         lambda f: do_bench(f, warmup=3, rep=rep_ms, return_mode="median"), errors)
+                for n, msgs in errors.items():
+                    rec[n]["timing_errors"] = msgs
                 rec["orders"] = [rotation(live, r) for r in range(rounds)]
-                for n, st in round_stats(ms_rounds).items():
+                for n, st in round_stats(ms_rounds, "default").items():
                     rec[n].update(st)
+                    if "time_ratio_of_medians" in st:
+                        rec[n]["ratio_vs_default"] = 1.0 / st["time_ratio_of_medians"]
                     rec[n]["tflops"] = flop / st["ms"] / 1e9
                     rec[n]["tflops_best"] = flop / st["ms_min"] / 1e9
                 for n in live:

@@ -29,6 +29,7 @@ from deepkernels.mla.dense_prefill import (DENSE_CANDIDATES, DENSE_CONFIGS, _lau
 from deepkernels.mla.prefill import (SPARSE_CANDIDATES, SPARSE_CONFIGS, _launch_sparse_prefill,  # noqa: E402
                                      flash_mla_sparse_fwd)
 from deepkernels.mla import _gluon_dense_prefill as _gdp  # noqa: E402
+from deepkernels.bench.paired import round_stats, time_rotated  # noqa: E402
 from deepkernels.mla import _gluon_sparse_prefill as _gsp  # noqa: E402
 from deepkernels.mla import _gluon_sparse_prefill_ws2 as _gsp2  # noqa: E402
 from deepkernels.reference.mla_prefill import sparse_prefill_ref  # noqa: E402
@@ -192,7 +193,6 @@ def _paired_rounds(rows, configs, rounds, base, out, ml, lse, q, kv, ind, sk, ro
     ``base``), then ``rounds`` rounds each timing every config (do_bench median, warmup 10, rep 60 ms) in an order
     rotated by one per round; per config the median over rounds, and the median of the PAIRED ratios t / t_base of
     the same round (< 1: faster than ``base``). One row per config."""
-    import statistics
     fns, err, res = {}, {}, {}
     for cfg in configs:
         try:
@@ -209,17 +209,15 @@ def _paired_rounds(rows, configs, rounds, base, out, ml, lse, q, kv, ind, sk, ro
         except Exception as e:  # noqa: BLE001
             rows.add(op="flash_mla_sparse_fwd", provider="deepkernels",
                      config=cfg if isinstance(cfg, str) else list(cfg), shape=shape, error=repr(e)[:300])
-    names = list(fns)
-    times = {n: [] for n in names}
-    for r in range(rounds):
-        for n in names[r % len(names):] + names[:r % len(names)]:
-            if DEV == "cuda":
-                import triton.testing
-                times[n].append(triton.testing.do_bench(fns[n], warmup=10, rep=60, return_mode="median"))
-            else:
-                times[n].append(bench(fns[n]))
-    for n in names:
-        ms = statistics.median(times[n])
+    if DEV == "cuda":
+        import triton.testing
+        timer = lambda f: triton.testing.do_bench(f, warmup=10, rep=60, return_mode="median")  # noqa: E731
+    else:
+        timer = bench
+    times = time_rotated(fns, rounds, timer)
+    stats = round_stats(times, base)
+    for n in times:
+        ms = stats[n]["ms"]
         row = dict(op="flash_mla_sparse_fwd", provider="deepkernels", config=n if isinstance(n, str) else list(n),
                    shape=shape, median_us=ms * 1e3, tflops=flops / ms / 1e9, gbps=nbytes / ms / 1e6,
                    max_abs_err_rows=err[n][0], lse_err_rows=lse_err_fmt(err[n][1]), nan=err[n][2], rounds=rounds,
@@ -228,8 +226,8 @@ def _paired_rounds(rows, configs, rounds, base, out, ml, lse, q, kv, ind, sk, ro
                    ratio_to_anchor=(flops / ms / 1e9) / FLASHMLA_H200[shape["s_kv"]] if shape["s_kv"] in FLASHMLA_H200
                    else None, target_tflops=SPARSE_TARGET)
         if base in times and n != base:
-            pr = [a / b for a, b in zip(times[n], times[base])]
-            row.update(paired_base=base, paired_ratios=pr, paired_median=statistics.median(pr),
+            row.update(paired_base=base, paired_ratios=stats[n]["paired_time_ratios"],
+                       paired_median=stats[n]["paired_time_ratio_median"],
                        bit_identical_to_base=all(torch.equal(x, y) for x, y in zip(res[n], res[base])))
         rows.add(**row)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -34,6 +33,7 @@ def main(argv=None) -> int:
     import mla_sparse_decode as B
     from deepkernels.mla import _gluon_sparse_decode_ws as W
     from deepkernels.mla import _gluon_sparse_decode_ws2 as W2
+    from deepkernels.bench.paired import round_stats, time_rotated
     from deepkernels.bench.runner import provenance
     from triton.testing import do_bench
 
@@ -67,23 +67,17 @@ def main(argv=None) -> int:
                 if base in outs and base + "_rl" in outs:
                     (o1, l1), (o2, l2) = outs[base], outs[base + "_rl"]
                     row[base + "_rl_bit_identical"] = bool(torch.equal(o1, o2) and torch.equal(l1.nan_to_num(), l2.nan_to_num()))
-            names = list(fns)
-            times = {n: [] for n in names}
-            for r in range(args.rounds):
-                order = names[r % len(names):] + names[:r % len(names)]
-                for n in order:
-                    times[n].append(do_bench(fns[n], warmup=3, rep=15, return_mode="median"))
-            for n in names:
-                med = statistics.median(times[n])
-                row[n + "_ms_rounds"] = times[n]
-                row[n + "_ms"] = med
-                row[n + "_tflops"] = c.flop / med / 1e9
+            times = time_rotated(fns, args.rounds, lambda f: do_bench(f, warmup=3, rep=15, return_mode="median"))
+            for n, st in round_stats(times, None).items():
+                row[n + "_ms_rounds"] = st["ms_rounds"]
+                row[n + "_ms"] = st["ms"]
+                row[n + "_tflops"] = c.flop / st["ms"] / 1e9
             for base in ("ws", "ws2"):
                 v = base + "_rl"
                 if base in times and v in times:
-                    pr = [a / d for a, d in zip(times[v], times[base])]
-                    row[v + "_paired_ratios"] = pr
-                    row[v + "_paired_median"] = statistics.median(pr)
+                    st = round_stats({base: times[base], v: times[v]}, base)[v]
+                    row[v + "_paired_ratios"] = st["paired_time_ratios"]
+                    row[v + "_paired_median"] = st["paired_time_ratio_median"]
             rows.append(row)
             print("SUMMARY %s b=%3d s_q=%d h_q=%d  ws %.1f  ws_rl %.1f (t/ws %.3f, bit %s)  ws2 %.1f  ws2_rl %.1f "
                   "(t/ws2 %.3f, bit %s)  nan %s%s" % (

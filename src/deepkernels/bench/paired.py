@@ -1,0 +1,71 @@
+"""Rotated-round paired timing for A/B benchmarks (the H200's clocks drift 10 %+ within a run, so variants timed
+one after the other are biased by their position).
+
+Each round times every variant once, in an order rotated by one per round (:func:`rotation`); a variant's
+headline against a reference is the median over rounds of the PAIRED ratio t_variant / t_ref of the same round
+(:func:`round_stats`), so drift slower than a round cancels. With R a multiple of the number of variants every
+cyclic offset occurs equally often and the geometric mean of the paired ratios cancels a steady drift exactly.
+Used by ``benchmarks/mla_decode_ring.py``, ``benchmarks/sparse_decode_rowlanes.py`` and ``benchmarks/mla_prefill.py
+--rounds``.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Callable
+
+__all__ = ["rotation", "time_rotated", "round_stats"]
+
+
+def rotation(names: list, r: int) -> list:
+    """Round r's timing order: ``names`` rotated to start at index r mod n."""
+    if not names:
+        return []
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
+def time_rotated(fns: dict, rounds: int, timer: Callable[[Callable], float],
+                 errors: dict | None = None) -> dict:
+    """``{name: [ms per round]}``: ``rounds`` rounds, each calling ``timer(fn)`` (milliseconds) for every entry of
+    ``fns`` in :func:`rotation` order. A timing that raises records None (and, when ``errors`` is given, a message
+    under ``errors[name]``)."""
+    names = list(fns)
+    ms = {n: [] for n in names}
+    for r in range(rounds):
+        for n in rotation(names, r):
+            try:
+                ms[n].append(timer(fns[n]))
+            except Exception as e:  # noqa: BLE001
+                if errors is None:
+                    raise
+                ms[n].append(None)
+                errors.setdefault(n, []).append(f"round {r}: {type(e).__name__}: {str(e)[:200]}")
+    return ms
+
+
+def round_stats(ms_rounds: dict, ref) -> dict:
+    """Per variant: ms median / min / max over rounds and, against variant ``ref``, the time ratio of medians, the
+    paired per-round time ratios (variant / ref in the same round; None where either failed) and their median, min,
+    max and geometric mean (< 1: faster than ``ref``). Variants with no successful round are left out."""
+    out = {}
+    ref_ms = ms_rounds.get(ref, [])
+    ref_ok = [t for t in ref_ms if t is not None]
+    ref_med = statistics.median(ref_ok) if ref_ok else None
+    for n, ts in ms_rounds.items():
+        ok = [t for t in ts if t is not None]
+        if not ok:
+            continue
+        d = dict(ms_rounds=ts, ms=statistics.median(ok), ms_min=min(ok), ms_max=max(ok))
+        if ref_med is not None:
+            d["time_ratio_of_medians"] = d["ms"] / ref_med
+            paired = [(t / t0 if t is not None and t0 is not None else None) for t, t0 in zip(ts, ref_ms)]
+            d["paired_time_ratios"] = paired
+            pok = [p for p in paired if p is not None]
+            if pok:
+                d["paired_time_ratio_median"] = statistics.median(pok)
+                d["paired_time_ratio_min"] = min(pok)
+                d["paired_time_ratio_max"] = max(pok)
+                d["paired_time_ratio_gmean"] = math.exp(statistics.fmean(math.log(x) for x in pok))
+        out[n] = d
+    return out

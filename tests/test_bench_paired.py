@@ -1,0 +1,50 @@
+"""deepkernels.bench.paired: the rotated-round paired timing the A/B benchmarks use (CPU, synthetic timings)."""
+from __future__ import annotations
+
+import pytest
+
+from deepkernels.bench.paired import rotation, round_stats, time_rotated
+
+
+def test_rotation():
+    names = ["a", "b", "c"]
+    assert [rotation(names, r) for r in range(4)] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"],
+                                                      ["a", "b", "c"]]
+    assert rotation([], 3) == []
+
+
+def test_paired_ratios_cancel_drift():
+    """A clock that slows 1 % per timing: the geometric mean of the paired ratios recovers the true ratios exactly
+    when the round count is a multiple of the variant count, the median within one drift step; the plain ratio of
+    medians does not."""
+    true = {"ref": 1.0, "fast": 0.9, "slow": 1.05, "ref_again": 1.0}
+    step = [0]
+
+    def timer(name):
+        step[0] += 1
+        return true[name] * 1.01 ** step[0]
+
+    ms = time_rotated({n: n for n in true}, 8, timer)
+    assert all(len(v) == 8 for v in ms.values())
+    st = round_stats(ms, "ref")
+    for n, t in true.items():
+        assert st[n]["paired_time_ratio_gmean"] == pytest.approx(t, rel=1e-9)
+        assert abs(st[n]["paired_time_ratio_median"] / t - 1) < 0.025
+
+
+def test_failed_timings():
+    errors = {}
+
+    def timer(fn):
+        return fn()
+
+    def boom():
+        raise RuntimeError("x")
+    ms = time_rotated({"ref": lambda: 1.0, "bad": boom}, 2, timer, errors)
+    assert ms["bad"] == [None, None] and len(errors["bad"]) == 2
+    st = round_stats(ms, "ref")
+    assert "bad" not in st and st["ref"]["paired_time_ratio_median"] == 1.0
+    st = round_stats({"ref": [1.0, None, 1.0], "v": [0.9, 0.9, None]}, "ref")
+    assert st["v"]["paired_time_ratios"] == [0.9, None, None] and st["v"]["paired_time_ratio_median"] == 0.9
+    with pytest.raises(RuntimeError):
+        time_rotated({"bad": boom}, 1, timer)
