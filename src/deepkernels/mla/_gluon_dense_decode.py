@@ -607,11 +607,10 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
               and q.shape[1] * q.shape[2] // k_cache.shape[2] >= DISPATCH_MIN_ROWS)
         if q_tma is None:
             q_tma = on and DISPATCH_Q_TMA
-        if half_tiles is None:   # measured only together with Q by TMA (half tiles alone: not A/B-tested)
-            half_tiles = (on and q.shape[1] >= DISPATCH_HALF_MIN_SQ and bool(q_tma)
-                          and q_tma_supported(q, k_cache.shape[2]))
-    half_tiles = bool(half_tiles)
     q_tma = bool(q_tma) and q_tma_supported(q, k_cache.shape[2])
+    if half_tiles is None:   # measured only together with Q by TMA (half tiles alone: not A/B-tested)
+        half_tiles = on and q.shape[1] >= DISPATCH_HALF_MIN_SQ and q_tma
+    half_tiles = bool(half_tiles)
     grid, args = _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc,
                               32 if half_tiles else 64)
     causal_c = bool(causal and q.shape[1] > 1)
