@@ -415,8 +415,9 @@ def test_launch_args_on_cpu(monkeypatch):
 @pytest.mark.compile
 @pytest.mark.parametrize("env,expect", [("1", "ws2"), ("0", "ws"), (None, "ws2" if P.DISPATCH else "ws")])
 def test_dispatch_switch(monkeypatch, env, expect):
-    """prefill._launch_sparse_prefill sends the Gluon-eligible call to WS2 iff dispatch_on()
-    (DEEPKERNELS_SPARSE_PREFILL_WS2 overrides DISPATCH); kernels stubbed, CPU tensors."""
+    """prefill._launch_sparse_prefill -> launch_sparse_prefill_gluon (variant None) sends the Gluon-eligible call to
+    WS2 iff dispatch_on() (DEEPKERNELS_SPARSE_PREFILL_WS2 overrides DISPATCH), else to the WS variant; kernel
+    launches stubbed, CPU tensors."""
     from deepkernels.mla import prefill
     if env is None:
         monkeypatch.delenv("DEEPKERNELS_SPARSE_PREFILL_WS2", raising=False)
@@ -424,7 +425,9 @@ def test_dispatch_switch(monkeypatch, env, expect):
         monkeypatch.setenv("DEEPKERNELS_SPARSE_PREFILL_WS2", env)
     seen = []
     monkeypatch.setattr(G, "supported", lambda q, kv: True)
-    monkeypatch.setattr(G, "launch_sparse_prefill_gluon", lambda *a, **k: seen.append("ws"))
+    monkeypatch.setattr(G, "cached_launcher",
+                        lambda cache, fn, *a, **k: (lambda grid, *args: seen.append(
+                            "ws" if fn is G._sparse_prefill_gluon_ws_kernel else fn)))
     monkeypatch.setattr(P, "launch_sparse_prefill_gluon_ws2", lambda *a, **k: seen.append("ws2"))
     q = torch.zeros(2, 64, 576, dtype=torch.bfloat16)
     kv = torch.zeros(10, 1, 576, dtype=torch.bfloat16)

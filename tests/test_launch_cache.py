@@ -383,8 +383,8 @@ def test_gluon_sparse_prefill_launch_goes_through_kernel_launcher(bind_on_cpu, m
                 kv, ind, 0.05)
 
     c = case()
-    G.launch_sparse_prefill_gluon(*c)
-    G.launch_sparse_prefill_gluon(*case()[:6], 0.07)    # other tensors and scale, same specialisation: fast
+    G.launch_sparse_prefill_gluon(*c, variant="ws")     # (variant None: the split-consumer kernel, since session 16)
+    G.launch_sparse_prefill_gluon(*case()[:6], 0.07, variant="ws")   # other tensors and scale, same spec.: fast
     assert [e[0] for e in fws.log] == ["slow", "fast"] and not fsingle.log
     slow, fast = fws.full_args(fws.log[0]), fws.full_args(fws.log[1])
     assert len(slow) == len(fws.params) == len(fast)
@@ -392,8 +392,8 @@ def test_gluon_sparse_prefill_launch_goes_through_kernel_launcher(bind_on_cpu, m
     assert fast[10:12] == (0.07, 0.07 * G._LOG2E) and fws.log[0][1] == (8 * 2, )
     assert fws.log[0][3]["maxnreg"] == G.WS_MAXNREG and fws.log[0][3]["NUM_SLOTS"] == G.WS_SLOTS
     G.launch_sparse_prefill_gluon(*c, variant="single")
-    G.launch_sparse_prefill_gluon(*c, topk_length=torch.full((8,), 3, dtype=torch.int32))   # HAS_LEN
-    G.launch_sparse_prefill_gluon(*case(d=512))                                             # D_PE 0
+    G.launch_sparse_prefill_gluon(*c, topk_length=torch.full((8,), 3, dtype=torch.int32), variant="ws")  # HAS_LEN
+    G.launch_sparse_prefill_gluon(*case(d=512), variant="ws")                                           # D_PE 0
     assert [e[0] for e in fsingle.log] == ["slow"] and [e[0] for e in fws.log] == ["slow", "fast", "slow", "slow"]
     assert len(G._LAUNCHERS) == 4
 

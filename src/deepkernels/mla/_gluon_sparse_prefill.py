@@ -375,20 +375,28 @@ def _variant(variant):
     if variant == "ws":
         return (_sparse_prefill_gluon_ws_kernel, {"NUM_SLOTS": WS_SLOTS, "PRODUCER_REGS": WS_PRODUCER_REGS},
                 {"num_warps": NUM_WARPS, "maxnreg": WS_MAXNREG})
-    raise ValueError(f"variant must be None, 'single' or 'ws', got {variant!r}")
+    raise ValueError(f"variant must be None, 'single', 'ws' or 'ws2', got {variant!r}")
 
 
 def launch_sparse_prefill_gluon(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None, topk_length=None,
                                 variant=None):
     """Out-parameter launcher with the contract of ``prefill._launch_sparse_prefill`` (inputs validated by
     :func:`deepkernels.mla.prefill.flash_mla_sparse_fwd`; last dims contiguous; ``h_q % 64 == 0``).
-    ``variant``: None (the dispatched one, :data:`DISPATCH_VARIANT`), ``"single"`` (one 8-warp partition) or
-    ``"ws"`` (warp-specialised: producer partition + 8 consumer warps). Launched through a
+    ``variant``: None (the dispatched one: the split-consumer kernel of :mod:`._gluon_sparse_prefill_ws2` while its
+    ``dispatch_on()``, else :data:`DISPATCH_VARIANT`), ``"single"`` (one 8-warp partition), ``"ws"``
+    (warp-specialised: producer partition + 8 consumer warps) or ``"ws2"`` (the split-consumer kernel). Launched
+    through a
     :class:`deepkernels._launch.KernelLauncher` per (variant, flags, :func:`deepkernels._launch.spec_key` of the
     arguments) in ``_LAUNCHERS`` (direct compiled-kernel launch once bound)."""
     s_q, h_q, d_qk = q.shape
     if s_q == 0:
         return
+    if variant in (None, "ws2"):
+        from . import _gluon_sparse_prefill_ws2 as _ws2     # (imports this module: bound at call time)
+        if variant == "ws2" or _ws2.dispatch_on():
+            _ws2.launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink,
+                                                 topk_length)
+            return
     fn, consts, opts = _variant(variant)
     dummy = lse
     args = (q, kv, indices, topk_length if topk_length is not None else dummy,

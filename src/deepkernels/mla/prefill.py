@@ -22,7 +22,6 @@ from .._triton_helpers import rne_bf16 as _rne_bf16
 from .._validate import check_dtype, check_tensor
 from ..reference.mla_prefill import sparse_prefill_ref
 from . import _gluon_sparse_prefill as _gsp
-from . import _gluon_sparse_prefill_ws2 as _gsp2
 from ._sparse_kernels import online_softmax_step
 
 __all__ = ["flash_mla_sparse_fwd"]
@@ -161,13 +160,10 @@ def _launch_sparse_prefill(out, max_logits, lse, q, kv, indices, sm_scale, attn_
         # Gluon kernel (h_q % 64 == 0 on sm90), warp-specialised variant: 360-401 TFLOPS on the H200 vs 235-258 for
         # this Triton kernel at s_q 4096, h_q 128, topk 2048 (results/mla_prefill_gluon-ws-h200-2026-11-29.json).
         # Explicit configs and DEEPKERNELS_DISABLE_GLUON=1 keep the Triton kernel.
-        # The split-consumer variant (_gluon_sparse_prefill_ws2) takes its place while _gsp2.dispatch_on() (default
-        # since session 16: 431-482 TFLOPS, 1.15-1.19x the WS kernel, results/sparse_prefill_ws2-h200-2026-11-29-s16.json).
-        if _gsp2.dispatch_on():
-            _gsp2.launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink,
-                                                  topk_length)
-        else:
-            _gsp.launch_sparse_prefill_gluon(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink, topk_length)
+        # launch_sparse_prefill_gluon picks the dispatched variant: the split-consumer kernel
+        # (_gluon_sparse_prefill_ws2; since session 16: 431-482 TFLOPS, 1.15-1.19x the WS kernel,
+        # results/sparse_prefill_ws2-h200-2026-11-29-s16.json) while its dispatch_on(); =0 the WS kernel.
+        _gsp.launch_sparse_prefill_gluon(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink, topk_length)
         return
     block_h, block_n, num_warps, num_stages, trans_s = config or sparse_prefill_config(h_q)
     topk = indices.shape[-1]
