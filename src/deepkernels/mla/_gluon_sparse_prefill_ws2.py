@@ -205,11 +205,11 @@ from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 from .._launch import cached_launcher, spec_key
 from ._gluon_sparse_prefill import BLOCK_H, D_V, WS_MAXNREG, _g_gather, _g_ws_producer, _g_ws_rows, supported
 
-__all__ = ["available", "supported_ws2", "dispatch_on", "launch_sparse_prefill_gluon_ws2", "compile_sm90_ws2", "DISPATCH",
-           "WS2_PV_REGS", "WS2_MAXNREG", "WS2_PRODUCER_REGS", "WS2_NUM_WARPS", "WS2_OV_PV_REGS",
+__all__ = ["available", "supported_ws2", "dispatch_on", "launch_sparse_prefill_gluon_ws2", "compile_sm90_ws2",
+           "DISPATCH", "WS2_PV_REGS", "WS2_MAXNREG", "WS2_PRODUCER_REGS", "WS2_NUM_WARPS", "WS2_OV_PV_REGS",
            "WS2_HALF_PV_REGS", "WS2_HALF_OV_PV_REGS", "OVERLAP_MODES"]
 
-# prefill.py routes the WS Gluon kernel's calls here since its first device run (session 16, H200, git 1c39d4c,
+# launch_sparse_prefill_gluon (variant None) routes here since its first device run (session 16, H200, git 1c39d4c,
 # results/sparse_prefill_ws2-h200-2026-11-29-s16.json: 43/43 GPU tests; s_q 4096, h_q 128, topk 2048: 480.6-481.9
 # TFLOPS at s_kv 8K (1.19x WS), 430.9-433.5 at 64K (1.15x WS), sink off/on; errors equal to the WS kernel's)
 DISPATCH = True
@@ -232,7 +232,7 @@ supported_ws2 = supported
 
 
 def dispatch_on() -> bool:
-    """Whether ``prefill._launch_sparse_prefill`` sends the calls the WS Gluon kernel would take here:
+    """Whether ``_gluon_sparse_prefill.launch_sparse_prefill_gluon`` (variant None) launches this kernel:
     ``DEEPKERNELS_SPARSE_PREFILL_WS2=1`` / ``=0`` (read per call; the device scripts switch it for a whole run),
     else :data:`DISPATCH`."""
     env = os.environ.get("DEEPKERNELS_SPARSE_PREFILL_WS2", "")
