@@ -30,8 +30,10 @@ pytestmark = pytest.mark.skipif(not W.available(), reason=f"Gluon not importable
 @pytest.fixture(autouse=True)
 def _ws_route(monkeypatch):
     """These tests are about the WS kernel: the public op keeps V4.1 (no extra cache) on it, not on the
-    split-consumer kernel it is dispatched to since session 15 (``_gluon_sparse_decode_ws2.dispatch_on``)."""
+    split-consumer kernel it is dispatched to since session 15 (``_gluon_sparse_decode_ws2.dispatch_on``), and h_q 128
+    not on the cluster kernel (``_gluon_sparse_decode_ws3.dispatch_on``, session 17)."""
     monkeypatch.setenv("DEEPKERNELS_SPARSE_WS2", "0")
+    monkeypatch.setenv("DEEPKERNELS_SPARSE_WS3", "0")
 
 
 # ------------------------------------------------------------------ compile tier (CPU cross-compile for sm90)

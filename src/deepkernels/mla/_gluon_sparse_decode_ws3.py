@@ -1,4 +1,4 @@
-"""Sparse FP8 MLA decode, split consumer + 2-CTA cluster producer sharing (h_q a multiple of 128; not dispatched).
+"""Sparse FP8 MLA decode, split consumer + 2-CTA cluster producer sharing (h_q a multiple of 128; dispatched: :func:`dispatch_on`).
 
 Same contract, arguments and outputs as :func:`_gluon_sparse_decode_ws2.launch_sparse_decode_gluon_ws2` (read that
 module's and ``_gluon_sparse_decode_ws``'s docstrings); formats V3.2 (656 B/token) and V4.1 (528 B/token), no extra
@@ -158,7 +158,7 @@ from ._gluon_sparse_decode_ws import (WS_FMTS, WS_MAXNREG, _w_block_softmax, _w_
 from ._gluon_sparse_decode_ws2 import WS2_PV_REGS, _w2_scale, _w2_write_half
 
 __all__ = ["available", "supported_ws3", "launch_sparse_decode_gluon_ws3", "compile_sm90_ws3", "smem_offsets",
-           "WS3_PRODUCER_REGS", "WS3_NUM_WARPS", "DISPATCH"]
+           "WS3_PRODUCER_REGS", "WS3_NUM_WARPS", "DISPATCH", "DISPATCH_FMTS", "dispatch_on"]
 
 BLOCK_H = 64
 WS3_NUM_WARPS = 4
@@ -167,7 +167,18 @@ WS3_PRODUCER_REGS = {"v32": 136, "v41": 120}
 # producer options per format (the WS kernel's measured choice; V4.1's asm dequant spilled at 4 chunks in flight)
 WS3_DEQ_ASM = frozenset({"v32"})
 WS3_PF_L2 = frozenset({"v32"})
-DISPATCH = False          # never dispatched (sparse_decode.py does not import this module)
+# formats whose RoPE rows are gathered 4 tokens x 8 lanes per cp.async instruction (module docstring, "RoPE rows";
+# opt-in, V3.2 only: the default build is the measured one)
+WS3_ROPE_ROWS = frozenset()
+# sparse_decode.py sends the calls WS / WS2 would take (no extra cache, h_q a multiple of 128) here for the formats in
+# DISPATCH_FMTS (DEEPKERNELS_SPARSE_WS3=0 / =1 override): both, since session 17 (H200, git 0b54eb4785ad, after the
+# softmax-loop spills were removed: 43/43 GPU tests, bit-identical to WS2, ws3 / ws2 1.16-1.25x at 6 shapes,
+# results/sparse_decode_ws3-h200-2026-11-29-s17.json).
+DISPATCH_FMTS = frozenset({"v32", "v41"})
+DISPATCH = True
+# the launcher drives Triton's compiled-kernel launcher and shared-memory allocation pass directly (internal APIs of
+# this exact version): any other Triton never takes the dispatched path
+_TRITON_VERSION = "3.6.0"
 _HALF_TX = 32768          # bytes the peer pushes into each ring slot per block: 64 rows x 256 bf16 columns
 
 
@@ -311,7 +322,8 @@ def _w3_load_chunk41(kv_ptr, rec, valid, G, L3: gl.constexpr):
 @_jit
 def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
                num_tok, page, stride_kb, it, dr, hb, ring_off, ready_off, lane, gs, peer,
-               PAGE_SHIFT: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PF_L2: gl.constexpr):
+               PAGE_SHIFT: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PF_L2: gl.constexpr,
+               ROPE_ROWS: gl.constexpr = False):
     """The producer's block loop over positions [t_lo, t_end) (ring counter ``it`` in and out): per block the
     validity mask, (V3.2) the 64 RoPE rows by cp.async, and this CTA's half of the NoPE columns -- chunks
     ``2 r, 2 r + 1`` (``r = hb & 1``) of 128 columns, dequantised into ``kv8[4 slot + 2 r + c]`` (the ring viewed as
@@ -325,7 +337,10 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
         RB: gl.constexpr = 528
         L: gl.constexpr = gl.BlockedLayout([1, 2, 8], [16, 2, 1], [4, 1, 1], [2, 1, 0])   # [64, 4, 8] words
         LT: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, L))
-    LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1], [1, 0])
+    if ROPE_ROWS:
+        LP4: gl.constexpr = gl.BlockedLayout([4, 8], [4, 8], [4, 1], [1, 0])   # 4 tokens x 8 lanes x 16 B
+    else:
+        LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1], [1, 0])
     LTP: gl.constexpr = gl.SliceLayout(1, LP4)
     r = hb & 1
     g0 = 2 * r
@@ -393,9 +408,12 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
 def _w3_producer(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr, stride_kb, page,
                  num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off,
                  PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr, FMT: gl.constexpr,
-                 DEQ_ASM: gl.constexpr, PF_L2: gl.constexpr):
+                 DEQ_ASM: gl.constexpr, PF_L2: gl.constexpr, ROPE_ROWS: gl.constexpr):
     """Worker partition (4 warps): this CTA's half of every block of its (request, block) line (:func:`_w3_blocks`)."""
-    LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1], [1, 0])
+    if ROPE_ROWS:
+        LP4: gl.constexpr = gl.BlockedLayout([4, 8], [4, 8], [4, 1], [1, 0])   # the RoPE gather's (module docstring)
+    else:
+        LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1], [1, 0])
     hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
     _c_sync()
     lane = _c_lane()
@@ -410,8 +428,7 @@ def _w3_producer(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
                                                                SBLOCK)
         it = _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo,
                         t_end, num_tok, page, stride_kb, it, dr, hb, ring_off, ready_off, lane, gs, peer, PAGE_SHIFT,
-                        FMT, DEQ_ASM,
-                        PF_L2)
+                        FMT, DEQ_ASM, PF_L2, ROPE_ROWS)
     _c_sync()
 
 
@@ -574,7 +591,7 @@ def _sparse_decode_gluon_ws3_kernel(
     b, s_q, h_q, topk, acc_rows, sm_scale_log2, ring_off, ready_off, empty_off,
     PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PV_REGS: gl.constexpr,
-    PF_L2: gl.constexpr,
+    PF_L2: gl.constexpr, ROPE_ROWS: gl.constexpr,
 ):
     """WS2's arguments + the shared offsets of the ring / ``ready`` / ``empty`` (:func:`smem_offsets`). Launched as
     2-CTA clusters only (:func:`launch_sparse_decode_gluon_ws3`)."""
@@ -589,7 +606,7 @@ def _sparse_decode_gluon_ws3_kernel(
                      oacc_ptr, b, s_q, h_q, topk, acc_rows, empty_off, HAS_LEN, SBLOCK)),
         (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr, stride_kb,
                         page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off, PAGE_SHIFT,
-                        HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2)),
+                        HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS)),
     ], [4, 4], [PV_REGS, PRODUCER_REGS])
 
 
@@ -635,6 +652,19 @@ def _offset_args(ttgir: str) -> tuple:
         raise ValueError(f"ws3: shared allocation {e} not found in the TTGIR (found {sorted(offs)})") from None
 
 
+def dispatch_on(fmt: str) -> bool:
+    """Whether sparse_decode.py sends a call with main-cache format ``fmt`` that WS / WS2 would take (no extra cache)
+    here when :func:`supported_ws3`: ``fmt in DISPATCH_FMTS`` (with :data:`DISPATCH`) and Triton
+    :data:`_TRITON_VERSION`; ``DEEPKERNELS_SPARSE_WS3=1`` / ``=0`` override the format choice (read per call)."""
+    import triton
+    if triton.__version__ != _TRITON_VERSION:
+        return False
+    env = os.environ.get("DEEPKERNELS_SPARSE_WS3", "")
+    if env in ("0", "1"):
+        return env == "1"
+    return DISPATCH and fmt in DISPATCH_FMTS
+
+
 def supported_ws3(q: torch.Tensor, k_cache: torch.Tensor, fmt: str, extra_k_cache=None, config=None) -> bool:
     """``supported_ws2`` and h_q a multiple of 128 (two 64-head blocks per cluster)."""
     return q.shape[2] % 128 == 0 and _ws2.supported_ws2(q, k_cache, fmt, extra_k_cache, config)
@@ -668,15 +698,23 @@ class _ClusterLauncher:
                  *self.tail)
 
 
+def _rope_rows(fmt: str, rope_rows) -> bool:
+    """The ROPE_ROWS constexpr: ``rope_rows`` (default :data:`WS3_ROPE_ROWS` by format); V3.2 only (V4.1 has no
+    bf16 RoPE rows to gather -- its RoPE is part of the 512 dequantised FP8 columns), so V4.1 never compiles a
+    second specialisation."""
+    return bool((fmt in WS3_ROPE_ROWS) if rope_rows is None else rope_rows) and fmt == "v32"
+
+
 _LAUNCHERS: dict = {}
 _LAUNCHER_LIMIT = 256
-_CONSTEXPRS = ("PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS", "FMT", "DEQ_ASM", "PV_REGS", "PF_L2")
+_CONSTEXPRS = ("PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS", "FMT", "DEQ_ASM", "PV_REGS", "PF_L2",
+               "ROPE_ROWS")
 
 
 def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None,
                                    extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
                                    extra_topk_length=None, config=None, _spec=None, *, pv_regs=None,
-                                   producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None):
+                                   producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None):
     """Drop-in for ``launch_sparse_decode_gluon_ws2`` (same arguments and outputs; ``config`` ignored). ``h_q`` not
     a multiple of 128: the WS2 launcher runs the call. Keyword knobs (benchmarks): PV / producer ``setmaxnreg``,
     launch ``maxnreg``, ``deq_asm`` / ``pf_l2`` (default :data:`WS3_DEQ_ASM` / :data:`WS3_PF_L2` by format)."""
@@ -701,7 +739,7 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
     constexprs = (_page_shift(kv.shape[1]), topk_length is not None, attn_sink is not None, SCHED_BLOCK,
                   producer_regs or WS3_PRODUCER_REGS[fmt], GLUON_FMTS[fmt],
                   bool((fmt in WS3_DEQ_ASM) if deq_asm is None else deq_asm), pv_regs or WS2_PV_REGS,
-                  bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2))
+                  bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2), _rope_rows(fmt, rope_rows))
     opts = (WS3_NUM_WARPS, maxnreg or WS_MAXNREG)
     key = (_CONSTEXPRS, constexprs, opts, spec, q.device.index)
     launcher = _LAUNCHERS.get(key)
@@ -716,7 +754,7 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
 
 
 def compile_sm90_ws3(fmt: str = "v32", page_shift: int = 6, has_len: bool = True, has_sink: bool = True,
-                     pv_regs=None, producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None):
+                     pv_regs=None, producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None):
     """Cross-compile the kernel for sm90 (no GPU needed), the launch's divisibility facts. Returns the
     CompiledKernel (``.asm['ptx']``, ``.asm['ttgir']``, ``.metadata.shared``)."""
     fn = _sparse_decode_gluon_ws3_kernel
@@ -729,7 +767,7 @@ def compile_sm90_ws3(fmt: str = "v32", page_shift: int = 6, has_len: bool = True
     consts = dict(PAGE_SHIFT=page_shift, HAS_LEN=has_len, HAS_SINK=has_sink, SBLOCK=64,
                   PRODUCER_REGS=producer_regs or WS3_PRODUCER_REGS[fmt], FMT=GLUON_FMTS[fmt],
                   DEQ_ASM=bool((fmt in WS3_DEQ_ASM) if deq_asm is None else deq_asm), PV_REGS=pv_regs or WS2_PV_REGS,
-                  PF_L2=bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2))
+                  PF_L2=bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2), ROPE_ROWS=_rope_rows(fmt, rope_rows))
     hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
                                                                   "stride_ib", "stride_is"]
     return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=WS3_NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)

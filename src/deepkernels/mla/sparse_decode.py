@@ -37,6 +37,7 @@ from ..reference.mla_sparse import detect_sparse_formats, sparse_decode_ref
 from . import _gluon_sparse_decode as _gsd
 from . import _gluon_sparse_decode_ws as _gsdw
 from . import _gluon_sparse_decode_ws2 as _gsdw2
+from . import _gluon_sparse_decode_ws3 as _gsdw3
 from . import _sparse_kernels as _sk
 from .combine import combine_splits_
 from .decode import FlashMLASchedMeta, _nonpositive_scale, _num_sms   # _num_sms honours set_mla_num_sms, set_num_sms
@@ -422,6 +423,11 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
             # the split-consumer WS kernel in its place (no extra cache) for _gsdw2.DISPATCH_FMTS (V4.1: 1.04-1.05x)
             if not has_x and _gsdw2.dispatch_on(plan.fmt) and _gsdw2.supported_ws2(q, k_cache, plan.fmt):
                 launch = _gsdw2.launch_sparse_decode_gluon_ws2
+            # the 2-CTA cluster kernel (WS2's consumers, each CTA's producer gathers half the NoPE columns and pushes
+            # them to its peer) for h_q a multiple of 128 without an extra cache (_gsdw3.DISPATCH_FMTS: V3.2 and V4.1,
+            # 1.16-1.25x WS2, bit-identical to it)
+            if not has_x and _gsdw3.dispatch_on(plan.fmt) and _gsdw3.supported_ws3(q, k_cache, plan.fmt):
+                launch = _gsdw3.launch_sparse_decode_gluon_ws3
         elif plan.fmt in _gsd.DISPATCH_FMTS and _gsd.supported(q, k_cache, plan.fmt, extra_k_cache):
             launch = _gsd.launch_sparse_decode_gluon
     config, batch_invariant = plan.config, _BATCH_INVARIANT

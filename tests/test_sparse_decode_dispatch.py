@@ -1,0 +1,78 @@
+"""Which sparse decode kernel the public op (``flash_mla_with_kvcache`` with ``indices``) takes, CPU with the launches
+stubbed: since session 17 the 2-CTA cluster kernel (``_gluon_sparse_decode_ws3``) for h_q a multiple of 128 without
+an extra cache (V3.2 and V4.1), WS / WS2 otherwise; ``DEEPKERNELS_SPARSE_WS3=0`` / ``=1`` override it; another Triton
+version than the one its launcher was written against never takes it."""
+from __future__ import annotations
+
+import pytest
+
+import deepkernels.mla.sparse_decode as sd
+from deepkernels.mla import _gluon_sparse_decode as G
+from deepkernels.mla import _gluon_sparse_decode_ws as W
+from deepkernels.mla import _gluon_sparse_decode_ws2 as W2
+from deepkernels.mla import _gluon_sparse_decode_ws3 as W3
+
+from test_mla_sparse_reference import _public, make_case
+
+
+@pytest.fixture
+def took(monkeypatch):
+    names = []
+    for name, mod, attr in (("ws", W, "launch_sparse_decode_gluon_ws"), ("ws2", W2, "launch_sparse_decode_gluon_ws2"),
+                            ("ws3", W3, "launch_sparse_decode_gluon_ws3"), ("single", G, "launch_sparse_decode_gluon"),
+                            ("triton", sd, "_launch_sparse_decode")):
+        monkeypatch.setattr(mod, attr, lambda *a, _n=name, **k: names.append(_n))
+    for mod in (W, W2, G):
+        monkeypatch.setattr(mod, "supported", lambda *a, **k: True)
+    monkeypatch.setattr(sd, "use_kernels", lambda *t: True)
+    monkeypatch.setattr(sd, "_PLANS", {})
+    monkeypatch.delenv("DEEPKERNELS_SPARSE_WS2", raising=False)
+    monkeypatch.delenv("DEEPKERNELS_SPARSE_WS3", raising=False)
+    return names
+
+
+def _cases():
+    return dict(v32_128=make_case(2, 1, 128, "v32", 64, 80, 16), v41_128=make_case(2, 2, 128, "v41", 64, 80, 16),
+                v32_64=make_case(2, 1, 64, "v32", 64, 80, 16), v41_64=make_case(2, 1, 64, "v41", 64, 80, 16),
+                fp4_128=make_case(2, 1, 128, "v41", 64, 80, 16, xfmt="fp4", xtopk=64))
+
+
+def test_default_routes(took):
+    assert W3.DISPATCH and W3.DISPATCH_FMTS == frozenset({"v32", "v41"})
+    c = _cases()
+    for k in ("v32_128", "v41_128", "v32_64", "v41_64", "fp4_128"):
+        _public(c[k])
+    # h_q 128 without an extra cache: the cluster kernel; h_q 64: WS (V3.2) / WS2 (V4.1); extra cache: WS
+    assert took == ["ws3", "ws3", "ws", "ws2", "ws"], took
+
+
+def test_env_override(took, monkeypatch):
+    c = _cases()
+    monkeypatch.setenv("DEEPKERNELS_SPARSE_WS3", "0")
+    _public(c["v32_128"])
+    _public(c["v41_128"])
+    assert took == ["ws", "ws2"], took
+    monkeypatch.setenv("DEEPKERNELS_SPARSE_WS3", "1")
+    monkeypatch.setattr(W3, "DISPATCH_FMTS", frozenset())
+    _public(c["v32_128"])
+    _public(c["v32_64"])                       # h_q 64 cannot form head-block pairs: never the cluster kernel
+    assert took[2:] == ["ws3", "ws"], took
+    monkeypatch.delenv("DEEPKERNELS_SPARSE_WS3")
+    _public(c["v32_128"])                      # DISPATCH_FMTS empty, no override: WS
+    assert took[4:] == ["ws"], took
+
+
+def test_other_triton_version_never_dispatches(took, monkeypatch):
+    import triton
+    monkeypatch.setattr(triton, "__version__", "3.7.0")
+    monkeypatch.setenv("DEEPKERNELS_SPARSE_WS3", "1")
+    assert not W3.dispatch_on("v32")
+    _public(_cases()["v32_128"])
+    assert took == ["ws"], took
+
+
+def test_ws_dispatch_off_closes_ws3(took, monkeypatch):
+    """The cluster kernel sits under the WS kernel's dispatch: with that off, V3.2 takes the single-partition kernel."""
+    monkeypatch.setattr(W, "DISPATCH", False)
+    _public(_cases()["v32_128"])
+    assert took == ["single"], took
