@@ -173,7 +173,7 @@ def test_launcher_has_the_ws2_launch_contract():
     p2 = [p.name for p in W2._sparse_decode_gluon_ws2_kernel.params if not p.is_constexpr]
     assert p3 == p2 + ["ring_off", "ready_off", "empty_off"]
     assert tuple(p.name for p in W3._sparse_decode_gluon_ws3_kernel.params if p.is_constexpr) == W3._CONSTEXPRS
-    assert W3.DISPATCH is False and not hasattr(sd, "_gluon_sparse_decode_ws3")
+    assert sd._gsdw3 is W3       # dispatched since session 17 (routes: tests/test_sparse_decode_dispatch.py)
 
 
 def test_supported_ws3_gate_on_cpu(monkeypatch):
