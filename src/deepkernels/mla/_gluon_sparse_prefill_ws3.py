@@ -1,0 +1,412 @@
+"""Sparse top-k MLA prefill, WS2 split consumer + 2-CTA cluster producer sharing (h_q a multiple of 128; not
+dispatched: :data:`DISPATCH` False, nothing routes here but a direct call / the bench label ``gluon-ws3``).
+
+Same contract, arguments and outputs as :func:`_gluon_sparse_prefill_ws2.launch_sparse_prefill_gluon_ws2` (read
+that module's docstring: the dispatched sparse prefill kernel, one CTA per (query token, 64-head group), a 4-warp
+cp.async producer, a softmax warpgroup and a PV warpgroup). Calls the cluster kernel cannot take (``h_q % 128 != 0``:
+:func:`supported_ws3`) go to the WS2 launcher unchanged.
+
+Why. WS2 measured 414-481 TFLOPS (FlashMLA on the same H200: 494-588, target 640); ncu: tensor pipe 51 %, L2 hit
+95 %. Per (CTA, 64-token block) ~1.1-1.2 us per SM, i.e. 132 SMs x 72 KB / 1.15 us ~ 8 TB/s of gathers from L2 --
+near the H200's L2 bandwidth, and consumer-only reorderings (OVERLAP, HALF) were all slower: the gathers are the
+prime suspect. The two 64-head CTAs of a query token gather exactly the same rows (same top-k indices), so half of
+that L2 traffic is redundant. The sparse decode kernel's 2-CTA cluster scheme (:mod:`._gluon_sparse_decode_ws3`,
+measured 1.16-1.25x its non-cluster version, bit-identical) removes it.
+
+Design (the decode WS3 scheme applied to the prefill WS2 kernel):
+
+* Compiled as an ordinary 1-CTA kernel, LAUNCHED as 2-CTA clusters (:class:`_PrefillClusterLauncher`, the decode
+  module's :class:`_gluon_sparse_decode_ws3._ClusterLauncher` for this kernel: packed metadata ``(num_warps, 2,
+  shared)``, Triton's launcher launches ``2 x gridX`` CTAs with cluster dimension (2, 1, 1)). The grid is WS2's,
+  ``pid = tok * (h_q / 64) + hb``; with ``h_q % 128 == 0`` the cluster's CTAs (``ctaid.x`` 2k, 2k+1) are head groups
+  2m, 2m+1 of the SAME query token: the same ``topk_length``, the same block count, the same indices.
+* Producer (:func:`_p3_producer`, 4 warps), per 64-token block j (slot s = j % 2), CTA rank ``r = hb & 1``
+  (= ``%cluster_ctarank``): cp.async of its HALF of the NoPE columns, ``[256 r, 256 r + 256)`` of each of the 64 rows,
+  into its own ring slot (the ring viewed as ``kv4 = [4, 64, 256]``: piece ``2 s + r`` is exactly those columns of
+  slot s -- NVMMA 128-byte swizzle stores each 64-column strip of 64 rows contiguously, 8 KB; the decode module's
+  ``test_compile_ring_view_matches_slices`` fact), one commit group; the RoPE columns (8 KB) gathered by BOTH CTAs
+  themselves (a second commit group, tracked by ``cp.async.mbarrier.arrive`` on ``ready[s]`` as in WS2); then
+  ``cp.async.wait_group 1`` (this thread's NoPE copies -- zero-fills of invalid rows included -- have landed),
+  ``fence.proxy.async`` (generic -> async proxy), a 128-thread barrier, and one thread pushes the 32 KB piece to the
+  SAME offset of the peer CTA with two 16 KB DSMEM bulk copies (:func:`_gluon_sparse_decode_ws3._c_push`) that
+  complete their bytes on the PEER's ``ready[s]``. Per CTA and block: 16 + 4 cp.async of 16 B per thread instead of
+  36 + 4; 40 KB from L2 instead of 72 KB; 32 KB over DSMEM.
+* Invalid rows (index < 0, >= s_kv, position >= topk_length): masked cp.async zero-fills them locally (never
+  dereferenced), the wait_group covers the zero-fills too, so the peer receives zeros from the push.
+* Consumers: WS2's softmax and PV warpgroups (copies of ``_p2_softmax_wg`` / ``_p2_pv_wg``, the same operations in
+  the same order on the same tile bytes) with one addition each: after its local ``empty[s]`` arrive, an arrive on
+  the PEER's ``empty[s]`` (``mapa`` + ``mbarrier.arrive.shared::cluster``, :func:`_c_remote_arrive`) -- the peer's
+  producer pushes into this CTA's slot s. Expected bit-identical to WS2 (recorded by the GPU test).
+
+Barrier protocol (j = block counter, the same sequence in both CTAs; s = j % 2):
+
+1. ``ready[s]`` (count 1 + tx): the local producer, right after its ``empty[s]`` wait, announces the peer's 32,768
+   bytes (``mbarrier.expect_tx``, one thread, :func:`_c_expect_tx`); its threads' ``cp.async.mbarrier.arrive`` for
+   the RoPE copies (d_qk 576; net zero on the count); after the pushes its ordinary arrive (count 1). The peer's two
+   bulk copies complete 2 x 16,384 tx bytes. The phase cannot complete before the local arrive (pending count), and
+   the peer's bytes of phase k+1 cannot arrive before phase k completed here: the peer waits its ``empty[s]``, which
+   needs this CTA's consumers' remote arrivals of phase k, made after they passed ``ready[s]`` phase k (a peer byte
+   count before the local expect_tx makes the tx-count transiently negative: allowed, measured working in decode).
+   Consumers wait parity ``(j // 2) & 1``.
+2. ``empty[s]`` (count 4): softmax WG + PV WG of this CTA (local arrive after their wgmma reads of the slot
+   completed) and of the peer (remote arrive right after the peer's local one). The producer waits parity
+   ``((j // 2) & 1) ^ 1``: a slot is refilled -- locally AND, by the push, in the peer -- only when both CTAs'
+   consumers released it.
+3. ``pready`` / ``pfree``: WS2's softmax -> PV handshake, unchanged, CTA-local.
+4. Push ordering: each producer thread ``cp.async.wait_group 1`` (its NoPE group complete and visible to itself),
+   ``fence.proxy.async``, the 128-thread barrier (every thread's fence done), then ONE thread issues the bulk copies
+   (they read the local piece through the async proxy).
+5. Cluster: ``fence.mbarrier_init.release.cluster`` after the ``mbarrier.init``s; every partition starts and ends
+   with ``barrier.cluster.arrive.release`` + ``wait.acquire`` (:func:`_c_sync`): the peer's barriers are initialised
+   before any remote access, and no CTA exits while its peer may still push into it or arrive on it (the pushes
+   complete on the peer's ``ready``, which the peer's consumers wait for before their final cluster barrier).
+
+Shared-memory addresses for the PTX: the launcher reads the offsets of ``kv_n`` / ``ready`` / ``empty`` from the
+compiled kernel's TTGIR (:func:`_gluon_sparse_decode_ws3.smem_offsets`) and passes them as runtime arguments;
+``global_smem`` is read once per partition, outside its loops (the decode module's "Uniform registers" rules: no
+``%tid.x`` read in asm -- the one-thread predicate is ``lane == 0`` from :func:`_c_lane` -- and no ``mov
+global_smem`` inside the softmax loop).
+
+COMPILE_FACTS
+
+PREDICTION (UNVERIFIED on GPU; H200, s_q 4096, h_q 128, topk 2048; paired ratio vs WS2 in the same run, WS2 ~476 at
+s_kv 8K / ~421 at 64K). If the gathers set WS2's block time (~1.15 us at 8K: 132 x 72 KB per block period ~ 8 TB/s
+from L2), the L2 bytes per block drop to 40 / 72 = 0.56x, and the block time falls toward the consumers' own floor
+(S + softmax + P V of the softmax warpgroup; WS2's OVERLAP analysis puts the per-block chain at ~4,470 clk ~ 2.4 us
+for ONE warpgroup path -- the measured 1.1-1.2 us per SM is two CTAs' worth? no: one CTA per SM, the 2.4 us is
+the decode-kernel figure; in prefill the measured block time IS ~1.15 us). Central estimate: the gather component
+shrinks by ~0.44x but the push adds a DSMEM hop (~32 KB per block per SM; the SM-to-SM network is reported at
+~3.3 TB/s aggregate by third-party microbenchmarks with thread loads, unknown for bulk copies -- if that is the
+ceiling, 132 x 32 KB per 1.15 us = 3.7 TB/s is already above it and WS3 is SLOWER) and the lockstep of the two
+CTAs (a slot is refilled only after both CTAs' consumers released it). Prediction: s_kv 8K 1.05-1.25x WS2 (central
+1.12x: ~530 TFLOPS), s_kv 64K (more L2 misses, the HBM part of the gather halves too) 1.10-1.30x (central 1.18x:
+~495 TFLOPS); sink on / off alike. Falsifiers: < 1.0x with the DSMEM push as the limiter (then the ring pieces
+should be multicast from global by TMA instead -- 128-byte swizzled single-row boxes, ``.multicast::cluster`` --
+which reads L2 once without SM-to-SM traffic); fewer co-resident clusters than 66 (the bench prints
+``cuOccupancyMaxActiveClusters``) adds a second wave; a hang means the tx / count protocol is wrong (the device
+script's smoke guard). Numerics: expected bit-identical to WS2.
+"""
+from __future__ import annotations
+
+import torch
+
+from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy, fence_async_shared,  # noqa: F401
+                      mbarrier, warpgroup_mma, warpgroup_mma_wait)
+from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
+from .._launch import spec_key
+from . import _gluon_sparse_prefill_ws2 as _ws2
+from ._gluon_sparse_prefill import BLOCK_H, D_V, _g_ws_rows, supported
+from ._gluon_sparse_prefill_ws2 import (WS2_MAXNREG, WS2_PRODUCER_REGS, WS2_PV_REGS, _LOG2E, _p2_prologue,
+                                        _p2_stats, _p2_write_half)
+from ._gluon_sparse_decode_ws3 import (_ClusterLauncher, _c_expect_tx, _c_init_fence, _c_lane, _c_peer_rank,
+                                       _c_push, _c_remote_arrive, _c_smem_base, _c_sync, _offset_args, smem_offsets)
+
+__all__ = ["available", "supported_ws3", "launch_sparse_prefill_gluon_ws3", "compile_sm90_ws3", "smem_offsets",
+           "DISPATCH", "WS3_NUM_WARPS", "WS3_MAXNREG", "WS3_PRODUCER_REGS", "WS3_PV_REGS"]
+
+DISPATCH = False          # not dispatched: launch_sparse_prefill_gluon never routes here (the lead decides)
+WS3_NUM_WARPS = 4         # the default partition (softmax warpgroup); + 4 PV + 4 producer warps = 12
+WS3_MAXNREG = WS2_MAXNREG
+WS3_PRODUCER_REGS = WS2_PRODUCER_REGS
+WS3_PV_REGS = WS2_PV_REGS
+_HALF_BYTES = 32768       # bytes the peer pushes into each ring slot per block: 64 rows x 256 bf16 columns
+
+
+# ----------------------------------------------------------------------------------------------- device code
+
+@_jit
+def _p3_gather(dst_n, dst_p, kv_ptr, idx_row, start, n, s_kv, stride_kvs, col0, D_PE: gl.constexpr,
+               LN: gl.constexpr, LP: gl.constexpr):
+    """cp.async of top-k positions [start, start + 64): NoPE columns [col0, col0 + 256) into ``dst_n`` ([64, 256])
+    as one commit group, then (d_qk 576) the RoPE columns into ``dst_p`` ([64, 64]) as a second; invalid rows
+    (index < 0, >= s_kv, position >= n) zero-filled and never dereferenced (``_g_gather``'s expressions)."""
+    offs_n = start + gl.arange(0, 64, gl.SliceLayout(1, LN))
+    idx = gl.load(idx_row + offs_n, mask=offs_n < n, other=-1)
+    ok = (idx >= 0) & (idx < s_kv)
+    rows = kv_ptr + gl.where(ok, idx, 0).to(gl.int64)[:, None] * stride_kvs
+    offs_d = col0 + gl.arange(0, 256, gl.SliceLayout(0, LN))
+    async_copy.async_copy_global_to_shared(dst_n, rows + offs_d[None, :], mask=ok[:, None])
+    async_copy.commit_group()
+    if D_PE > 0:
+        offs_np = start + gl.arange(0, 64, gl.SliceLayout(1, LP))
+        idxp = gl.load(idx_row + offs_np, mask=offs_np < n, other=-1)
+        okp = (idxp >= 0) & (idxp < s_kv)
+        rowsp = kv_ptr + gl.where(okp, idxp, 0).to(gl.int64)[:, None] * stride_kvs
+        offs_p = gl.arange(0, D_PE, gl.SliceLayout(0, LP))
+        async_copy.async_copy_global_to_shared(dst_p, rowsp + 512 + offs_p[None, :], mask=okp[:, None])
+        async_copy.commit_group()
+
+
+@_jit
+def _p3_producer(kv4, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is, H_Q,
+                 ring_off, ready_off, D_PE: gl.constexpr, HAS_LEN: gl.constexpr):
+    """Worker partition (4 warps): per block this CTA's half of the NoPE columns (+ the RoPE columns) by cp.async,
+    the half pushed to the peer CTA's same ring piece (module docstring, "Design" / "Barrier protocol")."""
+    LN4: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+    LP4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    _c_sync()
+    lane = _c_lane()
+    gs = _c_smem_base()
+    peer = _c_peer_rank()
+    pid = gl.program_id(0)
+    tok = (pid // (H_Q // 64)).to(gl.int64)
+    r = (pid % (H_Q // 64)) & 1              # = %cluster_ctarank (h_q % 128 == 0)
+    n, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
+    idx_row = idx_ptr + tok * stride_is
+    for j in range(num_blocks):
+        slot = j % 2
+        mbarrier.wait(empty.index(slot), ((j // 2) & 1) ^ 1)   # both CTAs' consumers released the slot
+        bar = gs + ready_off + slot * 8
+        _c_expect_tx(lane, bar)                                  # the peer's 32 KB of this block
+        piece = 2 * slot + r
+        _p3_gather(kv4.index(piece), kv_p.index(slot), kv_ptr, idx_row, j * 64, n, s_kv, stride_kvs, r * 256, D_PE,
+                   LN4, LP4)
+        if D_PE > 0:
+            async_copy.mbarrier_arrive(ready.index(slot))        # the RoPE copies complete on ready (net zero)
+            async_copy.wait_group(1)                             # this thread's NoPE copies (+ zero-fills) landed
+        else:
+            async_copy.wait_group(0)
+        fence_async_shared()                                     # ... visible to the async proxy (the bulk copy)
+        gl.thread_barrier()                                      # every producer thread's fence done
+        src = gs + ring_off + piece * 32768                      # _HALF_BYTES
+        _c_push(lane, src, bar, peer)
+        _c_push(lane, src + 16384, bar, peer)
+        mbarrier.arrive(ready.index(slot))
+    _c_sync()
+
+
+@_jit
+def _p3_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree, q_ptr, idx_ptr, len_ptr,
+                   sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_qs, stride_qh,
+                   stride_is, stride_os, stride_oh, H_Q, empty_off, D_PE: gl.constexpr, HAS_LEN: gl.constexpr,
+                   HAS_SINK: gl.constexpr):
+    """``_gluon_sparse_prefill_ws2._p2_softmax_wg`` + the remote ``empty`` arrive and the cluster barriers."""
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    LS: gl.constexpr = gl.SliceLayout(0, S_L)
+    _c_sync()
+    lane = _c_lane()
+    gs = _c_smem_base()
+    tok, hb, n, num_blocks, idx_row = _p2_prologue(q_n, q_p, q_ptr, idx_ptr, len_ptr, topk, stride_qs, stride_qh,
+                                                   stride_is, H_Q, D_PE, HAS_LEN)
+    m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))   # running max of raw q.k
+    l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
+    acc = gl.zeros([64, 256], gl.float32, O_L)
+    s_zero = gl.zeros([64, 64], gl.float32, S_L)
+    for j in range(num_blocks):
+        slot = j % 2
+        offs_n = j * 64 + gl.arange(0, 64, LS)
+        idx = gl.load(idx_row + offs_n, mask=offs_n < n, other=-1)
+        valid = (idx >= 0) & (idx < s_kv)
+        mbarrier.wait(ready.index(slot), (j // 2) & 1)
+        fence_async_shared()     # the cp.async writes (generic proxy) before the wgmma reads (async proxy)
+        tok_s = warpgroup_mma(q_n, kv_n.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        if D_PE > 0:
+            tok_s = warpgroup_mma(q_p, kv_p.index(slot).permute((1, 0)), tok_s, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(tok_s, ))
+        s = gl.where(valid[None, :], s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2((m_i - m_safe) * scale_log2)
+        p = gl.exp2((s - m_safe[:, None]) * scale_log2)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        mbarrier.wait(pfree, (j & 1) ^ 1)
+        p_smem.store(p.to(gl.bfloat16))
+        a_smem.store(alpha)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(pready)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+        tok_o = warpgroup_mma(p_smem, kv_n.index(slot).slice(0, 256, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+        mbarrier.arrive(empty.index(slot))
+        _c_remote_arrive(lane, gs, empty_off, slot * 8)          # the peer's producer pushes into this slot
+
+    inv = _p2_stats(m_i, l_i, tok, hb, sink_ptr, ml_ptr, lse_ptr, sm_scale, H_Q, HAS_SINK, S_L)
+    mbarrier.wait(pfree, (num_blocks & 1) ^ 1)
+    a_smem.store(inv)
+    gl.thread_barrier()
+    mbarrier.arrive(pready)
+    _p2_write_half(acc, gl.convert_layout(inv, gl.SliceLayout(1, O_L)), tok, hb, out_ptr, stride_os, stride_oh, 0,
+                   O_L)
+    _c_sync()
+
+
+@_jit
+def _p3_pv_wg(kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, out_ptr, topk, stride_os, stride_oh, H_Q,
+              empty_off, HAS_LEN: gl.constexpr):
+    """``_gluon_sparse_prefill_ws2._p2_pv_wg`` + the remote ``empty`` arrive and the cluster barriers."""
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    _c_sync()
+    lane = _c_lane()
+    gs = _c_smem_base()
+    pid = gl.program_id(0)
+    tok = (pid // (H_Q // 64)).to(gl.int64)
+    _, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
+    acc = gl.zeros([64, 256], gl.float32, O_L)
+    for j in range(num_blocks):
+        slot = j % 2
+        mbarrier.wait(ready.index(slot), (j // 2) & 1)    # passed already (the softmax WG sent P after it)
+        mbarrier.wait(pready, j & 1)
+        fence_async_shared()
+        alpha = a_smem.load(gl.SliceLayout(1, O_L))
+        acc = acc * alpha[:, None]
+        tok_o = warpgroup_mma(p_smem, kv_n.index(slot).slice(256, 256, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+        mbarrier.arrive(pfree)
+        mbarrier.arrive(empty.index(slot))
+        _c_remote_arrive(lane, gs, empty_off, slot * 8)
+    mbarrier.wait(pready, num_blocks & 1)
+    inv = a_smem.load(gl.SliceLayout(1, O_L))
+    _p2_write_half(acc, inv, tok, pid % (H_Q // 64), out_ptr, stride_os, stride_oh, 256, O_L)
+    _c_sync()
+
+
+@_jit
+def _p3_smem(D_PE: gl.constexpr):
+    """WS2's shared memory (``_p2_smem``) with ``empty`` counting 4 arrivals (both CTAs' two consumer warpgroups)
+    and ``kv4``, the ring viewed as [4, 64, 256] (piece ``2 s + h`` = slot s, columns [256 h, 256 h + 256))."""
+    SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 512], gl.bfloat16)
+    SH_H: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 256], gl.bfloat16)
+    SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
+    q_n = gl.allocate_shared_memory(gl.bfloat16, [64, 512], SH_N)
+    kv_n = gl.allocate_shared_memory(gl.bfloat16, [2, 64, 512], SH_N)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
+    if D_PE > 0:
+        q_p = gl.allocate_shared_memory(gl.bfloat16, [64, D_PE], SH_P)
+        kv_p = gl.allocate_shared_memory(gl.bfloat16, [2, 64, D_PE], SH_P)
+    else:
+        q_p = q_n
+        kv_p = kv_n
+    a_smem = gl.allocate_shared_memory(gl.float32, [64], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    pready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    pfree = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=4)      # softmax WG + PV WG of this CTA and of the peer
+    mbarrier.init(pready, count=1)
+    mbarrier.init(pfree, count=1)
+    kv4 = kv_n._reinterpret(gl.bfloat16, [4, 64, 256], SH_H)
+    return q_n, q_p, kv_n, kv4, kv_p, p_smem, a_smem, ready, empty, pready, pfree
+
+
+_NO_SPEC = ["ring_off", "ready_off", "empty_off"]
+
+
+@_jit(do_not_specialize=_NO_SPEC)
+def _sparse_prefill_gluon_ws3_kernel(
+    q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr,
+    s_kv, topk, sm_scale,
+    stride_qs, stride_qh, stride_kvs, stride_is, stride_os, stride_oh, H_Q,
+    scale_log2, ring_off, ready_off, empty_off,
+    D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, PV_REGS: gl.constexpr,
+):
+    """WS2's runtime arguments with ``scale_log2`` moved after ``H_Q`` (the cluster launcher's calling convention:
+    arguments, the scale, the three shared offsets) + ``ring_off`` / ``ready_off`` / ``empty_off``
+    (:func:`smem_offsets`). Launched as 2-CTA clusters only (:func:`launch_sparse_prefill_gluon_ws3`)."""
+    q_n, q_p, kv_n, kv4, kv_p, p_smem, a_smem, ready, empty, pready, pfree = _p3_smem(D_PE)
+    _c_init_fence(H_Q)
+    gl.warp_specialize([
+        (_p3_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree, q_ptr, idx_ptr, len_ptr,
+                          sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_qs, stride_qh,
+                          stride_is, stride_os, stride_oh, H_Q, empty_off, D_PE, HAS_LEN, HAS_SINK)),
+        (_p3_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, out_ptr, topk, stride_os, stride_oh,
+                     H_Q, empty_off, HAS_LEN)),
+        (_p3_producer, (kv4, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is, H_Q,
+                        ring_off, ready_off, D_PE, HAS_LEN)),
+    ], [4, 4], [PV_REGS, PRODUCER_REGS])
+
+
+# ----------------------------------------------------------------------------------------------- host code
+
+_CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "PV_REGS")   # parameter order
+_LAUNCHERS: dict = {}
+_LAUNCHER_LIMIT = 256
+
+
+def supported_ws3(q: torch.Tensor, kv: torch.Tensor) -> bool:
+    """``supported_ws2`` (= ``_gluon_sparse_prefill.supported``) and h_q a multiple of 128 (the two 64-head groups
+    of a query token form one cluster)."""
+    return q.shape[1] % 128 == 0 and supported(q, kv)
+
+
+class _PrefillClusterLauncher(_ClusterLauncher):
+    """:class:`_gluon_sparse_decode_ws3._ClusterLauncher` (compile once through ``warmup``, read the shared offsets,
+    launch through the compiled kernel's CUDA launcher with packed metadata ``(num_warps, 2, shared)``) for
+    :func:`_sparse_prefill_gluon_ws3_kernel`."""
+
+    __slots__ = ()
+
+    def __call__(self, gx: int, args: tuple, scale_log2: float):
+        fn = _sparse_prefill_gluon_ws3_kernel
+        if self.kernel is None:
+            k = fn.warmup(*args, scale_log2, 0, 0, 0, grid=(gx, ), **self.meta)
+            self.offsets = _offset_args(k.asm["ttgir"])
+            self.packed = (k.metadata.num_warps, 2, k.metadata.shared)
+            names = [p.name for p in fn.params]
+            self.tail = tuple(self.meta[n] for n in names[len(args) + 4:])
+            self.run = k.run
+            self.function = k.function
+            self.kernel = k
+        stream = torch.cuda.current_stream().cuda_stream
+        self.run(gx, 1, 1, stream, self.function, self.packed, None, None, None, *args, scale_log2, *self.offsets,
+                 *self.tail)
+
+
+def _args(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink, topk_length) -> tuple:
+    """The kernel's runtime arguments before ``scale_log2`` (WS2's order, ``scale_log2`` taken out)."""
+    dummy = lse
+    return (q, kv, indices, topk_length if topk_length is not None else dummy,
+            attn_sink if attn_sink is not None else dummy, out, max_logits, lse,
+            kv.shape[0], indices.shape[-1], float(sm_scale),
+            q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), q.shape[1])
+
+
+def launch_sparse_prefill_gluon_ws3(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None,
+                                    topk_length=None, *, pv_regs=None, producer_regs=None, maxnreg=None):
+    """Drop-in for :func:`_gluon_sparse_prefill_ws2.launch_sparse_prefill_gluon_ws2` (same positional arguments and
+    out-parameter contract: inputs validated by ``flash_mla_sparse_fwd``, last dims contiguous, the caller checked
+    ``supported_ws2``). ``h_q % 128 != 0``: the WS2 launcher runs the call (default schedule). Keyword-only knobs
+    (benchmarks): PV / producer ``setmaxnreg``, launch ``maxnreg``. One :class:`_PrefillClusterLauncher` per
+    (constexprs, options, :func:`deepkernels._launch.spec_key` of the arguments, device)."""
+    s_q, h_q, d_qk = q.shape
+    if s_q == 0:
+        return
+    if h_q % 128:
+        _ws2.launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink, topk_length)
+        return
+    args = _args(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink, topk_length)
+    constexprs = (d_qk - D_V, topk_length is not None, attn_sink is not None, producer_regs or WS3_PRODUCER_REGS,
+                  pv_regs or WS3_PV_REGS)
+    opts = (WS3_NUM_WARPS, maxnreg or WS3_MAXNREG)
+    key = (constexprs, opts, spec_key(*args), q.device.index)
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        if len(_LAUNCHERS) >= _LAUNCHER_LIMIT:
+            _LAUNCHERS.clear()
+        launcher = _LAUNCHERS[key] = _PrefillClusterLauncher(dict(zip(_CONSTEXPRS, constexprs), num_warps=opts[0],
+                                                                  maxnreg=opts[1]))
+    launcher(s_q * (h_q // BLOCK_H) // 2, args, float(sm_scale) * _LOG2E)
+
+
+def compile_sm90_ws3(d_pe: int = 64, has_len: bool = False, has_sink: bool = False, pv_regs=None,
+                     producer_regs=None, maxnreg=None):
+    """Cross-compile the kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch. Returns
+    the CompiledKernel (``.asm['ptx']``, ``.asm['ttgir']``, ``.metadata.shared``)."""
+    sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "len_ptr": "*i32", "sink_ptr": "*fp32",
+           "out_ptr": "*bf16", "ml_ptr": "*fp32", "lse_ptr": "*fp32",
+           "s_kv": "i32", "topk": "i32", "sm_scale": "fp32",
+           "stride_qs": "i32", "stride_qh": "i32", "stride_kvs": "i32", "stride_is": "i32", "stride_os": "i32",
+           "stride_oh": "i32", "H_Q": "i32", "scale_log2": "fp32", "ring_off": "i32", "ready_off": "i32",
+           "empty_off": "i32"}
+    # every constexpr, in parameter order (the cross-compile binds constexprs by position)
+    consts = dict(zip(_CONSTEXPRS, (d_pe, has_len, has_sink, producer_regs or WS3_PRODUCER_REGS,
+                                    pv_regs or WS3_PV_REGS)))
+    hinted = ("q_ptr", "kv_ptr", "idx_ptr", "out_ptr", "stride_qs", "stride_qh", "stride_kvs", "stride_os",
+              "stride_oh")
+    return _compile_sm90_gluon(_sparse_prefill_gluon_ws3_kernel, sig, consts, hinted, num_warps=WS3_NUM_WARPS,
+                               maxnreg=maxnreg or WS3_MAXNREG)
