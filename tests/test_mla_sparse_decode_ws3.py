@@ -162,6 +162,110 @@ def test_compile_ring_view_matches_slices():
     assert body(True) == body(False)
 
 
+# sha256 of the cleaned PTX (deepkernels.testing.compile.clean_ptx) of the default build before the ROPE_ROWS option
+# existed (git 0b54eb4, Triton 3.6.0, sm_90a), per (fmt, page_shift, has_len, has_sink): the option off (the default,
+# WS3_ROPE_ROWS empty) must leave the kernel byte-identical.
+_BASE_PTX_SHA = {
+    ("v32", 6, True, True): "fd6a3eddd3f9347fc6bb3c5d56767c538dc84a975ab745599defe656154d3e03",
+    ("v32", -1, False, False): "652e6677e20c8cdf4e5ac4913ff475e4d217499a264eb7ebd58a16625e0fbde7",
+    ("v32", 6, False, True): "a11c0b7599661232f295b17c1c104b87841566f0625ab53d01bb901e12f5c7dd",
+    ("v32", -1, True, False): "19c4f996d2c372a50414ec38e435094825eb7c0fb595a25a7a3032e99b169b92",
+    ("v41", 6, True, True): "b41d98f0a8e04725e133cd21962be13b99bd49de60ecbbcf26a823190fe59dc6",
+    ("v41", -1, False, False): "5c23023f0d282bbfa79892e523699578dd975913b0cc2fd6e450d0e429c14c50",
+    ("v41", 6, False, True): "7b6b09f48e530b11dab3f580f2d63a7d3427558c137589468f64d2beaf21452c",
+    ("v41", -1, True, False): "62d2577e6eb1a5b415356cadfbb69fdee89a5f15c48aea4d0e93d5f733d9d64f",
+}
+
+
+def _ptx_sha(ptx):
+    import hashlib
+    from deepkernels.testing.compile import clean_ptx
+    return hashlib.sha256(clean_ptx(ptx).encode()).hexdigest()
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("fmt,page_shift,has_len,has_sink", list(_BASE_PTX_SHA))
+def test_default_ptx_unchanged(fmt, page_shift, has_len, has_sink):
+    import triton
+    if triton.__version__ != "3.6.0":
+        pytest.skip(f"hashes taken with Triton 3.6.0, not {triton.__version__}")
+    assert not W3.WS3_ROPE_ROWS
+    assert _ptx_sha(_compiled(fmt, page_shift, has_len, has_sink)[0]) == _BASE_PTX_SHA[(fmt, page_shift, has_len,
+                                                                                       has_sink)]
+    if fmt == "v41":        # rope_rows is a V3.2 option: V4.1 compiles the default kernel with it
+        k = W3.compile_sm90_ws3(fmt, page_shift, has_len, has_sink, rope_rows=True)
+        assert _ptx_sha(k.asm["ptx"]) == _BASE_PTX_SHA[(fmt, page_shift, has_len, has_sink)]
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_rope(page_shift, has_len, has_sink):
+    k = W3.compile_sm90_ws3("v32", page_shift, has_len, has_sink, rope_rows=True)
+    return k.asm["ptx"], k.asm["ttgir"], k.metadata.shared
+
+
+def _loops(ptx):
+    rep = _ptxas(ptx)
+    if rep is None:
+        pytest.skip("ptxas not available")
+    loops = _sass_loops(rep.sass)
+    soft = [lp for lp in loops if _n_hgmma(lp) > 4]
+    pv = [lp for lp in loops if _n_hgmma(lp) == 4]
+    prod = [lp for lp in loops if not _n_hgmma(lp) and sum(1 for t in lp if re.match(r"(@!?P\w+\s+)?LDG", t)) >= 8]
+    assert len(soft) == 1 and len(pv) == 1 and len(prod) == 1
+    return rep, soft[0], pv[0], prod[0]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("page_shift,has_len,has_sink", _CONFIGS)
+def test_compile_rope_rows(page_shift, has_len, has_sink):
+    """The ROPE_ROWS option (V3.2; module docstring, "RoPE rows"): the cluster PTX and the uniform-register rules as
+    the default build; still 4 x 16-B cp.async (``LDGSTS.E.BYPASS.128``) per producer thread and block, now each for
+    a different token at the RoPE slice's first 16 bytes (the default: one token, its 4 consecutive 16-B pieces at
+    +528 .. +576); rec / valid reach that layout in one warp-local convert (no CTA barrier added to the producer
+    loop); no more spills than the default's loops, consumers' loops unchanged."""
+    from deepkernels.testing.compile import SM90_SMEM_LIMIT
+    ptx, ttgir, shared = _compiled_rope(page_shift, has_len, has_sink)
+    ptx0 = _compiled("v32", page_shift, has_len, has_sink)[0]
+    assert shared <= SM90_SMEM_LIMIT and shared <= _SMEM["v32"] + 256, shared       # + the convert's 240-B scratch
+    assert ptx.count("cp.async.cg.shared.global") == 4 and ", 0x10," in ptx
+    for needle in ("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
+                   "mbarrier.expect_tx.relaxed.cta.shared::cta.b64", "mbarrier.arrive.shared::cluster.b64",
+                   "barrier.cluster.arrive.release.aligned", "wgmma.mma_async.sync.aligned.m64n256k16"):
+        assert ptx.count(needle) == ptx0.count(needle), needle
+    assert ptx.count("%tid.x") == 1
+    assert len(re.findall(r"mov\.u32 %r\d+, global_smem;", ptx)) == 3
+    assert ptx.count("bar.sync") == ptx0.count("bar.sync")
+    ring, ready, empty = W3._offset_args(ttgir)
+    assert ring == 0 and ready + 16 == empty and empty + 16 <= shared
+    rep, soft, pv, prod = _loops(ptx)
+    rep0, soft0, pv0, prod0 = _loops(ptx0)
+    ld = [t for t in prod if t.startswith("LDGSTS")]
+    ld0 = [t for t in prod0 if t.startswith("LDGSTS")]
+    assert len(ld) == len(ld0) == 4 and all(t.startswith("LDGSTS.E.BYPASS.128") for t in ld + ld0), ld
+    offs = lambda lds: sorted(re.search(r"\.64\+(0x[0-9a-f]+)\]", t).group(1) for t in lds)   # noqa: E731
+    assert offs(ld0) == ["0x210", "0x220", "0x230", "0x240"] and offs(ld) == ["0x210"] * 4, (ld0, ld)
+    assert len({re.search(r"\]\[(R\d+)\.64", t).group(1) for t in ld0}) == 1
+    assert sum(1 for t in prod if t.startswith("BAR.SYNC")) == sum(1 for t in prod0 if t.startswith("BAR.SYNC"))
+    assert sum(1 for t in prod if "UBLKCP" in t) == 2
+    assert _n_spill(soft) == _n_spill(soft0) == 0 and _n_spill(pv) == _n_spill(pv0) == 0
+    assert len(soft) == len(soft0) and abs(len(pv) - len(pv0)) <= 2
+    # measured: producer loop 1 spill instruction in every config (default 1-3), 680-718 instructions (643-676)
+    assert _n_spill(prod) <= max(_n_spill(prod0), 1), (_n_spill(prod), _n_spill(prod0))
+    assert rep.spills[0] <= 56, rep.spills
+    assert len(prod) <= len(prod0) + 48, (len(prod), len(prod0))
+    assert not any("MEMBAR.ALL.GPU" in t for t in soft + pv + prod)
+
+
+def test_rope_rows_option_plumbing():
+    """rope_rows: keyword-only, last, default from WS3_ROPE_ROWS; V3.2 only (V4.1 never compiles a second kernel)."""
+    sig = inspect.signature(W3.launch_sparse_decode_gluon_ws3).parameters
+    assert list(sig)[-1] == "rope_rows" and sig["rope_rows"].kind == inspect.Parameter.KEYWORD_ONLY
+    assert inspect.signature(W3.compile_sm90_ws3).parameters["rope_rows"].default is None
+    assert W3._CONSTEXPRS[-1] == "ROPE_ROWS" and W3.WS3_ROPE_ROWS == frozenset()
+    assert not W3._rope_rows("v32", None) and W3._rope_rows("v32", True) and not W3._rope_rows("v41", True)
+    assert not W3._rope_rows("v32", False)
+
+
 # ------------------------------------------------------------------ CPU: launcher contract
 def test_launcher_has_the_ws2_launch_contract():
     a = [(n, p.default) for n, p in inspect.signature(W3.launch_sparse_decode_gluon_ws3).parameters.items()
@@ -349,3 +453,67 @@ def test_gpu_ws3_equals_ws2(fmt, poison):
     assert not torch.isnan(o2).any() and not torch.isnan(l2).any()
     assert torch.equal(o2, o1) and torch.equal(l2, l1), ((o2.float() - o1.float()).abs().max(),
                                                           (l2 - l1).abs().max())
+
+
+_ROPE_SHAPES = [(8, 2, 1024, 4096, 64, True, True, {}), (74, 3, 576, 650, 53, True, True, dict(nonpow2=True)),
+                (16, 1, 2048, 4096, 64, False, False, {}), (74, 3, 576, 650, 53, True, True, dict(all_invalid=True)),
+                (6, 2, 256, 512, 64, True, True, dict(lengths=[0, 256, 0, 1, 0, 65]))]
+
+
+def _direct(kw, fmt, **knobs):
+    """One direct WS3 launch on the public op's schedule; (out, lse)."""
+    from deepkernels.mla.metadata import compute_schedule
+    q, cache, ind = kw["q"], kw["k_cache"], kw["indices"]
+    b, s_q, h_q, _ = q.shape
+    topk = ind.shape[2]
+    cfg = sd.sparse_decode_config(h_q, fmt)
+    parts = sd._num_sm_parts(q.device, s_q, h_q, cfg)
+    sched, ns = compute_schedule(sd._token_counts(b, topk, kw["topk_length"], 0, None, False, q.device), parts)
+    out = torch.full((b, s_q, h_q, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((b, s_q, h_q), float("nan"), device="cuda")
+    W3.launch_sparse_decode_gluon_ws3(out, lse, q, cache, ind, sched, ns, kw["softmax_scale"], fmt,
+                                      kw.get("attn_sink"), topk_length=kw["topk_length"], **knobs)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b,s_q,topk,s_k,page,with_len,sink,flags", _ROPE_SHAPES)
+def test_gpu_ws3_rope_rows_bit_identical(b, s_q, topk, s_k, page, with_len, sink, flags, poison):
+    """rope_rows=True (V3.2) against the default WS3 build: the same RoPE bytes land in the same tile, so out / lse
+    are bit-identical (NaN in every unreferenced cache token, junk / -1 indices, NaN-poisoned outputs and
+    accumulators, all-invalid rows, zero lengths)."""
+    kw = make_case(b, s_q, 128, "v32", topk, s_k, page, with_len=with_len, sink=sink, device="cuda", **flags)
+    o0, l0 = _direct(kw, "v32")
+    o1, l1 = _direct(kw, "v32", rope_rows=True)
+    assert not torch.isnan(o0).any() and not torch.isnan(l0).any()
+    assert torch.equal(o1, o0) and torch.equal(l1, l0), ((o1.float() - o0.float()).abs().max(),
+                                                          (l1 - l0).abs().max())
+    if flags.get("all_invalid"):
+        assert (o1 == 0).all() and torch.isposinf(l1).all()
+
+
+@pytest.mark.gpu
+def test_gpu_ws3_rope_rows_indices_minus_one_and_junk(poison):
+    """Every index -1, then every other index out of range / -1: zero fill of the masked RoPE rows as the default."""
+    kw = make_case(8, 2, 128, "v32", 192, 256, 64, sink=True, device="cuda")
+    ind = kw["indices"]
+    kw["indices"] = torch.full_like(ind, -1)
+    o1, l1 = _direct(kw, "v32", rope_rows=True)
+    assert (o1 == 0).all() and torch.isposinf(l1).all()
+    junk = ind.clone()
+    junk[..., ::2] = torch.where(torch.arange(junk[..., ::2].numel(), device="cuda").view_as(junk[..., ::2]) % 3 == 0,
+                                 -1, 1 << 30).to(junk.dtype)
+    kw["indices"] = junk
+    o0, l0 = _direct(kw, "v32")
+    o1, l1 = _direct(kw, "v32", rope_rows=True)
+    assert torch.equal(o1, o0) and torch.equal(l1, l0)
+
+
+@pytest.mark.gpu
+def test_gpu_ws3_rope_rows_public_op(poison, ws3_route, monkeypatch):
+    """Through the public op (FlashMLA tolerances) with the option made the V3.2 default (WS3_ROPE_ROWS)."""
+    monkeypatch.setattr(W3, "WS3_ROPE_ROWS", frozenset({"v32"}))
+    kw = make_case(74, 3, 128, "v32", 576, 1024, 64, with_len=True, sink=True, device="cuda")
+    run_and_check(kw)
+    _ran(ws3_route)

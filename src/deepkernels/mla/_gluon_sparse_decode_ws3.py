@@ -138,6 +138,44 @@ to WS2 as before. UNVERIFIED on the GPU: correctness of this build and its speed
 instructions per block were the gap, V3.2 should move from 0.81x toward >= 1.0x WS2; if it stays near 0.81x the
 per-block lockstep of the two CTAs is the next suspect). Next device run: ``GIT_SHA=<sha> OUT=$OUT bash
 benchmarks/device_sparse_ws3.sh``.
+
+RoPE rows (opt-in ``ROPE_ROWS``: launcher / compile keyword ``rope_rows``, default :data:`WS3_ROPE_ROWS`, empty: the
+default build is unchanged, its cleaned PTX pinned by ``tests/test_mla_sparse_decode_ws3.py::
+test_default_ptx_unchanged``). V3.2 only: V4.1 (528-B record) has no bf16 RoPE rows to gather (its 64 RoPE columns
+are FP8 like the NoPE ones, part of the 512 dequantised columns; ``kv_p`` aliases ``p_smem``), so ``rope_rows`` is
+ignored for it (no second specialisation).
+
+* Problem (ncu source counters on the WS kernel, benchmarks/notes/profiling.md "Source-level counters"): the four
+  RoPE ``LDGSTS.E.BYPASS.128`` per producer thread take ~24 shared wavefronts per warp instruction against an ideal
+  4. With the default layout ``[1, 32] / [16, 2]`` one warp instruction covers 16 token rows x 2 lanes x 16 B, and
+  the 128-B RoPE slice of a 656-B record (offset 528) straddles two 128-B lines: ~16 x 2 lines per instruction.
+* Option: the [64, 64] bf16 RoPE tile is gathered with ``BlockedLayout([4, 8], [4, 8], [4, 1], [1, 0])``: warp w
+  owns tokens 16 w .. 16 w + 15 as before, lane l the 16-B column piece l % 8 of tokens 16 w + 4 (l // 8) + k, so
+  cp.async number k of a warp covers 4 whole tokens x 8 lanes = 4 full 128-B rows of the swizzled tile (~2 lines
+  each). Still 4 ``LDGSTS`` per thread and block, the same bytes to the same tile addresses (the destination
+  follows the shared layout, not the register layout) and the same zero fill (masked cp.async, src-size 0) for an
+  invalid token, whose address stays ``kv_ptr + 528``. The row offsets and validity move from the chunk layout
+  (16 rows x 2 lanes per warp) to this one in ONE ``convert_layout`` of ``where(valid, rec, -16)`` (rec >= 0; -16
+  keeps rec's known 16-B divisibility, which the 16-byte cp.async needs), issued after the ``empty`` wait. Triton
+  3.6 lowers it through shared memory, not shuffles, though it is warp-local (intra-warp: a ``bar.warp.sync``, no
+  CTA barrier; 240 B of scratch): per thread one ``STS.64`` + two ``LDS.128``. Reloading the indices in the new
+  layout instead cost +75 (paged) / +130 (page size not a power of two: 4 divisions) SASS instructions per block and
+  2 more spills; converting rec and valid separately added a 128-thread barrier per block.
+* Cross-compile (Triton 3.6 wheel, ptxas sm_90a; V3.2, page shift 6 / -1 x lengths x sink; default in brackets):
+  producer loop 680 / 718 / 680 / 718 SASS instructions [643 / 676 / 640 / 676], spill instructions in it 1 in every
+  config [1-3], ptxas spill bytes 20-56 [24-56], 4 ``LDGSTS.E.BYPASS.128`` [4], shared memory 230,336 B [230,080-
+  230,096] of 232,448; softmax loop 610 / 0 spills and PV loop 190-191 / 0 spills [610 / 190] -- the consumers'
+  code is untouched (168 registers per thread, the launch maxnreg, as the default).
+* Prediction (UNVERIFIED on GPU; H200, V3.2, h_q 128, b 128, s_q 1, topk 2048): per (CTA, 64-token block) the
+  16 RoPE warp instructions go from ~24 to ~8 wavefronts each (4 rows x ~2 lines), -256, plus ~+16 for the
+  convert (4 warps x (1 STS.64 + 2 LDS.128), mostly broadcast): ~-240 wavefronts per block and CTA, ~2.0 M of the
+  launch's (8,192 CTA-blocks). In the WS kernel the RoPE excess was 2.6 M of 32.6 M wavefronts and removing the
+  4.2 M excess of the NoPE stores (WS ``ROW_LANES``) measured +1.5 % (WS) / +3.5 % (WS2); WS3's producer does half
+  the NoPE stores, so the RoPE share of its shared pipe is larger: expected +1-3 % (V3.2 ~340 -> ~345-350 TFLOPS),
+  0 on V4.1 (same code). ncu should show the 4 LDGSTS at <= ~8 wavefronts each. Falsifiers: no change (the producer
+  waits on ``empty`` / latency, not on the shared pipe) or a loss from the +37-42 instructions per block. Out / lse
+  bit-identical to the default (``test_gpu_ws3_rope_rows_bit_identical``). Paired bench:
+  ``GIT_SHA=<sha> OUT=$OUT bash benchmarks/device_sparse_ws3_rope.sh``.
 """
 from __future__ import annotations
 
@@ -364,8 +402,15 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
             ia, va = _g_load_idx(idx_row, t0 + 128, t_end, num_tok, LT)
             _w3_prefetch_l2(kv_ptr, _g_rows(ia, va, page, stride_kb, RB, PAGE_SHIFT), va, hb, RB)
         if FMT == 0:
-            recp = gl.convert_layout(rec, LTP)
-            vp = gl.convert_layout(v, LTP)
+            if ROPE_ROWS:
+                # rec and v packed (rec >= 0 always; -16 marks an invalid token and keeps rec's known divisibility
+                # for the 16-byte cp.async), converted to the RoPE gather's layout after the empty wait
+                rv = gl.where(v, rec, -16)
+                vp = v
+            else:
+                recp = gl.convert_layout(rec, LTP)
+                vp = gl.convert_layout(v, LTP)
+                vr = vp
         else:
             vp = v
         i1, v = _g_load_idx(idx_row, t0 + 64, t_end, num_tok, LT)
@@ -374,9 +419,13 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
         bar = gs + ready_off + slot * 8
         _c_expect_tx(lane, bar)                                     # the peer's 32 KB of this block
         if FMT == 0:
+            if ROPE_ROWS:
+                rv = gl.convert_layout(rv, LTP)
+                vr = rv >= 0
+                recp = gl.maximum(rv, 0)
             pp = (kv_ptr + recp + 528).to(gl.pointer_type(gl.bfloat16))
             async_copy.async_copy_global_to_shared(kv_p.index(slot), pp[:, None] + dr[None, :],
-                                                   mask=vp[:, None] & (dr >= 0)[None, :])
+                                                   mask=vr[:, None] & (dr >= 0)[None, :])
         vmask.index(slot).store(vp.to(gl.int8))
         q0 = slot * 4 + g0
         if FMT == 0:
@@ -717,7 +766,9 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
                                    producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None):
     """Drop-in for ``launch_sparse_decode_gluon_ws2`` (same arguments and outputs; ``config`` ignored). ``h_q`` not
     a multiple of 128: the WS2 launcher runs the call. Keyword knobs (benchmarks): PV / producer ``setmaxnreg``,
-    launch ``maxnreg``, ``deq_asm`` / ``pf_l2`` (default :data:`WS3_DEQ_ASM` / :data:`WS3_PF_L2` by format)."""
+    launch ``maxnreg``, ``deq_asm`` / ``pf_l2`` (default :data:`WS3_DEQ_ASM` / :data:`WS3_PF_L2` by format),
+    ``rope_rows`` (V3.2 RoPE gather 4 tokens x 8 lanes per cp.async, default :data:`WS3_ROPE_ROWS`; module
+    docstring, "RoPE rows")."""
     from .combine import combine_splits_
     from .metadata import SCHED_BLOCK
 
