@@ -176,6 +176,18 @@ ignored for it (no second specialisation).
   waits on ``empty`` / latency, not on the shared pipe) or a loss from the +37-42 instructions per block. Out / lse
   bit-identical to the default (``test_gpu_ws3_rope_rows_bit_identical``). Paired bench:
   ``GIT_SHA=<sha> OUT=$OUT bash benchmarks/device_sparse_ws3_rope.sh``.
+* Not done (session 18, documented only): splitting the RoPE gather between the two CTAs (each cp.asyncs its 32
+  tokens' rows, 4 KB, rows [32 r, 32 r + 32) of the slot's tile -- contiguous, the 128-B swizzle repeats every 8
+  rows -- and pushes them to the peer with a 4 KB bulk copy next to its first NoPE push, ``expect_tx`` 32,768 +
+  4,096). What it needs beyond the push: the shared offset of ``kv_p`` as a fourth runtime offset argument (the
+  kernel's parameter list and the launcher's offset plumbing change), a ``cp.async.wait_group 0`` before the first
+  push (the bulk copy reads what the cp.async wrote; the existing fence.proxy.async + 128-thread barrier then
+  serve both pushes), and the 32 rows' offsets in a [32, 64] layout (an index reload of 2 rows per thread: the
+  rows sit in 2 of the 4 warps of the chunk layout, a convert would cross warps). Prediction (UNVERIFIED): per
+  (CTA, block) -4 KB of the 25 KB gathered (-16 %) and 8 of the 16 RoPE warp instructions (-64 wavefronts with
+  ROPE_ROWS, -192 without), +1 bulk copy; the wait_group costs nothing if the RoPE rows landed during the chunk-0
+  dequant (issued ~300 instructions earlier): +1-3 % on top of ROPE_ROWS at V3.2 h_q 128 b 128 s_q 1, if the
+  producer's gathers (not the consumers) bound the block time.
 """
 from __future__ import annotations
 
