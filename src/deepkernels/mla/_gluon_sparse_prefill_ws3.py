@@ -96,7 +96,7 @@ from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 from .._launch import spec_key
 from . import _gluon_sparse_prefill_ws2 as _ws2
 from ._gluon_sparse_prefill import BLOCK_H, D_V, _g_ws_rows, supported
-from ._gluon_sparse_prefill_ws2 import (WS2_MAXNREG, WS2_PRODUCER_REGS, WS2_PV_REGS, _LOG2E, _p2_prologue,
+from ._gluon_sparse_prefill_ws2 import (WS2_MAXNREG, _LOG2E, _p2_prologue,
                                         _p2_stats, _p2_write_half)
 from ._gluon_sparse_decode_ws3 import (_ClusterLauncher, _c_expect_tx, _c_init_fence, _c_lane, _c_peer_rank,
                                        _c_push, _c_remote_arrive, _c_smem_base, _c_sync, _offset_args, smem_offsets)
@@ -107,41 +107,50 @@ __all__ = ["available", "supported_ws3", "launch_sparse_prefill_gluon_ws3", "com
 DISPATCH = False          # not dispatched: launch_sparse_prefill_gluon never routes here (the lead decides)
 WS3_NUM_WARPS = 4         # the default partition (softmax warpgroup); + 4 PV + 4 producer warps = 12
 WS3_MAXNREG = WS2_MAXNREG
-WS3_PRODUCER_REGS = WS2_PRODUCER_REGS
-WS3_PV_REGS = WS2_PV_REGS
+# setmaxnreg: producer 72 / PV 200 / softmax 232 (the rest: 168 * 3 - 72 - 200). The producer's next-block index
+# prefetch (PF_IDX) holds 2 x 64 indices + validity: at WS2's 56 / 216 it spilled 2-11 instructions per block
+# (d_qk 576 with topk_length: 11), at 64 / 208 0 per block but 8-24 B in all; 72 / 200: 0 anywhere, PV loop unchanged
+WS3_PRODUCER_REGS = 72
+WS3_PV_REGS = 200
 _HALF_BYTES = 32768       # bytes the peer pushes into each ring slot per block: 64 rows x 256 bf16 columns
 
 
 # ----------------------------------------------------------------------------------------------- device code
 
 @_jit
-def _p3_gather(dst_n, dst_p, kv_ptr, idx_row, start, n, s_kv, stride_kvs, col0, D_PE: gl.constexpr,
-               LN: gl.constexpr, LP: gl.constexpr):
-    """cp.async of top-k positions [start, start + 64): NoPE columns [col0, col0 + 256) into ``dst_n`` ([64, 256])
-    as one commit group, then (d_qk 576) the RoPE columns into ``dst_p`` ([64, 64]) as a second; invalid rows
-    (index < 0, >= s_kv, position >= n) zero-filled and never dereferenced (``_g_gather``'s expressions)."""
+def _p3_rows(idx_row, start, n, s_kv, LN: gl.constexpr):
+    """Top-k positions [start, start + 64) in the row slice of ``LN``: (index clamped to 0 where invalid, valid),
+    ``_g_gather``'s expressions (index < 0, >= s_kv, or position >= n: invalid)."""
     offs_n = start + gl.arange(0, 64, gl.SliceLayout(1, LN))
     idx = gl.load(idx_row + offs_n, mask=offs_n < n, other=-1)
     ok = (idx >= 0) & (idx < s_kv)
-    rows = kv_ptr + gl.where(ok, idx, 0).to(gl.int64)[:, None] * stride_kvs
+    return gl.where(ok, idx, 0), ok
+
+
+@_jit
+def _p3_gather(dst_n, dst_p, kv_ptr, i_n, ok_n, i_p, ok_p, stride_kvs, col0, D_PE: gl.constexpr,
+               LN: gl.constexpr, LP: gl.constexpr):
+    """cp.async of one block's rows (:func:`_p3_rows` of both layouts): NoPE columns [col0, col0 + 256) into
+    ``dst_n`` ([64, 256]) as one commit group, then (d_qk 576) the RoPE columns into ``dst_p`` ([64, 64]) as a
+    second; invalid rows zero-filled (masked cp.async: source size 0) and never dereferenced."""
+    rows = kv_ptr + i_n.to(gl.int64)[:, None] * stride_kvs
     offs_d = col0 + gl.arange(0, 256, gl.SliceLayout(0, LN))
-    async_copy.async_copy_global_to_shared(dst_n, rows + offs_d[None, :], mask=ok[:, None])
+    async_copy.async_copy_global_to_shared(dst_n, rows + offs_d[None, :], mask=ok_n[:, None])
     async_copy.commit_group()
     if D_PE > 0:
-        offs_np = start + gl.arange(0, 64, gl.SliceLayout(1, LP))
-        idxp = gl.load(idx_row + offs_np, mask=offs_np < n, other=-1)
-        okp = (idxp >= 0) & (idxp < s_kv)
-        rowsp = kv_ptr + gl.where(okp, idxp, 0).to(gl.int64)[:, None] * stride_kvs
+        rowsp = kv_ptr + i_p.to(gl.int64)[:, None] * stride_kvs
         offs_p = gl.arange(0, D_PE, gl.SliceLayout(0, LP))
-        async_copy.async_copy_global_to_shared(dst_p, rowsp + 512 + offs_p[None, :], mask=okp[:, None])
+        async_copy.async_copy_global_to_shared(dst_p, rowsp + 512 + offs_p[None, :], mask=ok_p[:, None])
         async_copy.commit_group()
 
 
 @_jit
 def _p3_producer(kv4, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is, H_Q,
-                 ring_off, ready_off, D_PE: gl.constexpr, HAS_LEN: gl.constexpr):
+                 ring_off, ready_off, D_PE: gl.constexpr, HAS_LEN: gl.constexpr, PF_IDX: gl.constexpr):
     """Worker partition (4 warps): per block this CTA's half of the NoPE columns (+ the RoPE columns) by cp.async,
-    the half pushed to the peer CTA's same ring piece (module docstring, "Design" / "Barrier protocol")."""
+    the half pushed to the peer CTA's same ring piece (module docstring, "Design" / "Barrier protocol"). ``PF_IDX``:
+    the next block's 64 indices are loaded right after this block's copies are issued (their L2 latency hides under
+    the wait for the copies, instead of preceding the next block's issue)."""
     LN4: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
     LP4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     _c_sync()
@@ -153,16 +162,26 @@ def _p3_producer(kv4, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, 
     r = (pid % (H_Q // 64)) & 1              # = %cluster_ctarank (h_q % 128 == 0)
     n, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
     idx_row = idx_ptr + tok * stride_is
+    if PF_IDX:
+        i_n, ok_n = _p3_rows(idx_row, 0, n, s_kv, LN4)
+        i_p, ok_p = _p3_rows(idx_row, 0, n, s_kv, LP4)
     for j in range(num_blocks):
         slot = j % 2
+        if not PF_IDX:
+            i_n, ok_n = _p3_rows(idx_row, j * 64, n, s_kv, LN4)
+            i_p, ok_p = _p3_rows(idx_row, j * 64, n, s_kv, LP4)
         mbarrier.wait(empty.index(slot), ((j // 2) & 1) ^ 1)   # both CTAs' consumers released the slot
         bar = gs + ready_off + slot * 8
         _c_expect_tx(lane, bar)                                  # the peer's 32 KB of this block
         piece = 2 * slot + r
-        _p3_gather(kv4.index(piece), kv_p.index(slot), kv_ptr, idx_row, j * 64, n, s_kv, stride_kvs, r * 256, D_PE,
+        _p3_gather(kv4.index(piece), kv_p.index(slot), kv_ptr, i_n, ok_n, i_p, ok_p, stride_kvs, r * 256, D_PE,
                    LN4, LP4)
         if D_PE > 0:
             async_copy.mbarrier_arrive(ready.index(slot))        # the RoPE copies complete on ready (net zero)
+        if PF_IDX:
+            i_n, ok_n = _p3_rows(idx_row, j * 64 + 64, n, s_kv, LN4)
+            i_p, ok_p = _p3_rows(idx_row, j * 64 + 64, n, s_kv, LP4)
+        if D_PE > 0:
             async_copy.wait_group(1)                             # this thread's NoPE copies (+ zero-fills) landed
         else:
             async_copy.wait_group(0)
@@ -303,7 +322,7 @@ def _sparse_prefill_gluon_ws3_kernel(
     stride_qs, stride_qh, stride_kvs, stride_is, stride_os, stride_oh, H_Q,
     scale_log2, ring_off, ready_off, empty_off,
     D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, PV_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, PV_REGS: gl.constexpr, PF_IDX: gl.constexpr = True,
 ):
     """WS2's runtime arguments with ``scale_log2`` moved after ``H_Q`` (the cluster launcher's calling convention:
     arguments, the scale, the three shared offsets) + ``ring_off`` / ``ready_off`` / ``empty_off``
@@ -317,13 +336,13 @@ def _sparse_prefill_gluon_ws3_kernel(
         (_p3_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, out_ptr, topk, stride_os, stride_oh,
                      H_Q, empty_off, HAS_LEN)),
         (_p3_producer, (kv4, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is, H_Q,
-                        ring_off, ready_off, D_PE, HAS_LEN)),
+                        ring_off, ready_off, D_PE, HAS_LEN, PF_IDX)),
     ], [4, 4], [PV_REGS, PRODUCER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------- host code
 
-_CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "PV_REGS")   # parameter order
+_CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "PV_REGS", "PF_IDX")   # parameter order
 _LAUNCHERS: dict = {}
 _LAUNCHER_LIMIT = 256
 
@@ -367,11 +386,13 @@ def _args(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink, topk_length
 
 
 def launch_sparse_prefill_gluon_ws3(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None,
-                                    topk_length=None, *, pv_regs=None, producer_regs=None, maxnreg=None):
+                                    topk_length=None, *, pv_regs=None, producer_regs=None, maxnreg=None,
+                                    pf_idx: bool = True):
     """Drop-in for :func:`_gluon_sparse_prefill_ws2.launch_sparse_prefill_gluon_ws2` (same positional arguments and
     out-parameter contract: inputs validated by ``flash_mla_sparse_fwd``, last dims contiguous, the caller checked
     ``supported_ws2``). ``h_q % 128 != 0``: the WS2 launcher runs the call (default schedule). Keyword-only knobs
-    (benchmarks): PV / producer ``setmaxnreg``, launch ``maxnreg``. One :class:`_PrefillClusterLauncher` per
+    (benchmarks): PV / producer ``setmaxnreg``, launch ``maxnreg``, ``pf_idx`` (the producer's next-block index
+    prefetch, default on; off = the indices loaded right before their block's copies). One :class:`_PrefillClusterLauncher` per
     (constexprs, options, :func:`deepkernels._launch.spec_key` of the arguments, device)."""
     s_q, h_q, d_qk = q.shape
     if s_q == 0:
@@ -381,7 +402,7 @@ def launch_sparse_prefill_gluon_ws3(out, max_logits, lse, q, kv, indices, sm_sca
         return
     args = _args(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink, topk_length)
     constexprs = (d_qk - D_V, topk_length is not None, attn_sink is not None, producer_regs or WS3_PRODUCER_REGS,
-                  pv_regs or WS3_PV_REGS)
+                  pv_regs or WS3_PV_REGS, bool(pf_idx))
     opts = (WS3_NUM_WARPS, maxnreg or WS3_MAXNREG)
     key = (constexprs, opts, spec_key(*args), q.device.index)
     launcher = _LAUNCHERS.get(key)
@@ -394,7 +415,7 @@ def launch_sparse_prefill_gluon_ws3(out, max_logits, lse, q, kv, indices, sm_sca
 
 
 def compile_sm90_ws3(d_pe: int = 64, has_len: bool = False, has_sink: bool = False, pv_regs=None,
-                     producer_regs=None, maxnreg=None):
+                     producer_regs=None, maxnreg=None, pf_idx: bool = True):
     """Cross-compile the kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch. Returns
     the CompiledKernel (``.asm['ptx']``, ``.asm['ttgir']``, ``.metadata.shared``)."""
     sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "len_ptr": "*i32", "sink_ptr": "*fp32",
@@ -405,7 +426,7 @@ def compile_sm90_ws3(d_pe: int = 64, has_len: bool = False, has_sink: bool = Fal
            "empty_off": "i32"}
     # every constexpr, in parameter order (the cross-compile binds constexprs by position)
     consts = dict(zip(_CONSTEXPRS, (d_pe, has_len, has_sink, producer_regs or WS3_PRODUCER_REGS,
-                                    pv_regs or WS3_PV_REGS)))
+                                    pv_regs or WS3_PV_REGS, bool(pf_idx))))
     hinted = ("q_ptr", "kv_ptr", "idx_ptr", "out_ptr", "stride_qs", "stride_qh", "stride_kvs", "stride_os",
               "stride_oh")
     return _compile_sm90_gluon(_sparse_prefill_gluon_ws3_kernel, sig, consts, hinted, num_warps=WS3_NUM_WARPS,
