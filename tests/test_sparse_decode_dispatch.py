@@ -28,6 +28,7 @@ def took(monkeypatch):
     monkeypatch.setattr(sd, "_PLANS", {})
     monkeypatch.delenv("DEEPKERNELS_SPARSE_WS2", raising=False)
     monkeypatch.delenv("DEEPKERNELS_SPARSE_WS3", raising=False)
+    monkeypatch.setattr(W3, "DISPATCH_MIN_BLOCKS", 0)      # these small cases: the work threshold has its own tests
     return names
 
 
@@ -60,6 +61,31 @@ def test_env_override(took, monkeypatch):
     monkeypatch.delenv("DEEPKERNELS_SPARSE_WS3")
     _public(c["v32_128"])                      # DISPATCH_FMTS empty, no override: WS
     assert took[4:] == ["ws"], took
+
+
+def test_work_threshold(took, monkeypatch):
+    """Below DISPATCH_MIN_BLOCKS 64-token blocks per CTA the call stays on the kernel it would take without WS3 (WS
+    for V3.2, WS2 for V4.1); DEEPKERNELS_SPARSE_WS3=1 ignores the threshold."""
+    c = _cases()
+    monkeypatch.setattr(W3, "DISPATCH_MIN_BLOCKS", 10 ** 6)
+    _public(c["v32_128"])
+    _public(c["v41_128"])
+    assert took == ["ws", "ws2"], took
+    monkeypatch.setenv("DEEPKERNELS_SPARSE_WS3", "1")
+    _public(c["v32_128"])
+    assert took[2:] == ["ws3"], took
+
+
+def test_enough_work_values(monkeypatch):
+    """The measured boundary (H200, 66 parts at s_q 1): b 64 / 128 at topk 2048 (31 / 62 blocks per CTA) take WS3;
+    b 32 at topk 2048 and b 128 at topk 512 (15.5) and b 8 (3.9) do not."""
+    monkeypatch.delenv("DEEPKERNELS_SPARSE_WS3", raising=False)
+    assert W3.DISPATCH_MIN_BLOCKS == 24
+    assert W3.enough_work(128, 2048, 66) and W3.enough_work(64, 2048, 66) and W3.enough_work(32, 2048, 16)
+    assert not W3.enough_work(32, 2048, 66) and not W3.enough_work(128, 512, 66) and not W3.enough_work(8, 2048, 66)
+    assert W3.enough_work(64, 2047, 66) == W3.enough_work(64, 2048, 66)      # blocks counted rounded up
+    monkeypatch.setenv("DEEPKERNELS_SPARSE_WS3", "1")
+    assert W3.enough_work(1, 64, 66)
 
 
 def test_other_triton_version_never_dispatches(took, monkeypatch):

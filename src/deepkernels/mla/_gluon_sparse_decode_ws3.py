@@ -208,7 +208,8 @@ from ._gluon_sparse_decode_ws import (WS_FMTS, WS_MAXNREG, _w_block_softmax, _w_
 from ._gluon_sparse_decode_ws2 import WS2_PV_REGS, _w2_scale, _w2_write_half
 
 __all__ = ["available", "supported_ws3", "launch_sparse_decode_gluon_ws3", "compile_sm90_ws3", "smem_offsets",
-           "WS3_PRODUCER_REGS", "WS3_NUM_WARPS", "DISPATCH", "DISPATCH_FMTS", "dispatch_on"]
+           "WS3_PRODUCER_REGS", "WS3_NUM_WARPS", "DISPATCH", "DISPATCH_FMTS", "DISPATCH_MIN_BLOCKS", "dispatch_on",
+           "enough_work"]
 
 BLOCK_H = 64
 WS3_NUM_WARPS = 4
@@ -226,6 +227,12 @@ WS3_ROPE_ROWS = frozenset()
 # results/sparse_decode_ws3-h200-2026-11-29-s17.json).
 DISPATCH_FMTS = frozenset({"v32", "v41"})
 DISPATCH = True
+# ... and only when each CTA gets at least this many 64-token blocks (b * ceil(topk / 64) / scheduler parts; one CTA
+# per part, query position and head block): the cluster's fixed costs lose below (session 17, H200, paired rotated
+# rounds, results/sparse_decode_ws3_paired-h200-2026-11-29-s17.json, t_ws3 / t_dispatched: 31-124 blocks per CTA
+# 0.79-0.85; 15.5 blocks: 0.91-0.99 at topk 2048 but 1.01-1.06 at topk 512 (8 blocks per request); 0.5-4 blocks
+# 1.03-1.05)
+DISPATCH_MIN_BLOCKS = 24
 # the launcher drives Triton's compiled-kernel launcher and shared-memory allocation pass directly (internal APIs of
 # this exact version): any other Triton never takes the dispatched path
 _TRITON_VERSION = "3.6.0"
@@ -724,6 +731,15 @@ def dispatch_on(fmt: str) -> bool:
     if env in ("0", "1"):
         return env == "1"
     return DISPATCH and fmt in DISPATCH_FMTS
+
+
+def enough_work(b: int, topk: int, parts: int) -> bool:
+    """Whether a dispatched call (:func:`dispatch_on`) has enough blocks per CTA for the cluster kernel to win:
+    ``b * ceil(topk / 64) >= DISPATCH_MIN_BLOCKS * parts`` (``parts`` = the schedule's SM parts); always True under
+    ``DEEPKERNELS_SPARSE_WS3=1``."""
+    if os.environ.get("DEEPKERNELS_SPARSE_WS3", "") == "1":
+        return True
+    return b * -(-topk // 64) >= DISPATCH_MIN_BLOCKS * parts
 
 
 def supported_ws3(q: torch.Tensor, k_cache: torch.Tensor, fmt: str, extra_k_cache=None, config=None) -> bool:

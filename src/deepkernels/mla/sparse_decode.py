@@ -415,7 +415,7 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
     #    while _gsdw.DISPATCH_EXTRA is set (since session 15: bit-identical, 1.17-1.33x the previous kernels);
     # 2. the single-partition kernel for the formats where it measured faster than Triton (_gsd.DISPATCH_FMTS: V3.2,
     #    i.e. V3.2 with an extra cache); 3. everything else: the Triton kernel
-    launch = _launch_sparse_decode
+    launch, below_ws3 = _launch_sparse_decode, None
     if config is None:
         if (_gsdw.DISPATCH and plan.fmt in _gsdw.DISPATCH_FMTS and (not has_x or _gsdw.DISPATCH_EXTRA)
                 and _gsdw.supported_ws(q, k_cache, plan.fmt, extra_k_cache)):
@@ -425,9 +425,10 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
                 launch = _gsdw2.launch_sparse_decode_gluon_ws2
             # the 2-CTA cluster kernel (WS2's consumers, each CTA's producer gathers half the NoPE columns and pushes
             # them to its peer) for h_q a multiple of 128 without an extra cache (_gsdw3.DISPATCH_FMTS: V3.2 and V4.1,
-            # 1.16-1.25x WS2, bit-identical to it)
+            # 1.12-1.25x WS / WS2 with >= 31 blocks per CTA, bit-identical to WS2) when the schedule gives each CTA
+            # enough blocks (_gsdw3.enough_work, checked below once the schedule is known)
             if not has_x and _gsdw3.dispatch_on(plan.fmt) and _gsdw3.supported_ws3(q, k_cache, plan.fmt):
-                launch = _gsdw3.launch_sparse_decode_gluon_ws3
+                launch, below_ws3 = _gsdw3.launch_sparse_decode_gluon_ws3, launch
         elif plan.fmt in _gsd.DISPATCH_FMTS and _gsd.supported(q, k_cache, plan.fmt, extra_k_cache):
             launch = _gsd.launch_sparse_decode_gluon
     config, batch_invariant = plan.config, _BATCH_INVARIANT
@@ -447,6 +448,8 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
     sched, ns = resolve_schedule(tile_scheduler_metadata, num_splits, cfg, replan, legacy, FlashMLASchedMeta)
     if batch_invariant and isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
         sched, ns = _trivial_schedule(b, dev)
+    if below_ws3 is not None and not _gsdw3.enough_work(b, topk, sched.shape[0]):
+        launch = below_ws3
     if not plan.kernels:
         return sparse_decode_ref(q, k_cache, indices, 512, scale, attn_sink, extra_k_cache,
                                  extra_indices_in_kvcache, topk_length, extra_topk_length)
