@@ -7,11 +7,18 @@ cp.async producer, a softmax warpgroup and a PV warpgroup). Calls the cluster ke
 :func:`supported_ws3`) go to the WS2 launcher unchanged.
 
 Why. WS2 measured 414-481 TFLOPS (FlashMLA on the same H200: 494-588, target 640); ncu: tensor pipe 51 %, L2 hit
-95 %. Per (CTA, 64-token block) ~1.1-1.2 us per SM, i.e. 132 SMs x 72 KB / 1.15 us ~ 8 TB/s of gathers from L2 --
-near the H200's L2 bandwidth, and consumer-only reorderings (OVERLAP, HALF) were all slower: the gathers are the
-prime suspect. The two 64-head CTAs of a query token gather exactly the same rows (same top-k indices), so half of
-that L2 traffic is redundant. The sparse decode kernel's 2-CTA cluster scheme (:mod:`._gluon_sparse_decode_ws3`,
-measured 1.16-1.25x its non-cluster version, bit-identical) removes it.
+95 %; consumer-only reorderings (OVERLAP, HALF) were all slower, the OVERLAP loss being attributed to an exposed
+72 KB gather (G ~ 2,000 clk). The two 64-head CTAs of a query token gather exactly the same rows (same top-k
+indices), so half of what every SM pulls from L2 is redundant. The sparse decode kernel's 2-CTA cluster scheme
+(:mod:`._gluon_sparse_decode_ws3`, measured 1.16-1.25x its non-cluster version, bit-identical) removes it.
+
+Per-block arithmetic (corrects the brief this module was written from, which had ~1.15 us per block and ~8 TB/s of
+gathers from L2 -- a factor 2 off): one (CTA, 64-token block) is 2 * 64 * 64 * (576 + 512) = 8.9 MFLOP; WS2 at 481
+TFLOPS = 3.64 TFLOPS per SM (one CTA per SM) -> 2.45 us = ~4,470 clk per block (the WS2 OVERLAP section's figure),
+2.73 us at 431 (64K). The gathers are then 132 x 72 KB / 2.45 us = 3.9 TB/s aggregate (3.5 at 64K) -- not at the
+L2's limit -- but ~30 B/clk INTO each SM, and G ~ 2,000 clk per 72 KB is ~36 B/clk: the per-SM ingress of a
+4-warp cp.async gather looks like the gather's limit, not the aggregate L2 bandwidth. The tensor floor is ~1.2 us
+per block (48 % of the measured 2.45: ncu's 51 %); the rest is the softmax chain between S and P V.
 
 Design (the decode WS3 scheme applied to the prefill WS2 kernel):
 
@@ -67,24 +74,56 @@ compiled kernel's TTGIR (:func:`_gluon_sparse_decode_ws3.smem_offsets`) and pass
 ``%tid.x`` read in asm -- the one-thread predicate is ``lane == 0`` from :func:`_c_lane` -- and no ``mov
 global_smem`` inside the softmax loop).
 
-COMPILE_FACTS
+Compile facts (Triton 3.6 wheel, ptxas sm_90a; all 8 (d_pe 64 / 0, topk_length, sink) configurations, PF_IDX on;
+``tests/test_gluon_sparse_prefill_ws3.py::test_compile_sm90_ws3``):
 
-PREDICTION (UNVERIFIED on GPU; H200, s_q 4096, h_q 128, topk 2048; paired ratio vs WS2 in the same run, WS2 ~476 at
-s_kv 8K / ~421 at 64K). If the gathers set WS2's block time (~1.15 us at 8K: 132 x 72 KB per block period ~ 8 TB/s
-from L2), the L2 bytes per block drop to 40 / 72 = 0.56x, and the block time falls toward the consumers' own floor
-(S + softmax + P V of the softmax warpgroup; WS2's OVERLAP analysis puts the per-block chain at ~4,470 clk ~ 2.4 us
-for ONE warpgroup path -- the measured 1.1-1.2 us per SM is two CTAs' worth? no: one CTA per SM, the 2.4 us is
-the decode-kernel figure; in prefill the measured block time IS ~1.15 us). Central estimate: the gather component
-shrinks by ~0.44x but the push adds a DSMEM hop (~32 KB per block per SM; the SM-to-SM network is reported at
-~3.3 TB/s aggregate by third-party microbenchmarks with thread loads, unknown for bulk copies -- if that is the
-ceiling, 132 x 32 KB per 1.15 us = 3.7 TB/s is already above it and WS3 is SLOWER) and the lockstep of the two
-CTAs (a slot is refilled only after both CTAs' consumers released it). Prediction: s_kv 8K 1.05-1.25x WS2 (central
-1.12x: ~530 TFLOPS), s_kv 64K (more L2 misses, the HBM part of the gather halves too) 1.10-1.30x (central 1.18x:
-~495 TFLOPS); sink on / off alike. Falsifiers: < 1.0x with the DSMEM push as the limiter (then the ring pieces
-should be multicast from global by TMA instead -- 128-byte swizzled single-row boxes, ``.multicast::cluster`` --
-which reads L2 once without SM-to-SM traffic); fewer co-resident clusters than 66 (the bench prints
-``cuOccupancyMaxActiveClusters``) adds a second wave; a hang means the tx / count protocol is wrong (the device
-script's smoke guard). Numerics: expected bit-identical to WS2.
+==========  ==========  ====================  ==============  =====================  ================
+d_qk        smem (B)    softmax block loop    PV block loop   producer block loop    spill st / ld
+==========  ==========  ====================  ==============  =====================  ================
+576         229,904 /   712 SASS, 40 HGMMA,   186, 4 HGMMA,   536-546, 21 LDGSTS,    0 / 0 B
+            229,920     0 spills, R2UR 14     0 spills        2 UBLKCP, 0 spills
+512         205,312 /   684-685, 36 HGMMA,    186, 4 HGMMA,   395-413, 16 LDGSTS,    0 / 0 B
+            205,328     0 spills, R2UR 10     0 spills        2 UBLKCP, 0 spills
+==========  ==========  ====================  ==============  =====================  ================
+
+(smem: without / with topk_length; WS2: softmax loop 706 / 679 with R2UR 14 / 10 -- the descriptors stay in uniform
+registers --, PV loop 179, producer loop 466 / 433 with 37 / 33 LDGSTS, 0 spills.) Registers: launch maxnreg 168 x 12
+warps, setmaxnreg producer :data:`WS3_PRODUCER_REGS` 72 / PV :data:`WS3_PV_REGS` 200 / softmax 232 (WS2: 56 / 216 /
+232); at 56 / 216 the producer's index prefetch spilled 2-11 instructions per block. PF_IDX off: producer loop
+466-467 / 378-379, 0 spills. PTX: one ``%tid.x`` read, ``global_smem`` read 3 times (once per partition), no
+``MEMBAR.ALL.GPU`` in any loop; per block the producer issues 16 (+ 4 RoPE) cp.async of 16 B per thread, ``cp.async.
+wait_group 1`` (d_qk 512: 0), ``fence.proxy.async``, ``bar.sync 3, 128``, the two 16 KB ``cp.async.bulk.shared::
+cluster`` pushes, the ``ready`` arrive (``test_compile_push_ordering``); Triton's membar pass adds one more ``bar.sync
+3, 128`` right after the wait_group (harmless).
+
+Producer pipelining (a known limit of this version). The producer blocks on ``cp.async.wait_group`` for each block
+before it issues the next one, so at most ONE block's gather (40 KB) is in flight per CTA; WS2's producer, signalled
+by ``cp.async.mbarrier.arrive`` alone, can have both ring slots' gathers in flight when the consumers are ahead.
+In WS2's steady state the consumers hold one slot, so one gather in flight is the common case there too; but where
+the gather was exposed (64K, OVERLAP) WS3 cannot overlap two. ``PF_IDX`` (default) at least loads the next block's
+indices under the wait, so the next issue does not start with an L2 round trip. Deferring the push of block j-1
+behind block j's issue was rejected: when the consumers are the bottleneck the producer would sit in block j's
+``empty`` wait with block j-1 gathered but not pushed, putting a push on the critical path of every block.
+
+PREDICTION (UNVERIFIED on GPU; H200, s_q 4096, h_q 128, topk 2048; paired ratio t_ws3 / t_ws2 in the same run,
+WS2 ~476-481 at s_kv 8K / ~421-433 at 64K). Per (CTA, block): WS2 ~4,470 clk at 8K = S (~1,150) + softmax chain
+(~2,300) + P V (~1,020); its gather (G ~ 2,000 clk) is hidden under that at 8K and partly exposed at 64K (where L2
+misses lengthen it; 2.73 vs 2.45 us per block). WS3 halves the per-SM L2 ingress (40 KB instead of 72 KB; if G is
+ingress-bound, G -> ~1,100 clk + the DSMEM push, 32 KB over the SM-to-SM network, ~1.7 TB/s aggregate at WS2's
+block rate -- below the ~3.3 TB/s third-party microbenchmarks report for thread-level DSMEM traffic on H100), frees
+~20 cp.async per producer thread per block, and adds per block 2 remote arrives, the wait_group + barrier, the push
+latency and the two-CTA lockstep (a slot is refilled only when both CTAs' consumers released it). Prediction:
+s_kv 8K speed 0.97-1.06x WS2 (paired time ratio 0.94-1.03; central 1.02x, ~490 TFLOPS: the gather was
+mostly hidden); s_kv 64K 1.02-1.15x (central 1.07x, ~460 TFLOPS: the exposed part of the gather shrinks); sink on /
+off alike; ``gluon-ws3-nopf`` 0.97-1.0x of ``gluon-ws3``. The bigger lever this enables, NOT built here: the FA3-order
+OVERLAP schedule of WS2 (0.80x because of the exposed 72 KB gather) on top of this producer. Falsifiers: WS3 < 0.97x
+at 8K means the lockstep / push latency costs more than the halved gather saves (check ``gluon-ws3-nopf`` and the
+cluster co-residency line: fewer than 66 co-resident clusters = a second partial wave, ~0.5-0.7x); a hang = the tx /
+count protocol is wrong (the device script's smoke guard); a non-bit-identical result = a pushed piece landed in the
+wrong place or stale (the tests' NaN-poisoned unreferenced rows would show it as an error). Numerics: expected
+bit-identical to WS2 (same tile bytes, same consumer code; recorded by ``test_gpu_ws3_equals_ws2``).
+
+Next device run: ``GIT_SHA=<sha> OUT=$OUT bash benchmarks/device_sparse_prefill_ws3.sh``.
 """
 from __future__ import annotations
 
@@ -392,8 +431,9 @@ def launch_sparse_prefill_gluon_ws3(out, max_logits, lse, q, kv, indices, sm_sca
     out-parameter contract: inputs validated by ``flash_mla_sparse_fwd``, last dims contiguous, the caller checked
     ``supported_ws2``). ``h_q % 128 != 0``: the WS2 launcher runs the call (default schedule). Keyword-only knobs
     (benchmarks): PV / producer ``setmaxnreg``, launch ``maxnreg``, ``pf_idx`` (the producer's next-block index
-    prefetch, default on; off = the indices loaded right before their block's copies). One :class:`_PrefillClusterLauncher` per
-    (constexprs, options, :func:`deepkernels._launch.spec_key` of the arguments, device)."""
+    prefetch, default on; off = the indices loaded right before their block's copies). One
+    :class:`_PrefillClusterLauncher` per (constexprs, options, :func:`deepkernels._launch.spec_key` of the
+    arguments, device)."""
     s_q, h_q, d_qk = q.shape
     if s_q == 0:
         return
