@@ -1,15 +1,17 @@
-"""WS3's opt-in ROPE_ROWS option (the V3.2 RoPE cp.async gathers 4 tokens x 8 lanes x 16 B per warp instruction;
-``_gluon_sparse_decode_ws3`` module docstring, "RoPE rows") against the default WS3 build in rotated rounds, same
-schedule and inputs (``mla_sparse_decode.kernel_case``): V3.2, h_q 128, (b, s_q, topk) in SHAPES, s_k 8192 per
-request; plus V4.1 at b 128 s_q 1 as a null control (the option is V3.2 only: both names run the same kernel).
-Every shape also times the default twice (``ws3`` and ``ws3_aa``, the same launch): the A/A paired ratio is the
-noise floor to read the A/B ratio against.
+"""WS3's opt-in producer options against the default WS3 build in rotated rounds, same schedule and inputs
+(``mla_sparse_decode.kernel_case``): ``ws3_rope`` = ROPE_ROWS (the V3.2 RoPE cp.async gathers 4 tokens x 8 lanes x
+16 B per warp instruction; ``_gluon_sparse_decode_ws3`` module docstring, "RoPE rows"), ``ws3_rl`` = ROW_LANES (the
+producer's lanes over token rows first: conflict-free dequantised NoPE stores; "Row lanes"), ``ws3_rl_rope`` = both.
+V3.2, h_q 128, (b, s_q, topk) in SHAPES, s_k 8192 per request; plus V4.1 at b 128 s_q 1 (ROPE_ROWS is V3.2 only:
+there ``ws3_rope`` runs the default kernel, a null control, and ``ws3_rl_rope`` the ``ws3_rl`` one; ROW_LANES does
+change V4.1's kernel). Every shape also times the default twice (``ws3`` and ``ws3_aa``, the same launch): the A/A
+paired ratio is the noise floor to read the A/B ratios against.
 
-Correctness first: each variant once into NaN-poisoned outputs; the option's out / lse must equal the default's bit
-for bit (``bit_identical``). Timing: R rounds (``--rounds``, default 5), each round times every variant
-(``triton.testing.do_bench``, warmup 3, rep 15, median) in an order rotated by one per round; headline = the median
-over rounds of the PAIRED ratio t_rope / t_ws3 (< 1: the option is faster), so clock drift cancels. TFLOPS from the
-per-variant medians (FlashMLA counting). JSON with provenance after every shape.
+Correctness first: each variant once into NaN-poisoned outputs; each option's out / lse must equal the default's
+bit for bit (``<variant>_bit``; ``bit_identical``: all of them). Timing: R rounds (``--rounds``, default 5), each
+round times every variant (``triton.testing.do_bench``, warmup 3, rep 15, median) in an order rotated by one per
+round; headline = the median over rounds of the PAIRED ratio t_variant / t_ws3 (< 1: the option is faster), so clock
+drift cancels. TFLOPS from the per-variant medians (FlashMLA counting). JSON with provenance after every shape.
 Usage (GPU): ``PYTHONPATH=src python benchmarks/sparse_decode_ws3_rope.py OUT.json [--rounds R] [--quick]``
 """
 from __future__ import annotations
@@ -43,7 +45,9 @@ def main(argv=None) -> int:
     from deepkernels.bench.runner import provenance
     from triton.testing import do_bench
 
-    variants = (("ws3", None), ("ws3_aa", None), ("ws3_rope", True))
+    variants = (("ws3", {}), ("ws3_aa", {}), ("ws3_rope", dict(rope_rows=True)), ("ws3_rl", dict(row_lanes=True)),
+                ("ws3_rl_rope", dict(row_lanes=True, rope_rows=True)))
+    options = [n for n, kn in variants if kn]
     shapes = SHAPES[:2] if args.quick else SHAPES
     rows = []
     B.warm_clocks()
@@ -52,11 +56,11 @@ def main(argv=None) -> int:
         c = B.kernel_case(fmt, b, s_q, h_q, topk, 8192)
         row = dict(fmt=fmt, b=b, s_q=s_q, h_q=h_q, topk=topk, s_k=8192, parts=c.parts, flop=c.flop)
         fns, outs = {}, {}
-        for name, rope in variants:
+        for name, knobs in variants:
             out = torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16, device="cuda")
             lse = torch.empty(b, s_q, h_q, device="cuda")
-            fn = (lambda o=out, l_=lse, r=rope: W3.launch_sparse_decode_gluon_ws3(
-                o, l_, c.q, c.cache, c.ind, c.sched, c.ns, c.scale, fmt, rope_rows=r))
+            fn = (lambda o=out, l_=lse, k=knobs: W3.launch_sparse_decode_gluon_ws3(
+                o, l_, c.q, c.cache, c.ind, c.sched, c.ns, c.scale, fmt, **k))
             try:
                 out.fill_(float("nan"))
                 lse.fill_(float("nan"))
@@ -67,25 +71,30 @@ def main(argv=None) -> int:
                 fns[name] = fn
             except Exception as e:  # noqa: BLE001
                 row[name + "_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        if "ws3" in outs and "ws3_rope" in outs:
-            (o1, l1), (o2, l2) = outs["ws3"], outs["ws3_rope"]
-            row["bit_identical"] = bool(torch.equal(o1, o2) and torch.equal(l1.nan_to_num(), l2.nan_to_num()))
+        for v in options:
+            if "ws3" in outs and v in outs:
+                (o1, l1), (o2, l2) = outs["ws3"], outs[v]
+                row[v + "_bit"] = bool(torch.equal(o1, o2) and torch.equal(l1.nan_to_num(), l2.nan_to_num()))
+        row["bit_identical"] = all(row.get(v + "_bit", False) for v in options)
         times = time_rotated(fns, args.rounds, lambda f: do_bench(f, warmup=3, rep=15, return_mode="median"))
         for n, st in round_stats(times, None).items():
             row[n + "_ms_rounds"] = st["ms_rounds"]
             row[n + "_ms"] = st["ms"]
             row[n + "_tflops"] = c.flop / st["ms"] / 1e9
-        for v in ("ws3_aa", "ws3_rope"):
+        for v in ["ws3_aa"] + options:
             if "ws3" in times and v in times:
                 st = round_stats({"ws3": times["ws3"], v: times[v]}, "ws3")[v]
                 row[v + "_paired_ratios"] = st["paired_time_ratios"]
                 row[v + "_paired_median"] = st["paired_time_ratio_median"]
         rows.append(row)
-        print("SUMMARY %s b=%3d s_q=%d topk=%4d parts=%3d  ws3 %.1f  rope %.1f TFLOPS  t_rope/t_ws3 %.4f  "
-              "(A/A %.4f)  bit %s  nan %s%s" % (
-                  fmt, b, s_q, topk, c.parts, row.get("ws3_tflops", float("nan")),
-                  row.get("ws3_rope_tflops", float("nan")), row.get("ws3_rope_paired_median", float("nan")),
-                  row.get("ws3_aa_paired_median", float("nan")), row.get("bit_identical"),
+        nan = float("nan")
+        print("SUMMARY %s b=%3d s_q=%d topk=%4d parts=%3d  ws3 %.1f TFLOPS  t/t_ws3: %s  (A/A %.4f)  bit %s  "
+              "nan %s%s" % (
+                  fmt, b, s_q, topk, c.parts, row.get("ws3_tflops", nan),
+                  "  ".join("%s %.4f (%.1f)" % (v[4:], row.get(v + "_paired_median", nan), row.get(v + "_tflops", nan))
+                            for v in options),
+                  row.get("ws3_aa_paired_median", nan),
+                  "".join("%s=%s " % (v[4:], row.get(v + "_bit")) for v in options).strip(),
                   [k for k, v in row.items() if k.endswith("_nan") and v],
                   "".join("  %s: %s" % (k, v) for k, v in row.items() if k.endswith("_error"))), flush=True)
         json.dump(dict(provenance=provenance(), rounds=args.rounds, rows=rows), open(args.out, "w"), indent=1)

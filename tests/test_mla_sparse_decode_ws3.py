@@ -189,7 +189,7 @@ def test_default_ptx_unchanged(fmt, page_shift, has_len, has_sink):
     import triton
     if triton.__version__ != "3.6.0":
         pytest.skip(f"hashes taken with Triton 3.6.0, not {triton.__version__}")
-    assert not W3.WS3_ROPE_ROWS
+    assert not W3.WS3_ROPE_ROWS and not W3.WS3_ROW_LANES
     assert _ptx_sha(_compiled(fmt, page_shift, has_len, has_sink)[0]) == _BASE_PTX_SHA[(fmt, page_shift, has_len,
                                                                                        has_sink)]
     if fmt == "v41":        # rope_rows is a V3.2 option: V4.1 compiles the default kernel with it
@@ -257,13 +257,87 @@ def test_compile_rope_rows(page_shift, has_len, has_sink):
 
 
 def test_rope_rows_option_plumbing():
-    """rope_rows: keyword-only, last, default from WS3_ROPE_ROWS; V3.2 only (V4.1 never compiles a second kernel)."""
+    """rope_rows: keyword-only, default from WS3_ROPE_ROWS; V3.2 only (V4.1 never compiles a second kernel)."""
     sig = inspect.signature(W3.launch_sparse_decode_gluon_ws3).parameters
-    assert list(sig)[-1] == "rope_rows" and sig["rope_rows"].kind == inspect.Parameter.KEYWORD_ONLY
+    assert list(sig)[-2] == "rope_rows" and sig["rope_rows"].kind == inspect.Parameter.KEYWORD_ONLY
     assert inspect.signature(W3.compile_sm90_ws3).parameters["rope_rows"].default is None
-    assert W3._CONSTEXPRS[-1] == "ROPE_ROWS" and W3.WS3_ROPE_ROWS == frozenset()
+    assert W3._CONSTEXPRS[-2] == "ROPE_ROWS" and W3.WS3_ROPE_ROWS == frozenset()
     assert not W3._rope_rows("v32", None) and W3._rope_rows("v32", True) and not W3._rope_rows("v41", True)
     assert not W3._rope_rows("v32", False)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_rl(fmt, page_shift, has_len, has_sink, rope_rows=False):
+    k = W3.compile_sm90_ws3(fmt, page_shift, has_len, has_sink, rope_rows=rope_rows, row_lanes=True)
+    return k.asm["ptx"], k.asm["ttgir"], k.metadata.shared
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("rope_rows", [False, True], ids=["rl", "rl_rope"])
+@pytest.mark.parametrize("page_shift,has_len,has_sink", _CONFIGS)
+def test_compile_row_lanes(page_shift, has_len, has_sink, rope_rows):
+    """The ROW_LANES option (V3.2, alone and with ROPE_ROWS; module docstring, "Row lanes"): the chunk layout's
+    lanes over rows first (TTGIR), the cluster PTX and the uniform-register rules as the default build, the same
+    16 ``STS.128`` of dequantised NoPE + 4 RoPE ``LDGSTS`` + 2 bulk pushes per producer block, no CTA barrier added,
+    no more spills than the default's loops (floor 1), consumers' loops unchanged."""
+    from deepkernels.testing.compile import SM90_SMEM_LIMIT
+    ptx, ttgir, shared = _compiled_rl("v32", page_shift, has_len, has_sink, rope_rows)
+    ptx0, _, shared0 = _compiled("v32", page_shift, has_len, has_sink)
+    assert ("sizePerThread = [1, 16], threadsPerWarp = [16, 2], warpsPerCTA = [4, 1], order = [0, 1]" in ttgir)
+    assert "order = [0, 1]" not in _compiled("v32", page_shift, has_len, has_sink)[1]
+    assert shared <= SM90_SMEM_LIMIT and shared <= shared0 + (256 if rope_rows else 0), (shared, shared0)
+    assert ptx.count("cp.async.cg.shared.global") == 4 and ", 0x10," in ptx
+    for needle in ("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
+                   "mbarrier.expect_tx.relaxed.cta.shared::cta.b64", "mbarrier.arrive.shared::cluster.b64",
+                   "barrier.cluster.arrive.release.aligned", "wgmma.mma_async.sync.aligned.m64n256k16"):
+        assert ptx.count(needle) == ptx0.count(needle), needle
+    assert ptx.count("%tid.x") == 1
+    assert len(re.findall(r"mov\.u32 %r\d+, global_smem;", ptx)) == 3
+    assert ptx.count("bar.sync") == ptx0.count("bar.sync")
+    ring, ready, empty = W3._offset_args(ttgir)
+    assert ring == 0 and ready + 16 == empty and empty + 16 <= shared
+    rep, soft, pv, prod = _loops(ptx)
+    rep0, soft0, pv0, prod0 = _loops(ptx0)
+    sts = lambda lp: sum(1 for t in lp if t.startswith("STS.128"))      # noqa: E731
+    assert sts(prod) == sts(prod0) == 16, (sts(prod), sts(prod0))
+    assert sum(1 for t in prod if t.startswith("LDGSTS.E.BYPASS.128")) == 4
+    assert sum(1 for t in prod if "UBLKCP" in t) == 2
+    assert sum(1 for t in prod if t.startswith("BAR.SYNC")) == sum(1 for t in prod0 if t.startswith("BAR.SYNC"))
+    assert _n_spill(soft) == _n_spill(soft0) == 0 and _n_spill(pv) == _n_spill(pv0) == 0
+    assert len(soft) == len(soft0) and abs(len(pv) - len(pv0)) <= 2
+    # measured: producer loop 1 spill instruction in every config (default 1-3); 640-676 instructions alone (default
+    # 640-676), 678-716 with ROPE_ROWS; ptxas spill bytes 48-64 alone, 24-52 with ROPE_ROWS (default 24-56)
+    assert _n_spill(prod) <= max(_n_spill(prod0), 1), (_n_spill(prod), _n_spill(prod0))
+    assert rep.spills[0] <= 64, rep.spills
+    assert len(prod) <= len(prod0) + (48 if rope_rows else 8), (len(prod), len(prod0))
+    assert not any("MEMBAR.ALL.GPU" in t for t in soft + pv + prod)
+
+
+@pytest.mark.compile
+def test_compile_row_lanes_v41():
+    """ROW_LANES on V4.1 (the WS kernel's [64, 4, 8] row-lanes order; not measured on WS3): compiles, its layout
+    in the TTGIR, 0 spills in the producer loop as the default, the same 16 ``STS.128`` per block."""
+    ptx, ttgir, _ = _compiled_rl("v41", 6, True, True)
+    assert "sizePerThread = [1, 2, 8], threadsPerWarp = [16, 2, 1], warpsPerCTA = [4, 1, 1], order = [2, 0, 1]" in ttgir
+    rep, soft, pv, prod = _loops(ptx)
+    rep0, soft0, pv0, prod0 = _loops(_compiled("v41", 6, True, True)[0])
+    assert _n_spill(prod) == _n_spill(prod0) == 0 and _n_spill(soft) == 0 and _n_spill(pv) == 0
+    assert sum(1 for t in prod if t.startswith("STS.128")) == sum(1 for t in prod0 if t.startswith("STS.128")) == 16
+    assert len(prod) <= len(prod0) + 8 and len(soft) == len(soft0)
+
+
+def test_row_lanes_option_plumbing():
+    """row_lanes: keyword-only, last, default from WS3_ROW_LANES (empty: the default build); both formats."""
+    for f in (W3.launch_sparse_decode_gluon_ws3, W3.compile_sm90_ws3):
+        sig = inspect.signature(f).parameters
+        assert list(sig)[-1] == "row_lanes" and sig["row_lanes"].default is None
+    sig = inspect.signature(W3.launch_sparse_decode_gluon_ws3).parameters
+    assert sig["row_lanes"].kind == inspect.Parameter.KEYWORD_ONLY
+    assert W3._CONSTEXPRS[-1] == "ROW_LANES" and W3.WS3_ROW_LANES == frozenset()
+    assert not W3._row_lanes("v32", None) and not W3._row_lanes("v41", None)
+    assert W3._row_lanes("v32", True) and W3._row_lanes("v41", True) and not W3._row_lanes("v32", False)
+    params = [p.name for p in W3._sparse_decode_gluon_ws3_kernel.params]
+    assert params[-2:] == ["ROPE_ROWS", "ROW_LANES"]
 
 
 # ------------------------------------------------------------------ CPU: launcher contract
@@ -513,6 +587,64 @@ def test_gpu_ws3_rope_rows_indices_minus_one_and_junk(poison):
 @pytest.mark.gpu
 def test_gpu_ws3_rope_rows_public_op(poison, ws3_route, monkeypatch):
     """Through the public op (FlashMLA tolerances) with the option made the V3.2 default (WS3_ROPE_ROWS)."""
+    monkeypatch.setattr(W3, "WS3_ROPE_ROWS", frozenset({"v32"}))
+    kw = make_case(74, 3, 128, "v32", 576, 1024, 64, with_len=True, sink=True, device="cuda")
+    run_and_check(kw)
+    _ran(ws3_route)
+
+
+_RL_KNOBS = [dict(row_lanes=True), dict(row_lanes=True, rope_rows=True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("knobs", _RL_KNOBS, ids=["rl", "rl_rope"])
+@pytest.mark.parametrize("b,s_q,topk,s_k,page,with_len,sink,flags", _ROPE_SHAPES)
+def test_gpu_ws3_row_lanes_bit_identical(b, s_q, topk, s_k, page, with_len, sink, flags, knobs, poison):
+    """row_lanes=True (alone and with rope_rows, V3.2) against the default WS3 build: the same dequantised bytes
+    land at the same ring addresses (only which lane stores them changes), so out / lse are bit-identical (NaN in
+    every unreferenced cache token, junk / -1 indices, NaN-poisoned outputs, all-invalid rows, zero lengths)."""
+    kw = make_case(b, s_q, 128, "v32", topk, s_k, page, with_len=with_len, sink=sink, device="cuda", **flags)
+    o0, l0 = _direct(kw, "v32")
+    o1, l1 = _direct(kw, "v32", **knobs)
+    assert not torch.isnan(o0).any() and not torch.isnan(l0).any()
+    assert torch.equal(o1, o0) and torch.equal(l1, l0), ((o1.float() - o0.float()).abs().max(),
+                                                          (l1 - l0).abs().max())
+    if flags.get("all_invalid"):
+        assert (o1 == 0).all() and torch.isposinf(l1).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("knobs", _RL_KNOBS, ids=["rl", "rl_rope"])
+def test_gpu_ws3_row_lanes_indices_minus_one_and_junk(knobs, poison):
+    """Every index -1, then junk / -1 indices: masked rows as the default, with row_lanes (and rope_rows)."""
+    kw = make_case(8, 2, 128, "v32", 192, 256, 64, sink=True, device="cuda")
+    ind = kw["indices"]
+    kw["indices"] = torch.full_like(ind, -1)
+    o1, l1 = _direct(kw, "v32", **knobs)
+    assert (o1 == 0).all() and torch.isposinf(l1).all()
+    junk = ind.clone()
+    junk[..., ::2] = torch.where(torch.arange(junk[..., ::2].numel(), device="cuda").view_as(junk[..., ::2]) % 3 == 0,
+                                 -1, 1 << 30).to(junk.dtype)
+    kw["indices"] = junk
+    o0, l0 = _direct(kw, "v32")
+    o1, l1 = _direct(kw, "v32", **knobs)
+    assert torch.equal(o1, o0) and torch.equal(l1, l0)
+
+
+@pytest.mark.gpu
+def test_gpu_ws3_row_lanes_v41_bit_identical(poison):
+    """row_lanes=True on V4.1 (the WS kernel's [64, 4, 8] row-lanes order) against the default WS3 build."""
+    kw = make_case(74, 3, 128, "v41", 576, 650, 64, with_len=True, sink=True, device="cuda")
+    o0, l0 = _direct(kw, "v41")
+    o1, l1 = _direct(kw, "v41", row_lanes=True)
+    assert not torch.isnan(o0).any() and not torch.isnan(l0).any()
+    assert torch.equal(o1, o0) and torch.equal(l1, l0)
+
+
+@pytest.mark.gpu
+def test_gpu_ws3_row_lanes_public_op(poison, ws3_route, monkeypatch):
+    """Through the public op (FlashMLA tolerances) with both options made the V3.2 default."""
+    monkeypatch.setattr(W3, "WS3_ROW_LANES", frozenset({"v32"}))
     monkeypatch.setattr(W3, "WS3_ROPE_ROWS", frozenset({"v32"}))
     kw = make_case(74, 3, 128, "v32", 576, 1024, 64, with_len=True, sink=True, device="cuda")
     run_and_check(kw)

@@ -188,6 +188,32 @@ ignored for it (no second specialisation).
   ROPE_ROWS, -192 without), +1 bulk copy; the wait_group costs nothing if the RoPE rows landed during the chunk-0
   dequant (issued ~300 instructions earlier): +1-3 % on top of ROPE_ROWS at V3.2 h_q 128 b 128 s_q 1, if the
   producer's gathers (not the consumers) bound the block time.
+
+Row lanes (opt-in ``ROW_LANES``: launcher / compile keyword ``row_lanes``, default :data:`WS3_ROW_LANES`, empty: the
+default build is unchanged, ``test_default_ptx_unchanged``). The WS kernel's ``ROW_LANES`` (``_gluon_sparse_decode_ws.
+WS_ROW_LANES``) applied to this producer: the chunk layout's lanes run over token rows first (V3.2 ``[64, 32]`` words
+``BlockedLayout([1, 16], [16, 2], [4, 1], [0, 1])``, V4.1 ``[64, 4, 8]`` order ``[2, 0, 1]``), so each quarter-warp
+of a dequantised 16-byte shared store writes 8 different rows = 8 distinct 16-byte bank groups of the 128-B-swizzled
+ring piece (ncu on WS: 8 wavefronts per ``STS.128`` with 2 lanes per row, 4 ideal). Without ``ROPE_ROWS`` the RoPE
+gather's layout takes the same order (as in WS: the rec / valid convert to it stays trivial); with ``ROPE_ROWS`` the
+RoPE gather keeps its 4 x 8 layout (one convert, as before). Only which lane stores / loads what changes: the same
+bytes land at the same addresses and the global loads cover the same records per warp instruction, so out / lse are
+bit-identical to the default (``test_gpu_ws3_row_lanes_bit_identical``, V3.2 alone and with ``rope_rows``; V4.1
+``test_gpu_ws3_row_lanes_v41_bit_identical``).
+
+* Cross-compile (Triton 3.6 wheel, ptxas sm_90a; V3.2, page shift 6 / -1 x lengths x sink; default in brackets):
+  producer loop 642 / 675 / 642 / 675 SASS instructions [643 / 676 / 640 / 676], 1 spill instruction in every config
+  [3 / 1 / 1 / 1], ptxas spill bytes 48-64 [24-56], the same 16 ``STS.128`` + 4 ``LDGSTS`` + 2 bulk pushes per
+  block, shared memory as the default; with ``ROPE_ROWS`` too: 679 / 715 / 678 / 716, 1 spill instruction, 24-52 B,
+  230,336 B of shared memory (the ROPE_ROWS figures). Softmax 610 / PV 190-191 instructions, 0 spills, unchanged.
+  V4.1: producer loop 761 / 784 [763 / 786], 0 spills [0].
+* Prediction (UNVERIFIED on GPU; H200, V3.2 h_q 128): the 16 NoPE ``STS.128`` per thread and block (half of WS's
+  32) from 8 to 4 wavefronts: -16 x 4 warps x 4 = -256 wavefronts per (CTA, block), ~2.1 M per launch at b 128
+  s_q 1 -- about as much as ROPE_ROWS removes. WS / WS2 gained 1.5 % / 3.5 % from twice as many stores; here
+  +0.5-2 %, roughly additive with ROPE_ROWS. V4.1: WS measured 2 % slower (its [64, 4, 8] layout's conversions), so
+  expected ~0 or a loss. Falsifier: no change at all (the producer is latency-bound and waits on ``empty``). Paired
+  bench (variants ``ws3_rl``, ``ws3_rl_rope`` against the default): ``GIT_SHA=<sha> OUT=$OUT bash
+  benchmarks/device_sparse_ws3_rope.sh``.
 """
 from __future__ import annotations
 
@@ -221,6 +247,10 @@ WS3_PF_L2 = frozenset({"v32"})
 # formats whose RoPE rows are gathered 4 tokens x 8 lanes per cp.async instruction (module docstring, "RoPE rows";
 # opt-in, V3.2 only: the default build is the measured one)
 WS3_ROPE_ROWS = frozenset()
+# formats whose producer lanes run over token rows first (the WS kernel's ROW_LANES, ``_gluon_sparse_decode_ws.
+# WS_ROW_LANES``: conflict-free 16-byte stores of the dequantised NoPE chunks into the swizzled ring; module
+# docstring, "Row lanes"; opt-in: the default build is the measured one)
+WS3_ROW_LANES = frozenset()
 # sparse_decode.py sends the calls WS / WS2 would take (no extra cache, h_q a multiple of 128) here for the formats in
 # DISPATCH_FMTS (DEEPKERNELS_SPARSE_WS3=0 / =1 override): both, since session 17 (H200, git 0b54eb4785ad, after the
 # softmax-loop spills were removed: 43/43 GPU tests, bit-identical to WS2, ws3 / ws2 1.16-1.25x at 6 shapes,
@@ -380,24 +410,27 @@ def _w3_load_chunk41(kv_ptr, rec, valid, G, L3: gl.constexpr):
 def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
                num_tok, page, stride_kb, it, dr, hb, ring_off, ready_off, lane, gs, peer,
                PAGE_SHIFT: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PF_L2: gl.constexpr,
-               ROPE_ROWS: gl.constexpr = False):
+               ROPE_ROWS: gl.constexpr = False, ROW_LANES: gl.constexpr = False):
     """The producer's block loop over positions [t_lo, t_end) (ring counter ``it`` in and out): per block the
     validity mask, (V3.2) the 64 RoPE rows by cp.async, and this CTA's half of the NoPE columns -- chunks
     ``2 r, 2 r + 1`` (``r = hb & 1``) of 128 columns, dequantised into ``kv8[4 slot + 2 r + c]`` (the ring viewed as
     16 KB pieces of [64, 128]) and each pushed to the peer CTA (:func:`_c_push`); the next block's 2 chunks in flight
-    in registers meanwhile (the WS producer's scheme with 2 chunks instead of 4)."""
+    in registers meanwhile (the WS producer's scheme with 2 chunks instead of 4). ``ROW_LANES``: the chunk (and,
+    without ``ROPE_ROWS``, the RoPE) layouts' lanes run over token rows first, as the WS producer's (module
+    docstring, "Row lanes")."""
     if FMT == 0:
         RB: gl.constexpr = 656
-        L: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])        # [64, 32] words
+        L: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [0, 1] if ROW_LANES else [1, 0])  # [64, 32] words
         LT: gl.constexpr = gl.SliceLayout(1, L)
     else:
         RB: gl.constexpr = 528
-        L: gl.constexpr = gl.BlockedLayout([1, 2, 8], [16, 2, 1], [4, 1, 1], [2, 1, 0])   # [64, 4, 8] words
+        L: gl.constexpr = gl.BlockedLayout([1, 2, 8], [16, 2, 1], [4, 1, 1],
+                                           [2, 0, 1] if ROW_LANES else [2, 1, 0])   # [64, 4, 8] words
         LT: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, L))
     if ROPE_ROWS:
         LP4: gl.constexpr = gl.BlockedLayout([4, 8], [4, 8], [4, 1], [1, 0])   # 4 tokens x 8 lanes x 16 B
     else:
-        LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1], [1, 0])
+        LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1], [0, 1] if ROW_LANES else [1, 0])
     LTP: gl.constexpr = gl.SliceLayout(1, LP4)
     r = hb & 1
     g0 = 2 * r
@@ -476,12 +509,13 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
 def _w3_producer(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr, stride_kb, page,
                  num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off,
                  PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr, FMT: gl.constexpr,
-                 DEQ_ASM: gl.constexpr, PF_L2: gl.constexpr, ROPE_ROWS: gl.constexpr):
+                 DEQ_ASM: gl.constexpr, PF_L2: gl.constexpr, ROPE_ROWS: gl.constexpr,
+                 ROW_LANES: gl.constexpr = False):
     """Worker partition (4 warps): this CTA's half of every block of its (request, block) line (:func:`_w3_blocks`)."""
     if ROPE_ROWS:
         LP4: gl.constexpr = gl.BlockedLayout([4, 8], [4, 8], [4, 1], [1, 0])   # the RoPE gather's (module docstring)
     else:
-        LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1], [1, 0])
+        LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1], [0, 1] if ROW_LANES else [1, 0])
     hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
     _c_sync()
     lane = _c_lane()
@@ -496,7 +530,7 @@ def _w3_producer(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
                                                                SBLOCK)
         it = _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo,
                         t_end, num_tok, page, stride_kb, it, dr, hb, ring_off, ready_off, lane, gs, peer, PAGE_SHIFT,
-                        FMT, DEQ_ASM, PF_L2, ROPE_ROWS)
+                        FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES)
     _c_sync()
 
 
@@ -659,7 +693,7 @@ def _sparse_decode_gluon_ws3_kernel(
     b, s_q, h_q, topk, acc_rows, sm_scale_log2, ring_off, ready_off, empty_off,
     PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PV_REGS: gl.constexpr,
-    PF_L2: gl.constexpr, ROPE_ROWS: gl.constexpr,
+    PF_L2: gl.constexpr, ROPE_ROWS: gl.constexpr, ROW_LANES: gl.constexpr,
 ):
     """WS2's arguments + the shared offsets of the ring / ``ready`` / ``empty`` (:func:`smem_offsets`). Launched as
     2-CTA clusters only (:func:`launch_sparse_decode_gluon_ws3`)."""
@@ -674,7 +708,7 @@ def _sparse_decode_gluon_ws3_kernel(
                      oacc_ptr, b, s_q, h_q, topk, acc_rows, empty_off, HAS_LEN, SBLOCK)),
         (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr, stride_kb,
                         page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off, PAGE_SHIFT,
-                        HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS)),
+                        HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES)),
     ], [4, 4], [PV_REGS, PRODUCER_REGS])
 
 
@@ -782,21 +816,29 @@ def _rope_rows(fmt: str, rope_rows) -> bool:
     return bool((fmt in WS3_ROPE_ROWS) if rope_rows is None else rope_rows) and fmt == "v32"
 
 
+def _row_lanes(fmt: str, row_lanes) -> bool:
+    """The ROW_LANES constexpr: ``row_lanes`` (default :data:`WS3_ROW_LANES` by format); both formats (the WS
+    kernel's V4.1 row-lanes layout exists, it measured slower there)."""
+    return bool((fmt in WS3_ROW_LANES) if row_lanes is None else row_lanes)
+
+
 _LAUNCHERS: dict = {}
 _LAUNCHER_LIMIT = 256
 _CONSTEXPRS = ("PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS", "FMT", "DEQ_ASM", "PV_REGS", "PF_L2",
-               "ROPE_ROWS")
+               "ROPE_ROWS", "ROW_LANES")
 
 
 def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None,
                                    extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
                                    extra_topk_length=None, config=None, _spec=None, *, pv_regs=None,
-                                   producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None):
+                                   producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None,
+                                   row_lanes=None):
     """Drop-in for ``launch_sparse_decode_gluon_ws2`` (same arguments and outputs; ``config`` ignored). ``h_q`` not
     a multiple of 128: the WS2 launcher runs the call. Keyword knobs (benchmarks): PV / producer ``setmaxnreg``,
     launch ``maxnreg``, ``deq_asm`` / ``pf_l2`` (default :data:`WS3_DEQ_ASM` / :data:`WS3_PF_L2` by format),
     ``rope_rows`` (V3.2 RoPE gather 4 tokens x 8 lanes per cp.async, default :data:`WS3_ROPE_ROWS`; module
-    docstring, "RoPE rows")."""
+    docstring, "RoPE rows"), ``row_lanes`` (producer lanes over token rows first, default :data:`WS3_ROW_LANES`;
+    module docstring, "Row lanes")."""
     from .combine import combine_splits_
     from .metadata import SCHED_BLOCK
 
@@ -818,7 +860,8 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
     constexprs = (_page_shift(kv.shape[1]), topk_length is not None, attn_sink is not None, SCHED_BLOCK,
                   producer_regs or WS3_PRODUCER_REGS[fmt], GLUON_FMTS[fmt],
                   bool((fmt in WS3_DEQ_ASM) if deq_asm is None else deq_asm), pv_regs or WS2_PV_REGS,
-                  bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2), _rope_rows(fmt, rope_rows))
+                  bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2), _rope_rows(fmt, rope_rows),
+                  _row_lanes(fmt, row_lanes))
     opts = (WS3_NUM_WARPS, maxnreg or WS_MAXNREG)
     key = (_CONSTEXPRS, constexprs, opts, spec, q.device.index)
     launcher = _LAUNCHERS.get(key)
@@ -833,7 +876,8 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
 
 
 def compile_sm90_ws3(fmt: str = "v32", page_shift: int = 6, has_len: bool = True, has_sink: bool = True,
-                     pv_regs=None, producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None):
+                     pv_regs=None, producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None,
+                     row_lanes=None):
     """Cross-compile the kernel for sm90 (no GPU needed), the launch's divisibility facts. Returns the
     CompiledKernel (``.asm['ptx']``, ``.asm['ttgir']``, ``.metadata.shared``)."""
     fn = _sparse_decode_gluon_ws3_kernel
@@ -846,7 +890,8 @@ def compile_sm90_ws3(fmt: str = "v32", page_shift: int = 6, has_len: bool = True
     consts = dict(PAGE_SHIFT=page_shift, HAS_LEN=has_len, HAS_SINK=has_sink, SBLOCK=64,
                   PRODUCER_REGS=producer_regs or WS3_PRODUCER_REGS[fmt], FMT=GLUON_FMTS[fmt],
                   DEQ_ASM=bool((fmt in WS3_DEQ_ASM) if deq_asm is None else deq_asm), PV_REGS=pv_regs or WS2_PV_REGS,
-                  PF_L2=bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2), ROPE_ROWS=_rope_rows(fmt, rope_rows))
+                  PF_L2=bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2), ROPE_ROWS=_rope_rows(fmt, rope_rows),
+                  ROW_LANES=_row_lanes(fmt, row_lanes))
     hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
                                                                   "stride_ib", "stride_is"]
     return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=WS3_NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)
