@@ -28,6 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # (fmt, b, s_q, topk); the first row is the prediction's shape (module docstring)
 SHAPES = (("v32", 128, 1, 2048), ("v32", 128, 2, 2048), ("v32", 64, 1, 2048), ("v32", 32, 4, 2048),
           ("v32", 128, 1, 512), ("v41", 128, 1, 2048))
+# --v41: ROW_LANES on V4.1 (its first run: 0.960 at b 128 s_q 1) over more shapes
+SHAPES_V41 = (("v41", 128, 1, 2048), ("v41", 128, 2, 2048), ("v41", 64, 1, 2048), ("v41", 32, 4, 2048),
+              ("v41", 128, 1, 512))
 
 
 def main(argv=None) -> int:
@@ -35,6 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("out", nargs="?", default=os.path.join(os.environ.get("OUT", "."), "sparse_decode_ws3_rope.json"))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="the first 2 shapes only")
+    ap.add_argument("--v41", action="store_true", help="V4.1 shapes only (SHAPES_V41)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to time")
@@ -48,7 +52,7 @@ def main(argv=None) -> int:
     variants = (("ws3", {}), ("ws3_aa", {}), ("ws3_rope", dict(rope_rows=True)), ("ws3_rl", dict(row_lanes=True)),
                 ("ws3_rl_rope", dict(row_lanes=True, rope_rows=True)))
     options = [n for n, kn in variants if kn]
-    shapes = SHAPES[:2] if args.quick else SHAPES
+    shapes = SHAPES_V41 if args.v41 else SHAPES[:2] if args.quick else SHAPES
     rows = []
     B.warm_clocks()
     for fmt, b, s_q, topk in shapes:
