@@ -189,11 +189,16 @@ def test_default_ptx_unchanged(fmt, page_shift, has_len, has_sink):
     import triton
     if triton.__version__ != "3.6.0":
         pytest.skip(f"hashes taken with Triton 3.6.0, not {triton.__version__}")
-    assert not W3.WS3_ROPE_ROWS and not W3.WS3_ROW_LANES
-    assert _ptx_sha(_compiled(fmt, page_shift, has_len, has_sink)[0]) == _BASE_PTX_SHA[(fmt, page_shift, has_len,
-                                                                                       has_sink)]
+    assert not W3.WS3_ROPE_ROWS and W3.WS3_ROW_LANES == frozenset({"v41"})
+    # the build with both options off: unchanged since they were added (V3.2's default; V4.1's default is ROW_LANES
+    # since session 17)
+    k = W3.compile_sm90_ws3(fmt, page_shift, has_len, has_sink, row_lanes=False)
+    assert _ptx_sha(k.asm["ptx"]) == _BASE_PTX_SHA[(fmt, page_shift, has_len, has_sink)]
+    if fmt == "v32":
+        assert _ptx_sha(_compiled(fmt, page_shift, has_len, has_sink)[0]) == _BASE_PTX_SHA[(fmt, page_shift, has_len,
+                                                                                           has_sink)]
     if fmt == "v41":        # rope_rows is a V3.2 option: V4.1 compiles the default kernel with it
-        k = W3.compile_sm90_ws3(fmt, page_shift, has_len, has_sink, rope_rows=True)
+        k = W3.compile_sm90_ws3(fmt, page_shift, has_len, has_sink, rope_rows=True, row_lanes=False)
         assert _ptx_sha(k.asm["ptx"]) == _BASE_PTX_SHA[(fmt, page_shift, has_len, has_sink)]
 
 
@@ -315,26 +320,27 @@ def test_compile_row_lanes(page_shift, has_len, has_sink, rope_rows):
 
 @pytest.mark.compile
 def test_compile_row_lanes_v41():
-    """ROW_LANES on V4.1 (the WS kernel's [64, 4, 8] row-lanes order; not measured on WS3): compiles, its layout
-    in the TTGIR, 0 spills in the producer loop as the default, the same 16 ``STS.128`` per block."""
+    """ROW_LANES on V4.1 (the WS kernel's [64, 4, 8] row-lanes order; V4.1's default since session 17): compiles,
+    its layout in the TTGIR, 0 spills in the producer loop as without it, the same 16 ``STS.128`` per block."""
     ptx, ttgir, _ = _compiled_rl("v41", 6, True, True)
     assert "sizePerThread = [1, 2, 8], threadsPerWarp = [16, 2, 1], warpsPerCTA = [4, 1, 1], order = [2, 0, 1]" in ttgir
+    assert _compiled("v41", 6, True, True)[0] == ptx          # the default build is this one
     rep, soft, pv, prod = _loops(ptx)
-    rep0, soft0, pv0, prod0 = _loops(_compiled("v41", 6, True, True)[0])
+    rep0, soft0, pv0, prod0 = _loops(W3.compile_sm90_ws3("v41", 6, True, True, row_lanes=False).asm["ptx"])
     assert _n_spill(prod) == _n_spill(prod0) == 0 and _n_spill(soft) == 0 and _n_spill(pv) == 0
     assert sum(1 for t in prod if t.startswith("STS.128")) == sum(1 for t in prod0 if t.startswith("STS.128")) == 16
     assert len(prod) <= len(prod0) + 8 and len(soft) == len(soft0)
 
 
 def test_row_lanes_option_plumbing():
-    """row_lanes: keyword-only, last, default from WS3_ROW_LANES (empty: the default build); both formats."""
+    """row_lanes: keyword-only, last, default from WS3_ROW_LANES (V4.1 since session 17); both formats."""
     for f in (W3.launch_sparse_decode_gluon_ws3, W3.compile_sm90_ws3):
         sig = inspect.signature(f).parameters
         assert list(sig)[-1] == "row_lanes" and sig["row_lanes"].default is None
     sig = inspect.signature(W3.launch_sparse_decode_gluon_ws3).parameters
     assert sig["row_lanes"].kind == inspect.Parameter.KEYWORD_ONLY
-    assert W3._CONSTEXPRS[-1] == "ROW_LANES" and W3.WS3_ROW_LANES == frozenset()
-    assert not W3._row_lanes("v32", None) and not W3._row_lanes("v41", None)
+    assert W3._CONSTEXPRS[-1] == "ROW_LANES" and W3.WS3_ROW_LANES == frozenset({"v41"})
+    assert not W3._row_lanes("v32", None) and W3._row_lanes("v41", None) and not W3._row_lanes("v41", False)
     assert W3._row_lanes("v32", True) and W3._row_lanes("v41", True) and not W3._row_lanes("v32", False)
     params = [p.name for p in W3._sparse_decode_gluon_ws3_kernel.params]
     assert params[-2:] == ["ROPE_ROWS", "ROW_LANES"]
@@ -633,9 +639,10 @@ def test_gpu_ws3_row_lanes_indices_minus_one_and_junk(knobs, poison):
 
 @pytest.mark.gpu
 def test_gpu_ws3_row_lanes_v41_bit_identical(poison):
-    """row_lanes=True on V4.1 (the WS kernel's [64, 4, 8] row-lanes order) against the default WS3 build."""
+    """row_lanes=True on V4.1 (the WS kernel's [64, 4, 8] row-lanes order; V4.1's default since session 17) against
+    the build without it."""
     kw = make_case(74, 3, 128, "v41", 576, 650, 64, with_len=True, sink=True, device="cuda")
-    o0, l0 = _direct(kw, "v41")
+    o0, l0 = _direct(kw, "v41", row_lanes=False)
     o1, l1 = _direct(kw, "v41", row_lanes=True)
     assert not torch.isnan(o0).any() and not torch.isnan(l0).any()
     assert torch.equal(o1, o0) and torch.equal(l1, l0)

@@ -139,6 +139,16 @@ instructions per block were the gap, V3.2 should move from 0.81x toward >= 1.0x 
 per-block lockstep of the two CTAs is the next suspect). Next device run: ``GIT_SHA=<sha> OUT=$OUT bash
 benchmarks/device_sparse_ws3.sh``.
 
+Measured (session 17, H200, git 0b54eb4785ad, ``device_sparse_ws3.sh``, results/sparse_decode_ws3-h200-2026-11-29-s17
+.json): 43/43 GPU tests, bit-identical to WS2 at all 6 shapes, 66/66 clusters; ws3 / ws2 1.16-1.25x (V3.2 336.6 /
+360.5 TFLOPS at b 128 s_q 1 / 2; V4.1 304.7 / 326.4) -- the spills were the gap; inside the predicted 1.25-1.45x
+only at its bottom. Paired rotated rounds over batch sizes (git 7d103e6, ``sparse_decode_ws3_paired.py``,
+results/sparse_decode_ws3_paired-h200-2026-11-29-s17.json; t_ws3 / t_ws2): 0.80-0.85 at 31-124 blocks per CTA,
+0.91-0.99 at 15.5 (topk 2048), but 1.01-1.06 at topk 512 (15.5 blocks, 8 per request) and 1.03-1.05 at b 1 / 8
+(0.5-4 blocks): the cluster's fixed costs -> dispatched with :data:`DISPATCH_MIN_BLOCKS`. Through the public op in
+``deepkernels bench`` (git c1ff888): V3.2 h_q 128 305.5-373.4 TFLOPS (session 16: 255.6-293.7), V4.1 287.4-347.4
+(249.2-292.5).
+
 RoPE rows (opt-in ``ROPE_ROWS``: launcher / compile keyword ``rope_rows``, default :data:`WS3_ROPE_ROWS`, empty: the
 default build is unchanged, its cleaned PTX pinned by ``tests/test_mla_sparse_decode_ws3.py::
 test_default_ptx_unchanged``). V3.2 only: V4.1 (528-B record) has no bf16 RoPE rows to gather (its 64 RoPE columns
@@ -189,8 +199,8 @@ ignored for it (no second specialisation).
   dequant (issued ~300 instructions earlier): +1-3 % on top of ROPE_ROWS at V3.2 h_q 128 b 128 s_q 1, if the
   producer's gathers (not the consumers) bound the block time.
 
-Row lanes (opt-in ``ROW_LANES``: launcher / compile keyword ``row_lanes``, default :data:`WS3_ROW_LANES`, empty: the
-default build is unchanged, ``test_default_ptx_unchanged``). The WS kernel's ``ROW_LANES`` (``_gluon_sparse_decode_ws.
+Row lanes (``ROW_LANES``: launcher / compile keyword ``row_lanes``, default :data:`WS3_ROW_LANES` -- V4.1 since
+session 17, see "Measured" below; the build with it off is pinned, ``test_default_ptx_unchanged``). The WS kernel's ``ROW_LANES`` (``_gluon_sparse_decode_ws.
 WS_ROW_LANES``) applied to this producer: the chunk layout's lanes run over token rows first (V3.2 ``[64, 32]`` words
 ``BlockedLayout([1, 16], [16, 2], [4, 1], [0, 1])``, V4.1 ``[64, 4, 8]`` order ``[2, 0, 1]``), so each quarter-warp
 of a dequantised 16-byte shared store writes 8 different rows = 8 distinct 16-byte bank groups of the 128-B-swizzled
@@ -214,6 +224,16 @@ bit-identical to the default (``test_gpu_ws3_row_lanes_bit_identical``, V3.2 alo
   expected ~0 or a loss. Falsifier: no change at all (the producer is latency-bound and waits on ``empty``). Paired
   bench (variants ``ws3_rl``, ``ws3_rl_rope`` against the default): ``GIT_SHA=<sha> OUT=$OUT bash
   benchmarks/device_sparse_ws3_rope.sh``.
+
+Measured (session 17, H200; git c1ff888 ``device_sparse_ws3_rope.sh`` and git b446a4b ``sparse_decode_ws3_rope.py
+--v41``, paired rotated rounds, 5 rounds, A/A control 0.997-1.001; results/sparse_decode_ws3_rope-h200-2026-11-29-s17
+*.json): 21/21 GPU tests of both options, every variant bit-identical to the default at every shape.
+* ROPE_ROWS, V3.2: t / t_ws3 1.046-1.126 -- SLOWER at all 5 shapes (predicted 0.97-0.99: wrong sign). The extra
+  instructions (37-42 per block) and the shared-memory convert cost more than the saved RoPE wavefronts; the producer
+  is not bound by those wavefronts. Not dispatched.
+* ROW_LANES, V3.2: 0.995-1.038 (no gain); V4.1: 0.943-0.982 at 5 shapes (b 128 s_q 1 315.0 vs 302.3 TFLOPS, s_q 2
+  340.1 vs 322.7, b 32 s_q 4 336.9 vs 317.9) -- the opposite of the WS kernel (V3.2 +1.5 %, V4.1 -2 %). Dispatched for
+  V4.1 (:data:`WS3_ROW_LANES`).
 """
 from __future__ import annotations
 
@@ -249,8 +269,10 @@ WS3_PF_L2 = frozenset({"v32"})
 WS3_ROPE_ROWS = frozenset()
 # formats whose producer lanes run over token rows first (the WS kernel's ROW_LANES, ``_gluon_sparse_decode_ws.
 # WS_ROW_LANES``: conflict-free 16-byte stores of the dequantised NoPE chunks into the swizzled ring; module
-# docstring, "Row lanes"; opt-in: the default build is the measured one)
-WS3_ROW_LANES = frozenset()
+# docstring, "Row lanes"): V4.1 since session 17 (H200, git b446a4b7f73a, paired rotated rounds, t_rl / t_ws3
+# 0.943-0.982 at 5 shapes, bit-identical; results/sparse_decode_ws3_rope-h200-2026-11-29-s17*.json); V3.2 0.994-1.038:
+# off
+WS3_ROW_LANES = frozenset({"v41"})
 # sparse_decode.py sends the calls WS / WS2 would take (no extra cache, h_q a multiple of 128) here for the formats in
 # DISPATCH_FMTS (DEEPKERNELS_SPARSE_WS3=0 / =1 override): both, since session 17 (H200, git 0b54eb4785ad, after the
 # softmax-loop spills were removed: 43/43 GPU tests, bit-identical to WS2, ws3 / ws2 1.16-1.25x at 6 shapes,
