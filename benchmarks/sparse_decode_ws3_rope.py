@@ -28,6 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # (fmt, b, s_q, topk); the first row is the prediction's shape (module docstring)
 SHAPES = (("v32", 128, 1, 2048), ("v32", 128, 2, 2048), ("v32", 64, 1, 2048), ("v32", 32, 4, 2048),
           ("v32", 128, 1, 512), ("v41", 128, 1, 2048))
+# --sweep: the producer knobs re-tuned for WS3 (chosen for WS / WS2, whose producers do twice the work)
+SHAPES_SWEEP = (("v32", 128, 1, 2048), ("v32", 128, 2, 2048), ("v41", 128, 1, 2048), ("v41", 128, 2, 2048))
 # --v41: ROW_LANES on V4.1 (its first run: 0.960 at b 128 s_q 1) over more shapes
 SHAPES_V41 = (("v41", 128, 1, 2048), ("v41", 128, 2, 2048), ("v41", 64, 1, 2048), ("v41", 32, 4, 2048),
               ("v41", 128, 1, 512))
@@ -39,6 +41,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="the first 2 shapes only")
     ap.add_argument("--v41", action="store_true", help="V4.1 shapes only (SHAPES_V41)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="instead of the options: the producer knobs (pf_l2 flipped; V3.2 also deq_asm off and "
+                         "the producer setmaxnreg -16, the softmax warpgroup getting them) against each format's "
+                         "default, at SHAPES_SWEEP")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to time")
@@ -49,13 +55,24 @@ def main(argv=None) -> int:
     from deepkernels.bench.runner import provenance
     from triton.testing import do_bench
 
-    variants = (("ws3", {}), ("ws3_aa", {}), ("ws3_rope", dict(rope_rows=True)), ("ws3_rl", dict(row_lanes=True)),
-                ("ws3_rl_rope", dict(row_lanes=True, rope_rows=True)))
-    options = [n for n, kn in variants if kn]
-    shapes = SHAPES_V41 if args.v41 else SHAPES[:2] if args.quick else SHAPES
+    def variants_for(fmt):
+        if not args.sweep:
+            return (("ws3", {}), ("ws3_aa", {}), ("ws3_rope", dict(rope_rows=True)), ("ws3_rl", dict(row_lanes=True)),
+                    ("ws3_rl_rope", dict(row_lanes=True, rope_rows=True)))
+        # cross-compiled first (sm90 ptxas, page shift 6 + lengths + sink): left out are V4.1 deq_asm (87 spill
+        # instructions in the producer loop), V3.2 producer +16 (5 in the softmax loop), V4.1 producer -16 (same SASS)
+        # and +16 (2 producer spills)
+        flips = [("ws3_pfl2", dict(pf_l2=fmt not in W3.WS3_PF_L2))]
+        if fmt == "v32":
+            flips += [("ws3_deq", dict(deq_asm=False)), ("ws3_pr-16", dict(producer_regs=W3.WS3_PRODUCER_REGS[fmt] - 16))]
+        return (("ws3", {}), ("ws3_aa", {}), *flips)
+
+    shapes = SHAPES_SWEEP if args.sweep else SHAPES_V41 if args.v41 else SHAPES[:2] if args.quick else SHAPES
     rows = []
     B.warm_clocks()
     for fmt, b, s_q, topk in shapes:
+        variants = variants_for(fmt)
+        options = [n for n, kn in variants if kn]
         h_q = 128
         c = B.kernel_case(fmt, b, s_q, h_q, topk, 8192)
         row = dict(fmt=fmt, b=b, s_q=s_q, h_q=h_q, topk=topk, s_k=8192, parts=c.parts, flop=c.flop)
