@@ -192,6 +192,11 @@ cleaned PTX of all 24 (overlap, d_pe, has_len, has_sink) kernels is byte-identic
   ~410-455. Either way HALF + OVERLAP 1 should beat OVERLAP 1 without it by >= 1.25x (its 0.80x came from G); if
   it does not, the exposed-gather diagnosis is wrong. Not bit-identical guaranteed but expected (GPU test records).
   Not run on a GPU yet (``benchmarks/device_sparse_prefill_half.sh``).
+* MEASURED (session 17, H200, git 0b54eb4785ad, ``benchmarks/device_sparse_prefill_half.sh``, 6 rotated rounds,
+  results/sparse_prefill_half-h200-2026-11-29-s17.json): 120/120 GPU tests, every variant bit-identical to ws2; paired
+  t / t_ws2: HALF 1.03-1.05, HALF + OVERLAP 1 1.15-1.19, HALF + OVERLAP 2 1.15-1.18, OVERLAP 1 1.22-1.24 (sink on /
+  off, s_kv 8K / 64K). All slower; HALF + OVERLAP 1 is only ~1.05x OVERLAP 1 (falsifier: < 1.25x) -- the exposed
+  gather is NOT why OVERLAP loses. Kept as options, not dispatched.
 """
 from __future__ import annotations
 

@@ -123,6 +123,14 @@ count protocol is wrong (the device script's smoke guard); a non-bit-identical r
 wrong place or stale (the tests' NaN-poisoned unreferenced rows would show it as an error). Numerics: expected
 bit-identical to WS2 (same tile bytes, same consumer code; recorded by ``test_gpu_ws3_equals_ws2``).
 
+MEASURED (session 17, H200, git b53f320b4614, ``T_P3_TESTS=90 bash benchmarks/device_sparse_prefill_ws3.sh``, 6 rotated
+rounds, results/sparse_prefill_ws3-h200-2026-11-29-s17.json): 41/41 GPU tests, bit-identical to WS2 (10/10 recorded
+cases and all 4 bench shapes), 66 co-resident clusters (one wave). Paired t / t_ws2: ``gluon-ws3`` (PF_IDX on) 1.081 /
+1.084 at 8K, 1.047 / 1.054 at 64K -- slower; ``gluon-ws3-nopf`` 1.011 / 1.016 at 8K, 0.976 / 0.994 at 64K (even).
+Below the predicted 0.97-1.06x at 8K; at 64K even instead of 1.02-1.15x faster. Halving each CTA's gathers does not
+move the kernel: the gathers are not its limit (the per-CTA S -> softmax -> P V chain is), and the index prefetch's
+register split (producer 72 / PV 200) costs ~7 %. Not dispatched.
+
 Next device run: ``GIT_SHA=<sha> OUT=$OUT bash benchmarks/device_sparse_prefill_ws3.sh``.
 """
 from __future__ import annotations
