@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     import mla_sparse_decode as B
     from deepkernels.mla import _gluon_sparse_decode_ws as W
     from deepkernels.mla import _gluon_sparse_decode_ws2 as W2
-    from deepkernels.bench.paired import round_stats, time_rotated
+    from deepkernels.bench.paired import bit_identical, first_runs, round_stats, time_rotated
     from deepkernels.bench.runner import provenance
     from triton.testing import do_bench
 
@@ -47,26 +47,15 @@ def main(argv=None) -> int:
         for b, s_q, h_q in ((128, 1, 128), (128, 2, 128), (64, 1, 128)):
             c = B.kernel_case(fmt, b, s_q, h_q, 2048, 8192)
             row = dict(fmt=fmt, b=b, s_q=s_q, h_q=h_q, topk=2048, s_k=8192, parts=c.parts, flop=c.flop)
-            fns, outs = {}, {}
-            for name, launch, rl, _ in variants:
-                out = torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16, device="cuda")
-                lse = torch.empty(b, s_q, h_q, device="cuda")
-                fn = (lambda o=out, l_=lse, f=launch, r=rl:
-                      f(o, l_, c.q, c.cache, c.ind, c.sched, c.ns, c.scale, fmt, row_lanes=r))
-                try:
-                    out.fill_(float("nan"))
-                    lse.fill_(float("nan"))
-                    fn()
-                    torch.cuda.synchronize()
-                    outs[name] = (out.clone(), lse.clone())
-                    row[name + "_nan"] = bool(torch.isnan(out).any() or torch.isnan(lse).any())
-                    fns[name] = fn
-                except Exception as e:  # noqa: BLE001
-                    row[name + "_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            launches = {name: (lambda o, l_, f=launch, r=rl:
+                               f(o, l_, c.q, c.cache, c.ind, c.sched, c.ns, c.scale, fmt, row_lanes=r))
+                        for name, launch, rl, _ in variants}
+            fns, outs = first_runs(launches, lambda: (torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16,
+                                                                  device="cuda"),
+                                                      torch.empty(b, s_q, h_q, device="cuda")), row)
             for base in ("ws", "ws2"):
                 if base in outs and base + "_rl" in outs:
-                    (o1, l1), (o2, l2) = outs[base], outs[base + "_rl"]
-                    row[base + "_rl_bit_identical"] = bool(torch.equal(o1, o2) and torch.equal(l1.nan_to_num(), l2.nan_to_num()))
+                    row[base + "_rl_bit_identical"] = bit_identical(outs[base], outs[base + "_rl"])
             times = time_rotated(fns, args.rounds, lambda f: do_bench(f, warmup=3, rep=15, return_mode="median"))
             for n, st in round_stats(times, None).items():
                 row[n + "_ms_rounds"] = st["ms_rounds"]

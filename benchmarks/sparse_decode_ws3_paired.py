@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     from deepkernels.mla import _gluon_sparse_decode_ws as W
     from deepkernels.mla import _gluon_sparse_decode_ws2 as W2
     from deepkernels.mla import _gluon_sparse_decode_ws3 as W3
-    from deepkernels.bench.paired import round_stats, time_rotated
+    from deepkernels.bench.paired import bit_identical, first_runs, round_stats, time_rotated
     from deepkernels.bench.runner import provenance
     from triton.testing import do_bench
 
@@ -51,24 +51,13 @@ def main(argv=None) -> int:
             h_q = 128
             c = B.kernel_case(fmt, b, s_q, h_q, topk, 8192)
             row = dict(fmt=fmt, b=b, s_q=s_q, h_q=h_q, topk=topk, s_k=8192, parts=c.parts, flop=c.flop)
-            fns, outs = {}, {}
-            for name, launch in kernels.items():
-                out = torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16, device="cuda")
-                lse = torch.empty(b, s_q, h_q, device="cuda")
-                fn = (lambda o=out, l_=lse, f=launch: f(o, l_, c.q, c.cache, c.ind, c.sched, c.ns, c.scale, fmt))
-                try:
-                    out.fill_(float("nan"))
-                    lse.fill_(float("nan"))
-                    fn()
-                    torch.cuda.synchronize()
-                    outs[name] = (out.clone(), lse.clone())
-                    row[name + "_nan"] = bool(torch.isnan(out).any() or torch.isnan(lse).any())
-                    fns[name] = fn
-                except Exception as e:  # noqa: BLE001
-                    row[name + "_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            launches = {name: (lambda o, l_, f=launch: f(o, l_, c.q, c.cache, c.ind, c.sched, c.ns, c.scale, fmt))
+                        for name, launch in kernels.items()}
+            fns, outs = first_runs(launches, lambda: (torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16,
+                                                                  device="cuda"),
+                                                      torch.empty(b, s_q, h_q, device="cuda")), row)
             if "ws2" in outs and "ws3" in outs:
-                (o1, l1), (o2, l2) = outs["ws2"], outs["ws3"]
-                row["bit_identical"] = bool(torch.equal(o1, o2) and torch.equal(l1.nan_to_num(), l2.nan_to_num()))
+                row["bit_identical"] = bit_identical(outs["ws2"], outs["ws3"])
             times = time_rotated(fns, args.rounds, lambda f: do_bench(f, warmup=3, rep=15, return_mode="median"))
             for n, st in round_stats(times, None).items():
                 row[n + "_ms_rounds"] = st["ms_rounds"]

@@ -51,7 +51,7 @@ def main(argv=None) -> int:
         return 0
     import mla_sparse_decode as B
     from deepkernels.mla import _gluon_sparse_decode_ws3 as W3
-    from deepkernels.bench.paired import round_stats, time_rotated
+    from deepkernels.bench.paired import bit_identical, first_runs, round_stats, time_rotated
     from deepkernels.bench.runner import provenance
     from triton.testing import do_bench
 
@@ -76,26 +76,13 @@ def main(argv=None) -> int:
         h_q = 128
         c = B.kernel_case(fmt, b, s_q, h_q, topk, 8192)
         row = dict(fmt=fmt, b=b, s_q=s_q, h_q=h_q, topk=topk, s_k=8192, parts=c.parts, flop=c.flop)
-        fns, outs = {}, {}
-        for name, knobs in variants:
-            out = torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16, device="cuda")
-            lse = torch.empty(b, s_q, h_q, device="cuda")
-            fn = (lambda o=out, l_=lse, k=knobs: W3.launch_sparse_decode_gluon_ws3(
-                o, l_, c.q, c.cache, c.ind, c.sched, c.ns, c.scale, fmt, **k))
-            try:
-                out.fill_(float("nan"))
-                lse.fill_(float("nan"))
-                fn()
-                torch.cuda.synchronize()
-                outs[name] = (out.clone(), lse.clone())
-                row[name + "_nan"] = bool(torch.isnan(out).any() or torch.isnan(lse).any())
-                fns[name] = fn
-            except Exception as e:  # noqa: BLE001
-                row[name + "_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        launches = {name: (lambda o, l_, k=knobs: W3.launch_sparse_decode_gluon_ws3(
+            o, l_, c.q, c.cache, c.ind, c.sched, c.ns, c.scale, fmt, **k)) for name, knobs in variants}
+        fns, outs = first_runs(launches, lambda: (torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16, device="cuda"),
+                                                  torch.empty(b, s_q, h_q, device="cuda")), row)
         for v in options:
             if "ws3" in outs and v in outs:
-                (o1, l1), (o2, l2) = outs["ws3"], outs[v]
-                row[v + "_bit"] = bool(torch.equal(o1, o2) and torch.equal(l1.nan_to_num(), l2.nan_to_num()))
+                row[v + "_bit"] = bit_identical(outs["ws3"], outs[v])
         row["bit_identical"] = all(row.get(v + "_bit", False) for v in options)
         times = time_rotated(fns, args.rounds, lambda f: do_bench(f, warmup=3, rep=15, return_mode="median"))
         for n, st in round_stats(times, None).items():

@@ -48,3 +48,38 @@ def test_failed_timings():
     assert st["v"]["paired_time_ratios"] == [0.9, None, None] and st["v"]["paired_time_ratio_median"] == 0.9
     with pytest.raises(RuntimeError):
         time_rotated({"bad": boom}, 1, timer)
+
+
+def test_first_runs_and_bit_identity():
+    """first_runs poisons, runs, records NaN / errors and returns repeatable callables; bit_identical compares the
+    pairs exactly (a one-ulp change is a difference; an inf lse at the same place is not)."""
+    import torch
+    from deepkernels.bench.paired import bit_identical, first_runs
+    x = torch.randn(4, 8)
+
+    def good(out, lse):
+        out.copy_(x)
+        lse.copy_(x[:, 0])
+        lse[1] = float("inf")
+
+    def half(out, lse):
+        out[:2].copy_(x[:2])                  # leaves NaN in rows 2, 3
+        lse.zero_()
+
+    def bad(out, lse):
+        raise ValueError("unsupported shape")
+    row, calls = {}, []
+
+    def counted(out, lse):
+        calls.append(1)
+        good(out, lse)
+    fns, outs = first_runs(dict(a=good, b=half, c=bad, d=counted), lambda: (torch.empty(4, 8), torch.empty(4)), row)
+    assert set(fns) == set(outs) == {"a", "b", "d"} and "ValueError: unsupported shape" == row["c_error"]
+    assert row["a_nan"] is False and row["b_nan"] is True and row["d_nan"] is False
+    fns["d"]()
+    assert len(calls) == 2
+    assert bit_identical(outs["a"], outs["d"]) and not bit_identical(outs["a"], outs["b"])
+    o, l_ = outs["a"]
+    o2 = o.clone()
+    o2[0, 0] = torch.nextafter(o2[0, 0], torch.tensor(float("inf")))
+    assert not bit_identical((o, l_), (o2, l_))

@@ -5,8 +5,9 @@ Each round times every variant once, in an order rotated by one per round (:func
 headline against a reference is the median over rounds of the PAIRED ratio t_variant / t_ref of the same round
 (:func:`round_stats`), so drift slower than a round cancels. With R a multiple of the number of variants every
 cyclic offset occurs equally often and the geometric mean of the paired ratios cancels a steady drift exactly.
-Used by ``benchmarks/mla_decode_ring.py``, ``benchmarks/sparse_decode_rowlanes.py`` and ``benchmarks/mla_prefill.py
---rounds``.
+Used by ``benchmarks/mla_decode_ring.py``, ``benchmarks/sparse_decode_rowlanes.py``, ``benchmarks/mla_prefill.py
+--rounds`` and the WS3 sparse decode benches. :func:`first_runs` / :func:`bit_identical`: the correctness pass
+before the timing (each variant once into NaN-poisoned outputs, bit identity between variants).
 """
 from __future__ import annotations
 
@@ -14,7 +15,41 @@ import math
 import statistics
 from typing import Callable
 
-__all__ = ["rotation", "time_rotated", "round_stats"]
+__all__ = ["rotation", "time_rotated", "round_stats", "first_runs", "bit_identical"]
+
+
+def first_runs(launches: dict, alloc: Callable, row: dict) -> tuple:
+    """Each variant once, before any timing: ``launches`` maps a name to ``launch(out, lse)`` (writes its results into
+    the given tensors), ``alloc()`` returns a fresh ``(out, lse)`` pair. The pair is filled with NaN, the variant
+    runs, the device synchronises. Returns ``(fns, outs)``: ``fns[name]`` a zero-argument callable that repeats the
+    launch into its own pair (for timing), ``outs[name]`` clones of its first results; ``row[name + "_nan"]`` says
+    whether any NaN is left in them. A variant that raises is left out of both, its message in
+    ``row[name + "_error"]``."""
+    import torch
+    fns, outs = {}, {}
+    for name, launch in launches.items():
+        out, lse = alloc()
+        fn = (lambda o=out, l_=lse, f=launch: f(o, l_))
+        try:
+            out.fill_(float("nan"))
+            lse.fill_(float("nan"))
+            fn()
+            if out.is_cuda:
+                torch.cuda.synchronize()
+            outs[name] = (out.clone(), lse.clone())
+            row[name + "_nan"] = bool(torch.isnan(out).any() or torch.isnan(lse).any())
+            fns[name] = fn
+        except Exception as e:  # noqa: BLE001
+            row[name + "_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    return fns, outs
+
+
+def bit_identical(a: tuple, b: tuple) -> bool:
+    """Whether two ``(out, lse)`` results are equal bit for bit (NaN / inf in lse compared by position: +inf rows of
+    empty work must match too)."""
+    import torch
+    (o1, l1), (o2, l2) = a, b
+    return bool(torch.equal(o1, o2) and torch.equal(l1.nan_to_num(), l2.nan_to_num()))
 
 
 def rotation(names: list, r: int) -> list:

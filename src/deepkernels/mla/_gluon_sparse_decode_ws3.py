@@ -815,8 +815,15 @@ class _ClusterLauncher:
         self.meta = meta
         self.kernel = None
 
+    def _jit_kernel(self):
+        """The JIT kernel this launcher compiles (read at the first call: a test's stand-in module attribute counts;
+        subclasses for other cluster kernels override this only)."""
+        return _sparse_decode_gluon_ws3_kernel
+
     def __call__(self, gx: int, args: tuple, scale_log2: float):
-        fn = _sparse_decode_gluon_ws3_kernel
+        """Launch ``2 x gx`` CTAs: ``args`` = the kernel's runtime arguments before ``sm_scale_log2``; the shared
+        offsets (``ring_off``, ``ready_off``, ``empty_off``) follow it, then the constexprs of ``meta``."""
+        fn = self._jit_kernel()
         if self.kernel is None:
             k = fn.warmup(*args, scale_log2, 0, 0, 0, grid=(gx, ), **self.meta)
             self.offsets = _offset_args(k.asm["ttgir"])

@@ -407,20 +407,8 @@ class _PrefillClusterLauncher(_ClusterLauncher):
 
     __slots__ = ()
 
-    def __call__(self, gx: int, args: tuple, scale_log2: float):
-        fn = _sparse_prefill_gluon_ws3_kernel
-        if self.kernel is None:
-            k = fn.warmup(*args, scale_log2, 0, 0, 0, grid=(gx, ), **self.meta)
-            self.offsets = _offset_args(k.asm["ttgir"])
-            self.packed = (k.metadata.num_warps, 2, k.metadata.shared)
-            names = [p.name for p in fn.params]
-            self.tail = tuple(self.meta[n] for n in names[len(args) + 4:])
-            self.run = k.run
-            self.function = k.function
-            self.kernel = k
-        stream = torch.cuda.current_stream().cuda_stream
-        self.run(gx, 1, 1, stream, self.function, self.packed, None, None, None, *args, scale_log2, *self.offsets,
-                 *self.tail)
+    def _jit_kernel(self):
+        return _sparse_prefill_gluon_ws3_kernel
 
 
 def _args(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink, topk_length) -> tuple:
