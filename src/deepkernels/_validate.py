@@ -1,12 +1,14 @@
 """Argument checks for public ops: every failure names the argument, what was seen and what was expected."""
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Iterable, Sequence
 
 import torch
 
 __all__ = ["check_tensor", "check_dtype", "check_shape", "check_compiled_dims", "overlaps", "check_distinct_elements",
-           "check_int32_extent", "INT32_MAX"]
+           "check_int32_extent", "check_scale", "INT32_MAX"]
 
 INT32_MAX = 2**31 - 1
 
@@ -81,3 +83,29 @@ def check_int32_extent(what: str, value: int, why: str = "TMA coordinates are 32
     """Raise ValueError when a size the kernels index with 32-bit integers exceeds ``2^31 - 1``."""
     if value > INT32_MAX:
         raise ValueError(f"{what} = {value} exceeds 2^31 - 1 ({why}); split the call")
+
+
+def check_scale(name: str, value, *, positive: bool = False, finite: bool = True) -> float:
+    """A scalar scale argument (``softmax_scale``, ``sm_scale``) as a Python float.
+
+    Accepts any real number (Python or NumPy scalar, e.g. ``np.float32``) and a one-element real tensor. Raises
+    TypeError naming the argument for anything else (None, str, bool, complex, lists, bool / complex tensors) and
+    ValueError for a tensor with more than one element; with ``finite`` a non-finite value, with ``positive`` a
+    value <= 0 (or non-finite) is a ValueError too."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name} must be a number or a one-element tensor, got a tensor of shape "
+                             f"{list(value.shape)}")
+        if value.dtype == torch.bool or value.is_complex():
+            raise TypeError(f"{name} must be a real number, got a {value.dtype} tensor")
+        v = float(value.item())
+    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number (float, int, NumPy scalar or one-element tensor), got "
+                        f"{type(value).__name__} {value!r}")
+    else:
+        v = float(value)
+    if positive and not (math.isfinite(v) and v > 0):
+        raise ValueError(f"{name} must be a positive finite float, got {value!r}")
+    if finite and not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return v

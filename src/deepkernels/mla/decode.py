@@ -17,7 +17,7 @@ import torch
 
 from .._backend import interpret_mode, use_kernels
 from .._launch import KernelLauncher, cached_launcher, spec_key
-from .._validate import check_dtype, check_tensor
+from .._validate import check_dtype, check_scale, check_tensor
 from ..gemm import dense as _gemm_dense
 from .metadata import FIXED_OVERHEAD_BLOCKS, SCHED_BLOCK, compute_schedule, resolve_schedule
 
@@ -441,6 +441,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         same dtype check and ignores ``is_fp8_kvcache``), with a hint to pass ``indices``.
     """
     if indices is not None:
+        if softmax_scale is not None:   # its type here (str, list, multi-element tensor: named error); finiteness there
+            softmax_scale = check_scale("softmax_scale", softmax_scale, finite=False)
         return _sparse_route(q=q, k_cache=k_cache, indices=indices, head_dim_v=head_dim_v,
                              tile_scheduler_metadata=tile_scheduler_metadata, num_splits=num_splits,
                              softmax_scale=softmax_scale, is_fp8_kvcache=is_fp8_kvcache, attn_sink=attn_sink,
@@ -457,9 +459,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     if plan is None:
         plan = _validate_call(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                               num_splits, causal, is_fp8_kvcache, sig)
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else check_scale("softmax_scale", softmax_scale)
     if plan.empty:
         b, s_q, h_q, _ = q.shape
         return (torch.zeros(b, s_q, h_q, head_dim_v, dtype=q.dtype, device=q.device),

@@ -11,7 +11,6 @@ block shapes are powers of two). GQA maps query head j to kv head ``j // (h / h_
 """
 from __future__ import annotations
 
-import math
 import warnings
 
 import torch
@@ -20,7 +19,7 @@ import triton.language as tl
 
 from .._backend import device_of, interpret_mode, use_kernels
 from .._triton_helpers import rne_bf16 as _rne_bf16
-from .._validate import check_tensor
+from .._validate import check_scale, check_tensor
 from ..reference.mla_prefill import dense_prefill_ref
 from . import _gluon_dense_prefill as _gdp
 
@@ -262,9 +261,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
         raise ValueError(f"max_seqlen_qo must be >= 0, got {max_seqlen_qo}")
     if softmax_scale is None:
         softmax_scale = d_qk ** -0.5
-    softmax_scale = float(softmax_scale)
-    if not math.isfinite(softmax_scale) or softmax_scale <= 0:
-        raise ValueError(f"softmax_scale must be a positive finite float, got {softmax_scale}")
+    softmax_scale = check_scale("softmax_scale", softmax_scale, positive=True)
     dev = device_of(q, k, v, cu_seqlens_qo, cu_seqlens_kv)
     if cu_seqlens_qo.device.type == "cpu":
         cq, ck = cu_seqlens_qo.tolist(), cu_seqlens_kv.tolist()

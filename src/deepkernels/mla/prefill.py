@@ -11,15 +11,13 @@ are never dereferenced and their V rows load as 0.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from .._backend import device_of, interpret_mode, use_kernels
 from .._triton_helpers import rne_bf16 as _rne_bf16
-from .._validate import check_dtype, check_tensor
+from .._validate import check_dtype, check_scale, check_tensor
 from ..reference.mla_prefill import sparse_prefill_ref
 from . import _gluon_sparse_prefill as _gsp
 from ._sparse_kernels import online_softmax_step
@@ -211,7 +209,7 @@ def flash_mla_sparse_fwd(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tenso
 
     Raises:
         TypeError / ValueError naming the argument for wrong types, dtypes, shapes, devices, ``d_v != 512``
-        or a non-positive ``sm_scale``.
+        or a non-positive ``sm_scale`` (a Python / NumPy real or a one-element tensor; else TypeError).
 
     CUDA tensors (or any tensors under ``TRITON_INTERPRET=1``) run the Triton kernel; CPU tensors run
     :func:`deepkernels.reference.mla_prefill.sparse_prefill_ref`.
@@ -230,10 +228,7 @@ def flash_mla_sparse_fwd(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tenso
         raise ValueError(f"indices must have shape [{s_q}, 1, topk], got {list(indices.shape)}")
     if d_v != 512:
         raise ValueError(f"d_v must be 512, got {d_v}")
-    if isinstance(sm_scale, torch.Tensor):
-        sm_scale = float(sm_scale)
-    if not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) or sm_scale <= 0:
-        raise ValueError(f"sm_scale must be a positive finite float, got {sm_scale!r}")
+    sm_scale = check_scale("sm_scale", sm_scale, positive=True)   # any real scalar (np.float32 too), or TypeError
     if attn_sink is not None:
         check_tensor("attn_sink", attn_sink, ndim=1, dtype=torch.float32)
         if attn_sink.shape[0] != h_q:
