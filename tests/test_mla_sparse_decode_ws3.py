@@ -656,3 +656,48 @@ def test_gpu_ws3_row_lanes_public_op(poison, ws3_route, monkeypatch):
     kw = make_case(74, 3, 128, "v32", 576, 1024, 64, with_len=True, sink=True, device="cuda")
     run_and_check(kw)
     _ran(ws3_route)
+
+
+def test_cluster_launcher_call_sequence(monkeypatch):
+    """CPU, compiled kernel stubbed: the cluster launcher compiles its JIT kernel once through ``warmup`` (the runtime
+    arguments, the scale, three zero offsets, the grid, the constexprs), reads the shared offsets from that compile's
+    TTGIR, then launches every call through the compiled kernel's ``run`` with ``gx`` clusters' worth of grid X and
+    packed metadata ``(num_warps, 2, shared)``: the arguments, the scale, the offsets, then the constexpr tail. The
+    prefill subclass differs only in the JIT kernel it compiles."""
+    import types
+    from deepkernels.mla import _gluon_sparse_prefill_ws3 as P3
+    runs, warm = [], []
+
+    class Compiled:
+        asm = {"ttgir": "ttgir-text"}
+        metadata = types.SimpleNamespace(num_warps=4, shared=230000)
+        function = object()
+
+        def run(self, *a):
+            runs.append(a)
+
+    class Jit:
+        def __init__(self, names):
+            self.params = [types.SimpleNamespace(name=n) for n in names]
+
+        def warmup(self, *a, grid, **meta):
+            warm.append((a, grid, meta))
+            return Compiled()
+
+    names = ["x", "y", "scale_log2", "ring_off", "ready_off", "empty_off", "A", "B"]
+    monkeypatch.setattr(W3, "_sparse_decode_gluon_ws3_kernel", Jit(names))
+    monkeypatch.setattr(W3, "_offset_args", lambda ttgir: (0, 111, 222) if ttgir == "ttgir-text" else None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(cuda_stream=7))
+    la = W3._ClusterLauncher(dict(A=1, B=True, num_warps=4, maxnreg=168))
+    la(33, ("px", 5), 0.5)
+    la(34, ("qx", 6), 0.25)
+    assert len(warm) == 1 and warm[0][0] == ("px", 5, 0.5, 0, 0, 0) and warm[0][1] == (33, )
+    assert warm[0][2] == dict(A=1, B=True, num_warps=4, maxnreg=168)
+    assert [r[:4] for r in runs] == [(33, 1, 1, 7), (34, 1, 1, 7)]
+    assert runs[1][5] == (4, 2, 230000) and runs[1][6:9] == (None, None, None)
+    assert runs[1][9:] == ("qx", 6, 0.25, 0, 111, 222, 1, True)
+    monkeypatch.setattr(P3, "_sparse_prefill_gluon_ws3_kernel", Jit(names[1:]))
+    pla = P3._PrefillClusterLauncher(dict(A=2, B=False, num_warps=4, maxnreg=168))
+    assert pla._jit_kernel() is P3._sparse_prefill_gluon_ws3_kernel
+    pla(12, ("p", ), 1.0)
+    assert warm[-1][0] == ("p", 1.0, 0, 0, 0) and runs[-1][9:] == ("p", 1.0, 0, 111, 222, 2, False)
