@@ -4,7 +4,8 @@ matching launches before it). Cases (H200 bench shapes, smaller s_q where the sh
 
 * ``prefill8k`` / ``prefill64k``: ``flash_mla_sparse_fwd``, s_q 1024, h_q 128, d_qk 576, topk 2048, s_kv 8K / 64K;
 * ``sparse_v32`` / ``sparse_v41``: the dispatched sparse decode kernel (``kernel_case`` of mla_sparse_decode.py:
-  b 128, s_q 1, h_q 128, topk 2048, s_k 8192 per request) through the WS / WS2 launcher;
+  b 128, s_q 1, h_q 128, topk 2048, s_k 8192 per request) through its launcher -- the 2-CTA cluster kernel (WS3)
+  since session 17; ``sparse_v32_ws`` / ``sparse_v41_ws2`` etc. name a launcher (``ws``, ``ws2``, ``ws3``) instead;
 * ``dense_decode``: ``flash_mla_with_kvcache`` b 128, s_q 1, h_q 128, s_k 8192 (fixed lengths);
 * ``gemm``: ``fp8_gemm_nt`` M 4096, N 7168, K 16384 (1D2D scales, bf16 out).
 
@@ -34,12 +35,21 @@ def build(case: str):
         return lambda: dk.flash_mla_sparse_fwd(q, kv, ind, 576 ** -0.5)
     if case.startswith("sparse_"):
         import mla_sparse_decode as B
-        from deepkernels.mla import _gluon_sparse_decode_ws as W, _gluon_sparse_decode_ws2 as W2
-        fmt = case.split("_")[1]
+        from deepkernels.mla import (_gluon_sparse_decode_ws as W, _gluon_sparse_decode_ws2 as W2,
+                                     _gluon_sparse_decode_ws3 as W3)
+        parts = case.split("_")
+        fmt = parts[1]
         c = B.kernel_case(fmt, 128, 1, 128, 2048, 8192)
         out = torch.empty(128, 1, 128, 512, dtype=torch.bfloat16, device="cuda")
         lse = torch.empty(128, 1, 128, device="cuda")
-        launch = W2.launch_sparse_decode_gluon_ws2 if W2.dispatch_on(fmt) else W.launch_sparse_decode_gluon_ws
+        named = {"ws": W.launch_sparse_decode_gluon_ws, "ws2": W2.launch_sparse_decode_gluon_ws2,
+                 "ws3": W3.launch_sparse_decode_gluon_ws3}
+        if len(parts) > 2:
+            launch = named[parts[2]]
+        elif W3.dispatch_on(fmt) and W3.enough_work(128, 2048, c.parts):
+            launch = named["ws3"]
+        else:
+            launch = named["ws2"] if W2.dispatch_on(fmt) else named["ws"]
         return lambda: launch(out, lse, c.q, c.cache, c.ind, c.sched, c.ns, c.scale, fmt)
     if case == "dense_decode":
         from test_mla_decode_reference import make_case
