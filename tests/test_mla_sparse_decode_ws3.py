@@ -701,3 +701,16 @@ def test_cluster_launcher_call_sequence(monkeypatch):
     assert pla._jit_kernel() is P3._sparse_prefill_gluon_ws3_kernel
     pla(12, ("p", ), 1.0)
     assert warm[-1][0] == ("p", 1.0, 0, 0, 0) and runs[-1][9:] == ("p", 1.0, 0, 111, 222, 2, False)
+
+
+def test_launcher_key_is_the_current_device(monkeypatch):
+    """A cluster launcher holds a function loaded into the current device's context, so its cache key is the current
+    device (what the launch uses), not q's device: with q on cuda:1 while cuda:0 is current, a later call with cuda:1
+    current must not reuse cuda:0's function."""
+    import types
+    q = types.SimpleNamespace(is_cuda=True, device=torch.device("cuda", 1))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    k0 = W3._launch_device(q)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert (k0, W3._launch_device(q)) == (0, 1)
+    assert W3._launch_device(torch.zeros(1)) == -1

@@ -851,6 +851,13 @@ def _row_lanes(fmt: str, row_lanes) -> bool:
     return bool((fmt in WS3_ROW_LANES) if row_lanes is None else row_lanes)
 
 
+def _launch_device(q: torch.Tensor) -> int:
+    """The device part of a cluster launcher's key: the CURRENT CUDA device (its ``warmup`` loads the compiled function
+    into that device's context and every launch goes to that device's current stream, as Triton launches), never
+    ``q``'s -- a function loaded for one device must not be launched on another; -1 for CPU tensors (stubbed tests)."""
+    return torch.cuda.current_device() if q.is_cuda else -1
+
+
 _LAUNCHERS: dict = {}
 _LAUNCHER_LIMIT = 256
 _CONSTEXPRS = ("PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS", "FMT", "DEQ_ASM", "PV_REGS", "PF_L2",
@@ -892,7 +899,7 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
                   bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2), _rope_rows(fmt, rope_rows),
                   _row_lanes(fmt, row_lanes))
     opts = (WS3_NUM_WARPS, maxnreg or WS_MAXNREG)
-    key = (_CONSTEXPRS, constexprs, opts, spec, q.device.index)
+    key = (_CONSTEXPRS, constexprs, opts, spec, _launch_device(q))
     launcher = _LAUNCHERS.get(key)
     if launcher is None:
         if len(_LAUNCHERS) >= _LAUNCHER_LIMIT:

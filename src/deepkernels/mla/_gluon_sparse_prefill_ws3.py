@@ -146,7 +146,8 @@ from ._gluon_sparse_prefill import BLOCK_H, D_V, _g_ws_rows, supported
 from ._gluon_sparse_prefill_ws2 import (WS2_MAXNREG, _LOG2E, _p2_prologue,
                                         _p2_stats, _p2_write_half)
 from ._gluon_sparse_decode_ws3 import (_ClusterLauncher, _c_expect_tx, _c_init_fence, _c_lane, _c_peer_rank,
-                                       _c_push, _c_remote_arrive, _c_smem_base, _c_sync, _offset_args, smem_offsets)
+                                       _c_push, _c_remote_arrive, _c_smem_base, _c_sync, _launch_device, _offset_args,
+                                       smem_offsets)
 
 __all__ = ["available", "supported_ws3", "launch_sparse_prefill_gluon_ws3", "compile_sm90_ws3", "smem_offsets",
            "DISPATCH", "WS3_NUM_WARPS", "WS3_MAXNREG", "WS3_PRODUCER_REGS", "WS3_PV_REGS"]
@@ -440,7 +441,7 @@ def launch_sparse_prefill_gluon_ws3(out, max_logits, lse, q, kv, indices, sm_sca
     constexprs = (d_qk - D_V, topk_length is not None, attn_sink is not None, producer_regs or WS3_PRODUCER_REGS,
                   pv_regs or WS3_PV_REGS, bool(pf_idx))
     opts = (WS3_NUM_WARPS, maxnreg or WS3_MAXNREG)
-    key = (constexprs, opts, spec_key(*args), q.device.index)
+    key = (constexprs, opts, spec_key(*args), _launch_device(q))
     launcher = _LAUNCHERS.get(key)
     if launcher is None:
         if len(_LAUNCHERS) >= _LAUNCHER_LIMIT:
