@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     import mla_sparse_decode as B
     from deepkernels.mla import _gluon_sparse_decode_ws as W
     from deepkernels.mla import _gluon_sparse_decode_ws2 as W2
-    from deepkernels.bench.paired import bit_identical, first_runs, round_stats, time_rotated
+    from deepkernels.bench.paired import bit_identical, first_runs, record_rounds, time_rotated
     from deepkernels.bench.runner import provenance
     from triton.testing import do_bench
 
@@ -57,16 +57,7 @@ def main(argv=None) -> int:
                 if base in outs and base + "_rl" in outs:
                     row[base + "_rl_bit_identical"] = bit_identical(outs[base], outs[base + "_rl"])
             times = time_rotated(fns, args.rounds, lambda f: do_bench(f, warmup=3, rep=15, return_mode="median"))
-            for n, st in round_stats(times, None).items():
-                row[n + "_ms_rounds"] = st["ms_rounds"]
-                row[n + "_ms"] = st["ms"]
-                row[n + "_tflops"] = c.flop / st["ms"] / 1e9
-            for base in ("ws", "ws2"):
-                v = base + "_rl"
-                if base in times and v in times:
-                    st = round_stats({base: times[base], v: times[v]}, base)[v]
-                    row[v + "_paired_ratios"] = st["paired_time_ratios"]
-                    row[v + "_paired_median"] = st["paired_time_ratio_median"]
+            record_rounds(row, times, c.flop, [(base + "_rl", base + "_rl", base) for base in ("ws", "ws2")])
             rows.append(row)
             print("SUMMARY %s b=%3d s_q=%d h_q=%d  ws %.1f  ws_rl %.1f (t/ws %.3f, bit %s)  ws2 %.1f  ws2_rl %.1f "
                   "(t/ws2 %.3f, bit %s)  nan %s%s" % (

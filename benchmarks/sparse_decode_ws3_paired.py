@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     from deepkernels.mla import _gluon_sparse_decode_ws as W
     from deepkernels.mla import _gluon_sparse_decode_ws2 as W2
     from deepkernels.mla import _gluon_sparse_decode_ws3 as W3
-    from deepkernels.bench.paired import bit_identical, first_runs, round_stats, time_rotated
+    from deepkernels.bench.paired import bit_identical, first_runs, record_rounds, time_rotated
     from deepkernels.bench.runner import provenance
     from triton.testing import do_bench
 
@@ -59,15 +59,7 @@ def main(argv=None) -> int:
             if "ws2" in outs and "ws3" in outs:
                 row["bit_identical"] = bit_identical(outs["ws2"], outs["ws3"])
             times = time_rotated(fns, args.rounds, lambda f: do_bench(f, warmup=3, rep=15, return_mode="median"))
-            for n, st in round_stats(times, None).items():
-                row[n + "_ms_rounds"] = st["ms_rounds"]
-                row[n + "_ms"] = st["ms"]
-                row[n + "_tflops"] = c.flop / st["ms"] / 1e9
-            for base in ("ws", "ws2"):
-                if base in times and "ws3" in times:
-                    st = round_stats({base: times[base], "ws3": times["ws3"]}, base)["ws3"]
-                    row["ws3_vs_" + base + "_paired_ratios"] = st["paired_time_ratios"]
-                    row["ws3_vs_" + base + "_paired_median"] = st["paired_time_ratio_median"]
+            record_rounds(row, times, c.flop, [("ws3_vs_" + base, "ws3", base) for base in ("ws", "ws2")])
             rows.append(row)
             print("SUMMARY %s b=%3d s_q=%d topk=%4d parts=%3d  ws %.1f  ws2 %.1f  ws3 %.1f TFLOPS  t_ws3/t_ws %.3f  "
                   "t_ws3/t_ws2 %.3f  bit %s  nan %s%s" % (

@@ -51,7 +51,7 @@ def main(argv=None) -> int:
         return 0
     import mla_sparse_decode as B
     from deepkernels.mla import _gluon_sparse_decode_ws3 as W3
-    from deepkernels.bench.paired import bit_identical, first_runs, round_stats, time_rotated
+    from deepkernels.bench.paired import bit_identical, first_runs, record_rounds, time_rotated
     from deepkernels.bench.runner import provenance
     from triton.testing import do_bench
 
@@ -85,15 +85,7 @@ def main(argv=None) -> int:
                 row[v + "_bit"] = bit_identical(outs["ws3"], outs[v])
         row["bit_identical"] = all(row.get(v + "_bit", False) for v in options)
         times = time_rotated(fns, args.rounds, lambda f: do_bench(f, warmup=3, rep=15, return_mode="median"))
-        for n, st in round_stats(times, None).items():
-            row[n + "_ms_rounds"] = st["ms_rounds"]
-            row[n + "_ms"] = st["ms"]
-            row[n + "_tflops"] = c.flop / st["ms"] / 1e9
-        for v in ["ws3_aa"] + options:
-            if "ws3" in times and v in times:
-                st = round_stats({"ws3": times["ws3"], v: times[v]}, "ws3")[v]
-                row[v + "_paired_ratios"] = st["paired_time_ratios"]
-                row[v + "_paired_median"] = st["paired_time_ratio_median"]
+        record_rounds(row, times, c.flop, [(v, v, "ws3") for v in ["ws3_aa"] + options])
         rows.append(row)
         nan = float("nan")
         print("SUMMARY %s b=%3d s_q=%d topk=%4d parts=%3d  ws3 %.1f TFLOPS  t/t_ws3: %s  (A/A %.4f)  bit %s  "

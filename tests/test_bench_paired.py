@@ -83,3 +83,15 @@ def test_first_runs_and_bit_identity():
     o2 = o.clone()
     o2[0, 0] = torch.nextafter(o2[0, 0], torch.tensor(float("inf")))
     assert not bit_identical((o, l_), (o2, l_))
+
+
+def test_record_rounds_fields():
+    """record_rounds: medians, TFLOPS from the median, and the paired ratios of the named pairs only (same round)."""
+    from deepkernels.bench.paired import record_rounds
+    times = {"a": [2.0, 4.0, 3.0], "b": [1.0, 2.2, 1.5], "c": [None, None, None]}
+    row = {}
+    record_rounds(row, times, 3e9, [("b_vs_a", "b", "a"), ("c_vs_a", "c", "a"), ("x", "missing", "a")])
+    assert row["a_ms"] == 3.0 and row["b_ms"] == 1.5 and row["a_ms_rounds"] == [2.0, 4.0, 3.0]
+    assert abs(row["a_tflops"] - 1.0) < 1e-12 and abs(row["b_tflops"] - 2.0) < 1e-12
+    assert row["b_vs_a_paired_ratios"] == [0.5, 0.55, 0.5] and row["b_vs_a_paired_median"] == 0.5
+    assert "c_ms" not in row and "c_vs_a_paired_median" not in row and "x_paired_ratios" not in row

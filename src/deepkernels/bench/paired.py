@@ -15,7 +15,24 @@ import math
 import statistics
 from typing import Callable
 
-__all__ = ["rotation", "time_rotated", "round_stats", "first_runs", "bit_identical"]
+__all__ = ["rotation", "time_rotated", "round_stats", "record_rounds", "first_runs", "bit_identical"]
+
+
+def record_rounds(row: dict, times: dict, flop: float, pairs=()) -> None:
+    """Write a bench row's timing fields from :func:`time_rotated`'s ``times``: per variant ``<name>_ms_rounds``,
+    ``<name>_ms`` (median over rounds) and ``<name>_tflops`` (``flop`` / median); per ``(key, variant, ref)`` of
+    ``pairs`` with both timed, ``<key>_paired_ratios`` / ``<key>_paired_median`` (t_variant / t_ref of the same
+    round, :func:`round_stats`)."""
+    for n, st in round_stats(times, None).items():
+        row[n + "_ms_rounds"] = st["ms_rounds"]
+        row[n + "_ms"] = st["ms"]
+        row[n + "_tflops"] = flop / st["ms"] / 1e9
+    for key, v, ref in pairs:
+        if v in times and ref in times:
+            st = round_stats({ref: times[ref], v: times[v]}, ref).get(v, {})
+            if "paired_time_ratios" in st:
+                row[key + "_paired_ratios"] = st["paired_time_ratios"]
+                row[key + "_paired_median"] = st.get("paired_time_ratio_median")
 
 
 def first_runs(launches: dict, alloc: Callable, row: dict) -> tuple:
