@@ -246,16 +246,17 @@ import torch
 from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy, fence_async_shared,  # noqa: F401
                       mbarrier, warpgroup_mma, warpgroup_mma_wait)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
-from ._gluon_sparse_decode import GLUON_FMTS, _g_load_idx, _g_part, _g_req_range, _g_rows, _page_shift
+from ._gluon_sparse_decode import (GLUON_FMTS, _XFMT_CODES, _g_load_idx, _g_part, _g_req_range, _g_rows, _page_shift,
+                                   _xfmt)
 from . import _gluon_sparse_decode_ws as _ws
 from . import _gluon_sparse_decode_ws2 as _ws2
 from ._gluon_sparse_decode_ws import (WS_FMTS, WS_MAXNREG, _w_block_softmax, _w_dequant_store,
-                                      _w_dequant_store41)
+                                      _w_dequant_store41, _w_dequant_store_fp4, _w_xrange)
 from ._gluon_sparse_decode_ws2 import WS2_PV_REGS, _w2_scale, _w2_write_half
 
 __all__ = ["available", "supported_ws3", "launch_sparse_decode_gluon_ws3", "compile_sm90_ws3", "smem_offsets",
            "WS3_PRODUCER_REGS", "WS3_NUM_WARPS", "DISPATCH", "DISPATCH_FMTS", "DISPATCH_MIN_BLOCKS", "dispatch_on",
-           "enough_work"]
+           "enough_work", "WS3_EXTRA_PAIRS"]
 
 BLOCK_H = 64
 WS3_NUM_WARPS = 4
@@ -288,6 +289,10 @@ DISPATCH_MIN_BLOCKS = 24
 # the launcher drives Triton's compiled-kernel launcher and shared-memory allocation pass directly (internal APIs of
 # this exact version): any other Triton never takes the dispatched path
 _TRITON_VERSION = "3.6.0"
+# extra caches the extra-cache entry implements beside each main format (the WS kernel's pairs,
+# ``_gluon_sparse_decode_ws.WS_EXTRA_PAIRS``); opt-in through the launcher only, never dispatched (module docstring,
+# "Extra cache")
+WS3_EXTRA_PAIRS = {"v32": ("v32", ), "v41": ("v41", "fp4")}
 _HALF_TX = 32768          # bytes the peer pushes into each ring slot per block: 64 rows x 256 bf16 columns
 
 
@@ -429,6 +434,21 @@ def _w3_load_chunk41(kv_ptr, rec, valid, G, L3: gl.constexpr):
 
 
 @_jit
+def _w3_load_chunk_fp4(kv_ptr, rec, valid, G, L3: gl.constexpr):
+    """``_gluon_sparse_decode_ws._w_load_chunk_fp4`` with a runtime chunk ``G`` of 128 columns (FP4 extra cache,
+    288-B records: bytes [64 G, 64 G + 64) of the e2m1 pairs = 8 scale groups of 2 words, their 8 e4m3 scale bytes
+    at 256 + 8 G); invalid tokens load zeros."""
+    g = gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+    w = gl.arange(0, 2, gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    vm2 = valid[:, None] & (g >= 0)[None, :]
+    wp = (kv_ptr + rec).to(gl.pointer_type(gl.int32))
+    raw = gl.load((wp[:, None] + (G * 16 + g * 2)[None, :])[:, :, None] + w[None, None, :], mask=vm2[:, :, None],
+                  other=0)
+    eb = gl.load(kv_ptr + (rec + (256 + 8 * G))[:, None] + g[None, :], mask=vm2, other=0)
+    return raw, eb
+
+
+@_jit
 def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
                num_tok, page, stride_kb, it, dr, hb, ring_off, ready_off, lane, gs, peer,
                PAGE_SHIFT: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PF_L2: gl.constexpr,
@@ -444,10 +464,14 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
         RB: gl.constexpr = 656
         L: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [0, 1] if ROW_LANES else [1, 0])  # [64, 32] words
         LT: gl.constexpr = gl.SliceLayout(1, L)
-    else:
+    elif FMT == 2:
         RB: gl.constexpr = 528
         L: gl.constexpr = gl.BlockedLayout([1, 2, 8], [16, 2, 1], [4, 1, 1],
                                            [2, 0, 1] if ROW_LANES else [2, 1, 0])   # [64, 4, 8] words
+        LT: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, L))
+    else:   # FMT 3: an FP4 extra cache (288 B/token), WS's [64, 8, 2] words per 128-column chunk
+        RB: gl.constexpr = 288
+        L: gl.constexpr = gl.BlockedLayout([1, 4, 2], [16, 2, 1], [4, 1, 1], [2, 1, 0])
         LT: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, L))
     if ROPE_ROWS:
         LP4: gl.constexpr = gl.BlockedLayout([4, 8], [4, 8], [4, 1], [1, 0])   # 4 tokens x 8 lanes x 16 B
@@ -463,9 +487,12 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
     if FMT == 0:
         r0, s0 = _w3_load_chunk(kv_ptr, rec, v, g0, L)
         r1, s1 = _w3_load_chunk(kv_ptr, rec, v, g0 + 1, L)
-    else:
+    elif FMT == 2:
         r0, s0 = _w3_load_chunk41(kv_ptr, rec, v, g0, L)
         r1, s1 = _w3_load_chunk41(kv_ptr, rec, v, g0 + 1, L)
+    else:
+        r0, s0 = _w3_load_chunk_fp4(kv_ptr, rec, v, g0, L)
+        r1, s1 = _w3_load_chunk_fp4(kv_ptr, rec, v, g0 + 1, L)
     if PF_L2:
         ia, va = _g_load_idx(idx_row, t_lo + 64, t_end, num_tok, LT)
         _w3_prefetch_l2(kv_ptr, _g_rows(ia, va, page, stride_kb, RB, PAGE_SHIFT), va, hb, RB)
@@ -505,18 +532,24 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
         if FMT == 0:
             _w_dequant_store(r0, s0, kv8.index(q0), DEQ_ASM)
             r0, s0 = _w3_load_chunk(kv_ptr, rec, v, g0, L)
-        else:
+        elif FMT == 2:
             _w_dequant_store41(r0, s0, kv8.index(q0), DEQ_ASM)
             r0, s0 = _w3_load_chunk41(kv_ptr, rec, v, g0, L)
+        else:
+            _w_dequant_store_fp4(r0, s0, kv8.index(q0))
+            r0, s0 = _w3_load_chunk_fp4(kv_ptr, rec, v, g0, L)
         fence_async_shared()
         gl.thread_barrier()
         _c_push(lane, gs + ring_off + q0 * 16384, bar, peer)
         if FMT == 0:
             _w_dequant_store(r1, s1, kv8.index(q0 + 1), DEQ_ASM)
             r1, s1 = _w3_load_chunk(kv_ptr, rec, v, g0 + 1, L)
-        else:
+        elif FMT == 2:
             _w_dequant_store41(r1, s1, kv8.index(q0 + 1), DEQ_ASM)
             r1, s1 = _w3_load_chunk41(kv_ptr, rec, v, g0 + 1, L)
+        else:
+            _w_dequant_store_fp4(r1, s1, kv8.index(q0 + 1))
+            r1, s1 = _w3_load_chunk_fp4(kv_ptr, rec, v, g0 + 1, L)
         fence_async_shared()
         gl.thread_barrier()
         _c_push(lane, gs + ring_off + (q0 + 1) * 16384, bar, peer)
@@ -532,8 +565,14 @@ def _w3_producer(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
                  num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off,
                  PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr, FMT: gl.constexpr,
                  DEQ_ASM: gl.constexpr, PF_L2: gl.constexpr, ROPE_ROWS: gl.constexpr,
-                 ROW_LANES: gl.constexpr = False):
-    """Worker partition (4 warps): this CTA's half of every block of its (request, block) line (:func:`_w3_blocks`)."""
+                 ROW_LANES: gl.constexpr = False, xkv_ptr=None, xidx_ptr=None, xlen_ptr=None, stride_xkb=None,
+                 xpage=None, xnum_tok=None, stride_xib=None, stride_xis=None, xtopk=None,
+                 HAS_EXTRA: gl.constexpr = False, HAS_XLEN: gl.constexpr = False, XPAGE_SHIFT: gl.constexpr = 0,
+                 XFMT: gl.constexpr = 0):
+    """Worker partition (4 warps): this CTA's half of every block of its (request, block) line (:func:`_w3_blocks`).
+    ``HAS_EXTRA`` (the ``x*`` arguments; their defaults without): after a request's main blocks its extra-cache blocks
+    (:func:`_gluon_sparse_decode_ws._w_xrange`) of format ``XFMT`` through the same helper, the ring counter running
+    on (module docstring, "Extra cache")."""
     if ROPE_ROWS:
         LP4: gl.constexpr = gl.BlockedLayout([4, 8], [4, 8], [4, 1], [1, 0])   # the RoPE gather's (module docstring)
     else:
@@ -553,6 +592,11 @@ def _w3_producer(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
         it = _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo,
                         t_end, num_tok, page, stride_kb, it, dr, hb, ring_off, ready_off, lane, gs, peer, PAGE_SHIFT,
                         FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES)
+        if HAS_EXTRA:
+            x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
+            it = _w3_blocks(kv8, kv_p, vmask, ready, empty, xkv_ptr, xidx_ptr, req, si64, stride_xib, stride_xis, x_lo,
+                            x_end, xnum_tok, xpage, stride_xkb, it, dr, hb, ring_off, ready_off, lane, gs, peer,
+                            XPAGE_SHIFT, XFMT, DEQ_ASM, False, ROPE_ROWS, ROW_LANES)
     _c_sync()
 
 
@@ -562,8 +606,10 @@ def _w3_producer(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
 def _w3_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr, len_ptr,
                    sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs,
                    stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, empty_off,
-                   HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr, FMT: gl.constexpr):
-    """``_gluon_sparse_decode_ws2._w2_softmax_wg`` + the remote ``empty`` arrive and the cluster barriers."""
+                   HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr, FMT: gl.constexpr,
+                   xlen_ptr=None, xtopk=None, HAS_EXTRA: gl.constexpr = False, HAS_XLEN: gl.constexpr = False):
+    """``_gluon_sparse_decode_ws2._w2_softmax_wg`` + the remote ``empty`` arrive and the cluster barriers.
+    ``HAS_EXTRA``: a request's extra blocks follow its main ones in the same token loop (only the count changes)."""
     D_V: gl.constexpr = 512
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
@@ -593,6 +639,9 @@ def _w3_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pr
                                                                begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
                                                                SBLOCK)
         nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+        if HAS_EXTRA:
+            x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
+            nblocks += gl.maximum(x_end - x_lo + 63, 0) // 64
         m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))
         l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
         acc = gl.zeros([64, 256], gl.float32, O_L)
@@ -628,8 +677,10 @@ def _w3_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pr
 
 @_jit
 def _w3_pv_wg(kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr, oacc_ptr,
-              b, s_q, h_q, topk, acc_rows, empty_off, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr):
-    """``_gluon_sparse_decode_ws2._w2_pv_wg`` + the remote ``empty`` arrive and the cluster barriers."""
+              b, s_q, h_q, topk, acc_rows, empty_off, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr,
+              xlen_ptr=None, xtopk=None, HAS_EXTRA: gl.constexpr = False, HAS_XLEN: gl.constexpr = False):
+    """``_gluon_sparse_decode_ws2._w2_pv_wg`` + the remote ``empty`` arrive and the cluster barriers (``HAS_EXTRA``:
+    as :func:`_w3_softmax_wg`)."""
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
     _c_sync()
@@ -643,6 +694,9 @@ def _w3_pv_wg(kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_p
                                                                begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
                                                                SBLOCK)
         nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+        if HAS_EXTRA:
+            x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
+            nblocks += gl.maximum(x_end - x_lo + 63, 0) // 64
         acc = gl.zeros([64, 256], gl.float32, O_L)
         for j in range(nblocks):
             slot = it % 2
@@ -731,6 +785,43 @@ def _sparse_decode_gluon_ws3_kernel(
         (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr, stride_kb,
                         page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off, PAGE_SHIFT,
                         HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES)),
+    ], [4, 4], [PV_REGS, PRODUCER_REGS])
+
+
+_NO_SPEC_X = _NO_SPEC + ["xpage", "xnum_tok", "xtopk"]
+
+
+@_jit(do_not_specialize=_NO_SPEC_X)
+def _sparse_decode_gluon_ws3_x_kernel(
+    q_ptr, kv_ptr, idx_ptr, len_ptr, xkv_ptr, xidx_ptr, xlen_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr,
+    oacc_ptr, lacc_ptr,
+    stride_qb, stride_qs, stride_qh, stride_kb, page, num_tok, stride_ib, stride_is,
+    stride_xkb, xpage, xnum_tok, stride_xib, stride_xis,
+    b, s_q, h_q, topk, xtopk, acc_rows, sm_scale_log2, ring_off, ready_off, empty_off,
+    PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PV_REGS: gl.constexpr,
+    PF_L2: gl.constexpr, ROPE_ROWS: gl.constexpr, ROW_LANES: gl.constexpr,
+    XPAGE_SHIFT: gl.constexpr = 6, HAS_XLEN: gl.constexpr = False, XFMT: gl.constexpr = 3,
+):
+    """With an extra cache (module docstring, "Extra cache"): the WS x kernel's runtime arguments
+    (``_gluon_sparse_decode_ws._sparse_decode_gluon_ws_x_kernel``) + the shared offsets, the no-extra kernel's
+    constexprs, then the extra ones. A separate entry, so the no-extra kernel's parameters and PTX are untouched.
+    Pairs :data:`WS3_EXTRA_PAIRS`: V3.2 + V3.2 (FMT 0, XFMT 0), V4.1 + V4.1 (2, 2), V4.1 + FP4 (2, 3)."""
+    q_n, q_p, kv_n, kv8, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree = _w3_smem(FMT)
+    _c_init_fence(h_q)
+    gl.warp_specialize([
+        (_w3_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr, len_ptr,
+                          sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb,
+                          stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, empty_off, HAS_LEN,
+                          HAS_SINK, SBLOCK, FMT, xlen_ptr, xtopk, True, HAS_XLEN)),
+        (_w3_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
+                     oacc_ptr, b, s_q, h_q, topk, acc_rows, empty_off, HAS_LEN, SBLOCK, xlen_ptr, xtopk, True,
+                     HAS_XLEN)),
+        (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr, stride_kb,
+                        page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off, PAGE_SHIFT,
+                        HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, xkv_ptr, xidx_ptr, xlen_ptr,
+                        stride_xkb, xpage, xnum_tok, stride_xib, stride_xis, xtopk, True, HAS_XLEN, XPAGE_SHIFT,
+                        XFMT)),
     ], [4, 4], [PV_REGS, PRODUCER_REGS])
 
 
@@ -838,6 +929,16 @@ class _ClusterLauncher:
                  *self.tail)
 
 
+class _ClusterLauncherX(_ClusterLauncher):
+    """:class:`_ClusterLauncher` of the extra-cache entry :func:`_sparse_decode_gluon_ws3_x_kernel` (same argument
+    tail: runtime arguments, ``sm_scale_log2``, the three shared offsets, the constexprs)."""
+
+    __slots__ = ()
+
+    def _jit_kernel(self):
+        return _sparse_decode_gluon_ws3_x_kernel
+
+
 def _rope_rows(fmt: str, rope_rows) -> bool:
     """The ROPE_ROWS constexpr: ``rope_rows`` (default :data:`WS3_ROPE_ROWS` by format); V3.2 only (V4.1 has no
     bf16 RoPE rows to gather -- its RoPE is part of the 512 dequantised FP8 columns), so V4.1 never compiles a
@@ -862,6 +963,7 @@ _LAUNCHERS: dict = {}
 _LAUNCHER_LIMIT = 256
 _CONSTEXPRS = ("PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS", "FMT", "DEQ_ASM", "PV_REGS", "PF_L2",
                "ROPE_ROWS", "ROW_LANES")
+_CONSTEXPRS_X = _CONSTEXPRS + ("XPAGE_SHIFT", "HAS_XLEN", "XFMT")
 
 
 def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None,
@@ -874,54 +976,90 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
     launch ``maxnreg``, ``deq_asm`` / ``pf_l2`` (default :data:`WS3_DEQ_ASM` / :data:`WS3_PF_L2` by format),
     ``rope_rows`` (V3.2 RoPE gather 4 tokens x 8 lanes per cp.async, default :data:`WS3_ROPE_ROWS`; module
     docstring, "RoPE rows"), ``row_lanes`` (producer lanes over token rows first, default :data:`WS3_ROW_LANES`;
-    module docstring, "Row lanes")."""
+    module docstring, "Row lanes"). With an extra cache (opt-in: never dispatched; module docstring, "Extra cache"):
+    the pairs :data:`WS3_EXTRA_PAIRS` run on :func:`_sparse_decode_gluon_ws3_x_kernel` (h_q not a multiple of 128:
+    on the WS kernel's extra-cache entry), any other pair raises ValueError."""
     from .combine import combine_splits_
     from .metadata import SCHED_BLOCK
 
-    if extra_k_cache is not None or fmt not in WS_FMTS:
-        raise ValueError(f"launch_sparse_decode_gluon_ws3: main cache {fmt!r}, extra cache "
-                         f"{'given' if extra_k_cache is not None else None}: V3.2 or V4.1 main cache, no extra cache "
-                         f"only")
+    has_x = extra_k_cache is not None
+    xf = (xfmt or _xfmt(extra_k_cache)) if has_x else None
+    if fmt not in WS_FMTS or (has_x and xf not in WS3_EXTRA_PAIRS[fmt]):
+        raise ValueError(f"launch_sparse_decode_gluon_ws3: main cache {fmt!r}, extra cache {xf!r}: V3.2 or V4.1 main "
+                         f"cache, no extra cache or {WS3_EXTRA_PAIRS} only")
     b, s_q, h_q, _ = q.shape
     if h_q % 128:
+        if has_x:
+            return _ws.launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt,
+                                                     attn_sink, extra_k_cache, extra_indices, xfmt, topk_length,
+                                                     extra_topk_length, config, _spec)
         return _ws2.launch_sparse_decode_gluon_ws2(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt,
                                                    attn_sink, None, None, None, topk_length, None, config, _spec)
     parts = sched.shape[0]
     o_acc, l_acc, acc_rows = _ws._acc_buffers(out, lse_buf, q, sched)
     kv = k_cache.view(torch.uint8)
     topk = indices.shape[2]
-    ptrs, ints = _ws._main_args(out, lse_buf, q, kv, indices, sched, num_splits, attn_sink, topk_length, o_acc, l_acc,
-                                acc_rows)
+    if has_x:      # the WS x kernel's argument list (extra cache, indices, lengths after the main ones)
+        dummy = l_acc
+        xkv = extra_k_cache.view(torch.uint8)
+        xtopk = extra_indices.shape[2]
+        ptrs = (q, kv, indices, topk_length if topk_length is not None else dummy, xkv, extra_indices,
+                extra_topk_length if extra_topk_length is not None else dummy,
+                attn_sink if attn_sink is not None else dummy, sched, num_splits, out, lse_buf, o_acc, l_acc)
+        ints = (q.stride(0), q.stride(1), q.stride(2), kv.stride(0), kv.shape[1], kv.shape[0] * kv.shape[1],
+                indices.stride(0), indices.stride(1), xkv.stride(0), xkv.shape[1], xkv.shape[0] * xkv.shape[1],
+                extra_indices.stride(0), extra_indices.stride(1), b, s_q, h_q, topk, xtopk, acc_rows)
+    else:
+        ptrs, ints = _ws._main_args(out, lse_buf, q, kv, indices, sched, num_splits, attn_sink, topk_length, o_acc,
+                                    l_acc, acc_rows)
     spec = _ws._launch_spec(_spec, ptrs, ints, acc_rows, sched, num_splits)
     constexprs = (_page_shift(kv.shape[1]), topk_length is not None, attn_sink is not None, SCHED_BLOCK,
                   producer_regs or WS3_PRODUCER_REGS[fmt], GLUON_FMTS[fmt],
                   bool((fmt in WS3_DEQ_ASM) if deq_asm is None else deq_asm), pv_regs or WS2_PV_REGS,
                   bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2), _rope_rows(fmt, rope_rows),
                   _row_lanes(fmt, row_lanes))
+    names, cls = _CONSTEXPRS, _ClusterLauncher
+    if has_x:
+        names, cls = _CONSTEXPRS_X, _ClusterLauncherX
+        constexprs += (_page_shift(xkv.shape[1]), extra_topk_length is not None, _XFMT_CODES[xf])
     opts = (WS3_NUM_WARPS, maxnreg or WS_MAXNREG)
-    key = (_CONSTEXPRS, constexprs, opts, spec, _launch_device(q))
+    key = (names, constexprs, opts, spec, _launch_device(q))
     launcher = _LAUNCHERS.get(key)
     if launcher is None:
         if len(_LAUNCHERS) >= _LAUNCHER_LIMIT:
             _LAUNCHERS.clear()
-        launcher = _LAUNCHERS[key] = _ClusterLauncher(dict(zip(_CONSTEXPRS, constexprs), num_warps=opts[0],
-                                                           maxnreg=opts[1]))
+        launcher = _LAUNCHERS[key] = cls(dict(zip(names, constexprs), num_warps=opts[0], maxnreg=opts[1]))
     launcher(parts * s_q * (h_q // BLOCK_H) // 2, (*ptrs, *ints), scale * _ws2._LOG2E)
     combine_splits_(out, lse_buf.transpose(1, 2), o_acc, l_acc, num_splits, attn_sink=attn_sink,
-                    lengths=topk_length, topk=topk, extra_lengths=None, extra_topk=None, rne=False, _spec=_spec)
+                    lengths=topk_length, topk=topk, extra_lengths=extra_topk_length if has_x else None,
+                    extra_topk=xtopk if has_x else None, rne=False, _spec=_spec)
 
 
 def compile_sm90_ws3(fmt: str = "v32", page_shift: int = 6, has_len: bool = True, has_sink: bool = True,
                      pv_regs=None, producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None,
-                     row_lanes=None):
+                     row_lanes=None, *, xfmt=None, xpage_shift: int = 6, has_xlen: bool = True):
     """Cross-compile the kernel for sm90 (no GPU needed), the launch's divisibility facts. Returns the
-    CompiledKernel (``.asm['ptx']``, ``.asm['ttgir']``, ``.metadata.shared``)."""
-    fn = _sparse_decode_gluon_ws3_kernel
-    sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", sink_ptr="*fp32", meta_ptr="*i32",
-               nsplits_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32", oacc_ptr="*fp32", lacc_ptr="*fp32",
-               stride_qb="i32", stride_qs="i32", stride_qh="i32", stride_kb="i32", page="i32", num_tok="i32",
-               stride_ib="i32", stride_is="i32", b="i32", s_q="i32", h_q="i32", topk="i32", acc_rows="i32",
-               sm_scale_log2="fp32", ring_off="i32", ready_off="i32", empty_off="i32")
+    CompiledKernel (``.asm['ptx']``, ``.asm['ttgir']``, ``.metadata.shared``). ``xfmt`` ("v32" / "v41" / "fp4",
+    a pair of :data:`WS3_EXTRA_PAIRS`): the extra-cache entry :func:`_sparse_decode_gluon_ws3_x_kernel` with
+    ``xpage_shift`` / ``has_xlen``."""
+    if xfmt is not None:
+        if xfmt not in WS3_EXTRA_PAIRS.get(fmt, ()):
+            raise ValueError(f"no WS3 kernel for main cache {fmt!r} + extra cache {xfmt!r}")
+        fn = _sparse_decode_gluon_ws3_x_kernel
+        sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", xkv_ptr="*u8", xidx_ptr="*i32",
+                   xlen_ptr="*i32", sink_ptr="*fp32", meta_ptr="*i32", nsplits_ptr="*i32", out_ptr="*bf16",
+                   lse_ptr="*fp32", oacc_ptr="*fp32", lacc_ptr="*fp32",
+                   stride_qb="i32", stride_qs="i32", stride_qh="i32", stride_kb="i32", page="i32", num_tok="i32",
+                   stride_ib="i32", stride_is="i32", stride_xkb="i32", xpage="i32", xnum_tok="i32",
+                   stride_xib="i32", stride_xis="i32", b="i32", s_q="i32", h_q="i32", topk="i32", xtopk="i32",
+                   acc_rows="i32", sm_scale_log2="fp32", ring_off="i32", ready_off="i32", empty_off="i32")
+    else:
+        fn = _sparse_decode_gluon_ws3_kernel
+        sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", sink_ptr="*fp32", meta_ptr="*i32",
+                   nsplits_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32", oacc_ptr="*fp32", lacc_ptr="*fp32",
+                   stride_qb="i32", stride_qs="i32", stride_qh="i32", stride_kb="i32", page="i32", num_tok="i32",
+                   stride_ib="i32", stride_is="i32", b="i32", s_q="i32", h_q="i32", topk="i32", acc_rows="i32",
+                   sm_scale_log2="fp32", ring_off="i32", ready_off="i32", empty_off="i32")
     # every constexpr, in parameter order (the cross-compile binds constexprs by position)
     consts = dict(PAGE_SHIFT=page_shift, HAS_LEN=has_len, HAS_SINK=has_sink, SBLOCK=64,
                   PRODUCER_REGS=producer_regs or WS3_PRODUCER_REGS[fmt], FMT=GLUON_FMTS[fmt],
@@ -930,4 +1068,7 @@ def compile_sm90_ws3(fmt: str = "v32", page_shift: int = 6, has_len: bool = True
                   ROW_LANES=_row_lanes(fmt, row_lanes))
     hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
                                                                   "stride_ib", "stride_is"]
+    if xfmt is not None:
+        consts.update(XPAGE_SHIFT=xpage_shift, HAS_XLEN=has_xlen, XFMT=_XFMT_CODES[xfmt])
+        hinted += ["stride_xkb", "stride_xib", "stride_xis"]
     return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=WS3_NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)
