@@ -42,8 +42,7 @@ _SMEM = {"v32": 230144, "v41": 205552}
 
 @functools.lru_cache(maxsize=None)
 def _compiled(fmt, xfmt, page_shift, has_len, has_sink, xpage_shift, has_xlen):
-    k = W3.compile_sm90_ws3(fmt, page_shift, has_len, has_sink, xfmt=xfmt, xpage_shift=xpage_shift,
-                            has_xlen=has_xlen)
+    k = W3.compile_sm90_ws3_extra(fmt, xfmt, page_shift, has_len, has_sink, xpage_shift, has_xlen)
     return k.asm["ptx"], k.asm["ttgir"], k.metadata.shared
 
 
@@ -90,9 +89,9 @@ def test_compile_sm90_ws3_extra(fmt, xfmt, cfg):
 @pytest.mark.compile
 def test_compile_extra_bad_pair_raises():
     with pytest.raises(ValueError):
-        W3.compile_sm90_ws3("v32", xfmt="fp4")
+        W3.compile_sm90_ws3_extra("v32", "fp4")
     with pytest.raises(ValueError):
-        W3.compile_sm90_ws3("v41", xfmt="v32")
+        W3.compile_sm90_ws3_extra("v41", "v32")
 
 
 # ------------------------------------------------------------------ CPU: kernel signature, launcher plumbing

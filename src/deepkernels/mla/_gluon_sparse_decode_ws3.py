@@ -256,7 +256,7 @@ from ._gluon_sparse_decode_ws2 import WS2_PV_REGS, _w2_scale, _w2_write_half
 
 __all__ = ["available", "supported_ws3", "launch_sparse_decode_gluon_ws3", "compile_sm90_ws3", "smem_offsets",
            "WS3_PRODUCER_REGS", "WS3_NUM_WARPS", "DISPATCH", "DISPATCH_FMTS", "DISPATCH_MIN_BLOCKS", "dispatch_on",
-           "enough_work", "WS3_EXTRA_PAIRS"]
+           "enough_work", "WS3_EXTRA_PAIRS", "compile_sm90_ws3_extra"]
 
 BLOCK_H = 64
 WS3_NUM_WARPS = 4
@@ -1037,14 +1037,29 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
 
 def compile_sm90_ws3(fmt: str = "v32", page_shift: int = 6, has_len: bool = True, has_sink: bool = True,
                      pv_regs=None, producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None,
-                     row_lanes=None, *, xfmt=None, xpage_shift: int = 6, has_xlen: bool = True):
+                     row_lanes=None):
     """Cross-compile the kernel for sm90 (no GPU needed), the launch's divisibility facts. Returns the
-    CompiledKernel (``.asm['ptx']``, ``.asm['ttgir']``, ``.metadata.shared``). ``xfmt`` ("v32" / "v41" / "fp4",
-    a pair of :data:`WS3_EXTRA_PAIRS`): the extra-cache entry :func:`_sparse_decode_gluon_ws3_x_kernel` with
-    ``xpage_shift`` / ``has_xlen``."""
+    CompiledKernel (``.asm['ptx']``, ``.asm['ttgir']``, ``.metadata.shared``). With an extra cache:
+    :func:`compile_sm90_ws3_extra`."""
+    return _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, maxnreg, deq_asm, pf_l2,
+                        rope_rows, row_lanes)
+
+
+def compile_sm90_ws3_extra(fmt: str = "v41", xfmt: str = "fp4", page_shift: int = 6, has_len: bool = True,
+                           has_sink: bool = True, xpage_shift: int = 6, has_xlen: bool = True, pv_regs=None,
+                           producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None,
+                           row_lanes=None):
+    """:func:`compile_sm90_ws3` of the extra-cache entry :func:`_sparse_decode_gluon_ws3_x_kernel` (a pair of
+    :data:`WS3_EXTRA_PAIRS`, else ValueError), with the extra cache's page shift and lengths flag."""
+    if xfmt not in WS3_EXTRA_PAIRS.get(fmt, ()):
+        raise ValueError(f"no WS3 kernel for main cache {fmt!r} + extra cache {xfmt!r}")
+    return _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, maxnreg, deq_asm, pf_l2,
+                        rope_rows, row_lanes, xfmt, xpage_shift, has_xlen)
+
+
+def _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, maxnreg, deq_asm, pf_l2, rope_rows,
+                 row_lanes, xfmt=None, xpage_shift=6, has_xlen=True):
     if xfmt is not None:
-        if xfmt not in WS3_EXTRA_PAIRS.get(fmt, ()):
-            raise ValueError(f"no WS3 kernel for main cache {fmt!r} + extra cache {xfmt!r}")
         fn = _sparse_decode_gluon_ws3_x_kernel
         sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", xkv_ptr="*u8", xidx_ptr="*i32",
                    xlen_ptr="*i32", sink_ptr="*fp32", meta_ptr="*i32", nsplits_ptr="*i32", out_ptr="*bf16",
