@@ -1,8 +1,9 @@
 """Sparse FP8 MLA decode, split consumer + 2-CTA cluster producer sharing (h_q a multiple of 128; dispatched: :func:`dispatch_on`).
 
 Same contract, arguments and outputs as :func:`_gluon_sparse_decode_ws2.launch_sparse_decode_gluon_ws2` (read that
-module's and ``_gluon_sparse_decode_ws``'s docstrings); formats V3.2 (656 B/token) and V4.1 (528 B/token), no extra
-cache. Calls with ``h_q % 128 != 0`` go to the WS2 launcher unchanged.
+module's and ``_gluon_sparse_decode_ws``'s docstrings); formats V3.2 (656 B/token) and V4.1 (528 B/token); with an
+extra cache (V4.1 + FP4, V4.1 + V4.1, V3.2 + V3.2) only through the opt-in entry of section "Extra cache" (never
+dispatched). Calls with ``h_q % 128 != 0`` go to the WS2 launcher unchanged (with an extra cache: to WS).
 
 Design (FlashMLA's sm90 "crossover" idea, built from inline PTX because Gluon 3.6 has no cluster API):
 
@@ -234,6 +235,60 @@ Measured (session 17, H200; git c1ff888 ``device_sparse_ws3_rope.sh`` and git b4
 * ROW_LANES, V3.2: 0.995-1.038 (no gain); V4.1: 0.943-0.982 at 5 shapes (b 128 s_q 1 315.0 vs 302.3 TFLOPS, s_q 2
   340.1 vs 322.7, b 32 s_q 4 336.9 vs 317.9) -- the opposite of the WS kernel (V3.2 +1.5 %, V4.1 -2 %). Dispatched for
   V4.1 (:data:`WS3_ROW_LANES`).
+
+Extra cache (session 18, opt-in: :func:`launch_sparse_decode_gluon_ws3` with ``extra_k_cache`` / ``extra_indices`` /
+``xfmt`` / ``extra_topk_length``, pairs :data:`WS3_EXTRA_PAIRS` = the WS kernel's V3.2 + V3.2, V4.1 + V4.1, V4.1 + FP4,
+any other pair ValueError; never dispatched: :func:`supported_ws3` still refuses an extra cache, sparse_decode.py
+sends those calls to WS):
+
+* A separate entry, :func:`_sparse_decode_gluon_ws3_x_kernel` (the WS x kernel's runtime arguments + the three shared
+  offsets after ``sm_scale_log2``, the no-extra constexprs, then ``XPAGE_SHIFT`` / ``HAS_XLEN`` / ``XFMT`` with
+  defaults), launched by :class:`_ClusterLauncherX` (the cluster launcher with that JIT kernel): the no-extra
+  kernel's parameters and PTX are untouched (``test_default_ptx_unchanged`` passes with the pinned hashes). The
+  partition functions take the extra arguments as trailing parameters with defaults (``HAS_EXTRA`` False), so the
+  no-extra entry's calls are unchanged.
+* The line is WS's virtual line (``_gluon_sparse_decode_ws._w_xrange``): main positions [t_lo, min(t_hi, n)), then
+  extra positions [max(t_lo - off, 0), min(t_hi - off, n_x)) with ``off = 64 ceil(n / 64)``. Softmax and PV warpgroups
+  only add the extra blocks to their per-request block count (the slot's validity comes from the producer's mask,
+  the per-block code is WS2's); the epilogue and the combine (``extra_lengths`` / ``extra_topk``) are WS's.
+* Producer: per request :func:`_w3_blocks` over the main positions, then :func:`_w3_blocks` again over the extra
+  positions with the extra cache's pointer / strides / page / format (``FMT`` = ``XFMT``), the ring counter running on
+  -- the same sequence in both CTAs of a cluster (same part, query position and requests). Each CTA dequantises its
+  half of the extra block's NoPE columns exactly as for main blocks: chunks 2 r, 2 r + 1 of 128 columns (FP4: bytes
+  [128 r, 128 r + 128) of the e2m1 pairs + their 16 e4m3 scale bytes, WS's ``_w_dequant_store_fp4``, 2 chunks in
+  flight = 24 data registers instead of WS's 48), writes them to its slot pieces and pushes each 16 KB piece to the
+  peer (same ``expect_tx`` 32,768, same ``ready`` / ``empty`` protocol). V3.2 extra: the RoPE rows by cp.async per CTA
+  as for main blocks. The extra loop runs without the L2 prefetch (as WS's extra loops); V3.2's asm dequant and V4.1's
+  row lanes as the main loop's (same values).
+* Cross-compile (Triton 3.6 wheel, ptxas sm_90a; page shift 6 / -1 x lengths x sink x extra page shift 6 / -1 / 4 x
+  extra lengths = 4 configs per pair; :func:`compile_sm90_ws3_extra`, ``tests/test_mla_sparse_decode_ws3_extra.py``;
+  SASS instructions per innermost loop, spill instructions, ptxas spill-store bytes of the whole kernel):
+
+  ==============  ===========  ============  ========  ==================  ==================  ============
+  pair            smem (B)     softmax loop  PV loop   producer main loop  producer extra      spill st (B)
+                                                                           loop
+  ==============  ===========  ============  ========  ==================  ==================  ============
+  V4.1 + FP4      205,536      574, 0        186-187   759-782, 0          1,098-1,122, 0      84-96
+  V4.1 + V4.1     205,536      574, 0        186, 0    759-783, 0          759-784, 0          28-40
+  V3.2 + V3.2     230,128-144  610, 0        190-191   635-673, 1          584-608, 0          36-60
+  ==============  ===========  ============  ========  ==================  ==================  ============
+
+  The consumer loops equal the no-extra build's in instruction count (softmax 610 / 574 with ``R2UR`` 14 / 10, PV
+  190 / 186, 0 spills): one ``%tid.x`` read, ``global_smem`` read once per partition, no ``MEMBAR.ALL.GPU`` in any
+  loop, 2 bulk pushes + 1 ``expect_tx`` per producer loop. FP4's extra loop (2 chunks, 8 ``LDG.E.64`` per thread) is
+  1,098 instructions against WS's 4-chunk FP4 loop of ~2,040 with 6 spills. Shared memory +32-48 B over the no-extra
+  build (the extra arguments' partition state).
+* Prediction (UNVERIFIED, no GPU run yet; H200, V4.1 + FP4, h_q 128, topk 2048 + extra 512; WS measured 211-238
+  TFLOPS in session 15, 220-247 since): 32 main + 8 extra blocks per request; the main blocks go as WS3's V4.1 (1.2-1.3x
+  WS: WS2 1.04-1.05x WS, WS3 1.16-1.25x WS2); an FP4 extra block costs each CTA's producer ~1,100 instructions (main:
+  ~760) but the consumers bound the block (their loop is unchanged), so extra blocks go at about the main rate; one
+  un-overlapped extra-loop prologue per request (index load + first gather, ~1-2 us, partly covered by the 2 filled
+  slots) costs ~1-2 %. Expected t_ws3x / t_ws 0.78-0.88 (paired median), i.e. ~255-300 TFLOPS, b 64 s_q 1 lowest.
+  Numerics: within FlashMLA's tolerances of the reference, not bit-identical to WS (WS2's consumers). Falsifiers:
+  t_ws3x / t_ws >= 0.95 (the extra loop's producer -- FP4 dequant or the per-request prologue -- binds, or the
+  cluster lockstep stalls at the main / extra boundary); a hang (the device script's smoke guard) would mean the two
+  CTAs' block sequences diverge (they must be identical). Device run:
+  ``GIT_SHA=<sha> OUT=$OUT bash benchmarks/device_sparse_ws3_extra.sh``.
 """
 from __future__ import annotations
 
@@ -459,7 +514,8 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
     16 KB pieces of [64, 128]) and each pushed to the peer CTA (:func:`_c_push`); the next block's 2 chunks in flight
     in registers meanwhile (the WS producer's scheme with 2 chunks instead of 4). ``ROW_LANES``: the chunk (and,
     without ``ROPE_ROWS``, the RoPE) layouts' lanes run over token rows first, as the WS producer's (module
-    docstring, "Row lanes")."""
+    docstring, "Row lanes"). ``FMT`` 3: an FP4 extra cache (288-B records; chunk ``G`` = bytes [64 G, 64 G + 64) of
+    the e2m1 pairs + their 8 e4m3 scales, WS's dequantisation; no RoPE tile, as V4.1)."""
     if FMT == 0:
         RB: gl.constexpr = 656
         L: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [0, 1] if ROW_LANES else [1, 0])  # [64, 32] words
