@@ -1,0 +1,481 @@
+"""Sparse top-k MLA prefill, "pair" kernel in FlashMLA's sm90 warpgroup order (WS4; opt-in, NOT dispatched:
+:data:`DISPATCH` False). Design from ``benchmarks/notes/sparse_prefill_design_study.md`` section 3.
+
+Contract, arguments and outputs: exactly :func:`_gluon_sparse_prefill_ws2.launch_sparse_prefill_gluon_ws2`'s (one CTA
+per (query token, 64-head group), head group fastest; the token's top-k KV rows gathered 64 at a time, invalid indices
+(< 0, >= s_kv, position >= topk_length) zero-filled and never dereferenced; online softmax in base 2 with the running
+max in raw-score units; P rounded to bf16 only as the PV operand; out = O / (L [+ exp(sink - m)]) in bf16, lse /
+max_logits in natural-log units; rows without a valid token: out 0, lse +inf, max_logits -inf). d_qk 576 (D_PE 64)
+and 512 (D_PE 0); :func:`supported_ws4` = WS2's gate (h_q % 64 == 0, d_qk 576 / 512, 16-B aligned rows, sm90).
+
+Design (FlashMLA sm90 sparse prefill ``phase1.cuh`` order, study section 1.7)
+------------------------------------------------------------------------------
+Blocks of 64 tokens are taken in PAIRS (2i, 2i+1); an odd block count is padded with one all-masked block (the
+producer zero-fills it without a global read, its S is masked to -inf, P = 0). ``gl.warp_specialize``, 3 x 4 warps:
+
+* default partition = **WG0** (:func:`_w4_wg0`): Q -> shared memory (all 576 columns, then ``qbar``); S0 = Q K0^T of
+  the EVEN block (slot 0), online softmax with its own running max m0 = max(m, rowmax S0) -> ``sM0``, ``MX0``;
+  local P V ``O0 += P0(registers) V0[:, :256]`` (RS wgmma), release slot 0 L; wait ``MX1``, the combined max m from
+  ``sM1``, c = exp2((m0 - m) log2e scale): P0 * c -> bf16 -> ``sS0``, ``P0R``; wait ``P1R``; O0 *= c, l0 *= c;
+  remote P V ``O0 += sS1 V1[:, :256]`` (SS wgmma); then, if another pair follows, S0 of the next pair is issued
+  right behind it (L half after ``rdy[0L]``, ``wait_group 1`` = remote P V done -> release slot 1 L, R half after
+  ``rdy[0R]``), else wait and release slot 1 L.
+* worker 0 = **WG1** (:func:`_w4_wg1`): per pair S1 = Q K1^T of the ODD block (R half + RoPE first, then L half,
+  each after its ``rdy``), row max, wait ``MX0``, m = max(sM0, rowmax S1) -> ``sM1``, ``MX1`` (the one-way max
+  handoff WG0 -> WG1 -> WG0), P1 = exp2((S1 - m) ...), O1, l1 rescaled from the previous combined max to m; local
+  P V ``O1 += P1(registers) V1[:, 256:]``; P1 -> ``sS1``, ``P1R``; wait ``P0R``; remote P V ``O1 += sS0 V0[:, 256:]``;
+  ``wait_group 1`` -> release slot 1 R; ``wait_group 0`` -> release slot 0 R.
+* worker 1 = **producer** (:func:`_w4_producer`): per pair the four column halves in FlashMLA's order V0L, V1R,
+  V0R, V1L (L = NoPE columns [0, 256), R = NoPE [256, 512) + the RoPE tile), each after its own ``fre`` wait,
+  masked 16-B cp.async (``_g_gather``'s addressing with a 256-column window), signalled on its own ``rdy``.
+* Epilogue: l0 / l1 exchanged through ``sM0`` / ``sM1`` (``FIN0`` / ``FIN1``), l = l0 + l1 in both; WG0 writes
+  out[:, :256], WG1 out[:, 256:] and lse / max_logits (WS2's ``_p2_stats`` / ``_p2_write_half`` expressions).
+
+Both warpgroups end every pair with the same running max m (WG0 reads it from ``sM1``), O0 / l0 hold the even blocks'
+P at m, O1 / l1 the odd blocks'; O = [O0 | O1] over both blocks because each P V covers both blocks of the pair.
+
+Barrier protocol (all mbarriers count 1; ``i`` = pair index, ``ph = i & 1``; a fresh barrier passes parity 1)
+----------------------------------------------------------------------------------------------------------
+* ``rdy[h]``, h = 2 slot + half (0 = slot 0 L, 1 = slot 0 R, 2 = slot 1 L, 3 = slot 1 R): producer -> the
+  warpgroup(s) reading that half; the producer's per-thread ``cp.async.mbarrier.arrive`` (net zero) + one ordinary
+  arrive (WS2's scheme). Waited with parity ``ph`` by: WG0 ``rdy[0]``, ``rdy[1]`` (S0; for pair i+1 in pair i's tail
+  with ``ph ^ 1``); WG1 ``rdy[3]``, ``rdy[2]`` (S1). The halves WG0 / WG1 read only through P V were waited on by the
+  half's S reader, whose handoff (``P0R`` / ``P1R``) the P V reader waits for.
+* ``fre[h]``: consumer -> producer, waited with parity ``ph ^ 1`` before the half of pair i is gathered.
+  ``fre[0]`` (slot 0 L: S0 L, local P V of WG0) by WG0 after its local P V; ``fre[2]`` (slot 1 L: S1 L, WG0's
+  remote P V) by WG0 after its remote P V; ``fre[3]`` (slot 1 R: S1 R, WG1's local P V) by WG1 after its local P V;
+  ``fre[1]`` (slot 0 R + RoPE tile = ``sS0`` for d_qk 576: S0 R, WG1's remote P V) by WG1 after its remote P V.
+  Each half's other readers completed before (the S of the other warpgroup precedes its P handoff).
+* ``MX0`` WG0 -> WG1 "m0 in sM0" (WG1 waits ``ph``); ``MX1`` WG1 -> WG0 "m in sM1" (WG0 waits ``ph``);
+  ``P0R`` WG0 -> WG1 "sS0 written + fenced" (WG1 waits ``ph``); ``P1R`` WG1 -> WG0 "sS1 written + fenced" (WG0
+  waits ``ph``). One arrive each per pair.
+* ``qbar`` WG0 -> WG1 "Q in shared memory" (WG1 waits parity 0 once); ``FIN0`` / ``FIN1`` "l0 in sM0" / "l1 in
+  sM1" (each waited once with parity 0 by the other warpgroup).
+Buffer reuse (by hand): ``sM0`` is rewritten in pair i+1 after WG0 waited ``P1R_i``, which WG1 arrives after reading
+``sM0_i``; ``sM1`` is rewritten in pair i+1 after ``MX0_{i+1}``, which WG0 arrives after reading ``sM1_i``; ``sS1``
+is rewritten after ``MX0_{i+1}``, which WG0 arrives after ``wait_group 1`` retired its remote P V of pair i;
+``sS0`` (d_qk 576: slot 0's RoPE tile) is written after S0 (its only other reader) completed, and refilled only after
+``fre[1]``, which WG1 arrives after its remote P V read it; d_qk 512: the separate ``sS0`` is rewritten after
+``MX1_{i+1}``, which WG1 arrives after its ``wait_group 0`` of pair i. ``sM0`` / ``sM1`` carry l0 / l1 after the
+loop: WG1's last read of ``sM0`` precedes ``MX1`` of the last pair (WG0 waited it); WG0's last read of ``sM1``
+precedes ``P0R`` of the last pair (WG1 waited it). No wait depends on a later arrive of the waiter itself: inside a
+pair WG0 arrives MX0 before waiting MX1 and P0R before waiting P1R; WG1 waits MX0 before arriving MX1, arrives P1R
+before waiting P0R; the producer's waits of pair i+1 need only pair-i releases.
+
+Shared memory (d_qk 576): Q [64, 512] + [64, 64] 73,728 B; K/V 2 slots x ([64, 512] + [64, 64]) 147,456 B (the
+column halves are ``.slice(0 | 256, 256, dim=1)`` views; slot 0's RoPE tile doubles as ``sS0``); ``sS1`` [64, 64]
+bf16 8,192 B; ``sM0`` / ``sM1`` 2 x 256 B; 15 mbarriers. d_qk 512: no RoPE tiles, ``sS0`` its own 8,192 B.
+Measured: see "Compile numbers".
+
+Registers: launch ``maxnreg`` :data:`WS4_MAXNREG` 168 (12 warps), ``setmaxnreg`` WG1 :data:`WS4_WG1_REGS`, producer
+:data:`WS4_PRODUCER_REGS`, WG0 the rest (168 x 3 - WG1 - producer).
+
+Compile numbers (Triton 3.6 wheel, ptxas sm_90a): filled in below ("COMPILE").
+
+PREDICTION (UNVERIFIED: never run on a GPU; the study's section 3.5, restated for this code): s_q 4096, h_q 128,
+topk 2048, paired rotated rounds vs gluon-ws2 in one run: s_kv 8K 520-565 TFLOPS (central 545; paired t / t_ws2
+0.85-0.93), s_kv 64K 470-505 (central 485; 0.86-0.93). Falsifiers: F1 paired t / t_ws2 > 0.96 at 8K with 0 loop
+spills -> the structure does not carry into Gluon (third loss of the seesaw family); F3 64K / 8K TFLOPS ratio < 0.84
+-> the late-freed slot 0 R half (released only after WG1's remote P V) is exposed before the next S0 R half; F0 any
+GPU-tier failure or hang -> the protocol above is wrong somewhere (first suspect: an mbarrier arrive of one thread
+before the other warps of its warpgroup finished, see risks).
+"""
+from __future__ import annotations
+
+import torch
+
+from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy,  # noqa: F401
+                      fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait)
+from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
+from .._launch import cached_launcher, spec_key
+from ._gluon_sparse_prefill import BLOCK_H, D_V, WS_MAXNREG, _g_ws_rows, supported
+from ._gluon_sparse_prefill_ws2 import _p2_prologue, _p2_write_half, _p2o_valid
+
+__all__ = ["available", "supported_ws4", "launch_sparse_prefill_gluon_ws4", "compile_sm90_ws4", "DISPATCH",
+           "WS4_MAXNREG", "WS4_WG1_REGS", "WS4_PRODUCER_REGS", "WS4_NUM_WARPS"]
+
+DISPATCH = False           # opt-in (bench label gluon-ws4); never routed to by launch_sparse_prefill_gluon
+WS4_NUM_WARPS = 4          # the default partition (WG0); + 4 (WG1) + 4 (producer) = 12 warps
+WS4_MAXNREG = WS_MAXNREG   # 168: 12 x 32 x 168 = 64,512 of 65,536 registers
+WS4_WG1_REGS = 208         # setmaxnreg of WG1; WG0 gets 168 * 3 - WG1 - producer = 240 (224 / 224: 13 spill instructions in WG0's loop)
+WS4_PRODUCER_REGS = 56
+_LOG2E = 1.4426950408889634
+
+supported_ws4 = supported
+
+
+# ----------------------------------------------------------------------------------------------- device code
+
+@_jit
+def _w4_gather(buf_n, buf_p, kv_ptr, idx_row, start, n, s_kv, stride_kvs, COL0: gl.constexpr,
+               ROPE: gl.constexpr, D_PE: gl.constexpr):
+    """cp.async NoPE columns [COL0, COL0 + 256) (+ the RoPE columns when ``ROPE``) of the KV rows of top-k positions
+    [start, start + 64) into ``buf_n`` ([64, 256] column window of a slot) / ``buf_p``; invalid rows (index < 0,
+    >= s_kv, position >= n) zero-filled and never dereferenced (``_g_gather``'s expressions)."""
+    LN4: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+    LP4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    offs_n = start + gl.arange(0, 64, gl.SliceLayout(1, LN4))
+    idx = gl.load(idx_row + offs_n, mask=offs_n < n, other=-1)
+    ok = (idx >= 0) & (idx < s_kv)
+    rows = kv_ptr + gl.where(ok, idx, 0).to(gl.int64)[:, None] * stride_kvs
+    offs_d = COL0 + gl.arange(0, 256, gl.SliceLayout(0, LN4))
+    async_copy.async_copy_global_to_shared(buf_n, rows + offs_d[None, :], mask=ok[:, None])
+    if ROPE:
+        if D_PE > 0:
+            offs_np = start + gl.arange(0, 64, gl.SliceLayout(1, LP4))
+            idxp = gl.load(idx_row + offs_np, mask=offs_np < n, other=-1)
+            okp = (idxp >= 0) & (idxp < s_kv)
+            rowsp = kv_ptr + gl.where(okp, idxp, 0).to(gl.int64)[:, None] * stride_kvs
+            offs_p = gl.arange(0, D_PE, gl.SliceLayout(0, LP4))
+            async_copy.async_copy_global_to_shared(buf_p, rowsp + 512 + offs_p[None, :], mask=okp[:, None])
+
+
+@_jit
+def _w4_signal(bar):
+    """``bar`` completes when every producer thread's cp.asyncs so far have landed (WS2's scheme, count 1)."""
+    async_copy.mbarrier_arrive(bar)
+    mbarrier.arrive(bar)
+
+
+@_jit
+def _w4_producer(kv_n, kv_p, rdy, fre, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is, H_Q,
+                 D_PE: gl.constexpr, HAS_LEN: gl.constexpr):
+    """Worker partition (4 warps): per pair the halves V0L, V1R, V0R, V1L (study 1.4), each after ``fre[h]`` (parity
+    ``ph ^ 1``), signalled on ``rdy[h]``."""
+    tok = (gl.program_id(0) // (H_Q // 64)).to(gl.int64)
+    n, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
+    num_pairs = (num_blocks + 1) // 2
+    idx_row = idx_ptr + tok * stride_is
+    for i in range(num_pairs):
+        ph = (i & 1) ^ 1
+        j0 = i * 128
+        mbarrier.wait(fre.index(0), ph)
+        _w4_gather(kv_n.index(0).slice(0, 256, dim=1), kv_p.index(0), kv_ptr, idx_row, j0, n, s_kv, stride_kvs,
+                   0, False, D_PE)
+        _w4_signal(rdy.index(0))
+        mbarrier.wait(fre.index(3), ph)
+        _w4_gather(kv_n.index(1).slice(256, 256, dim=1), kv_p.index(1), kv_ptr, idx_row, j0 + 64, n, s_kv,
+                   stride_kvs, 256, True, D_PE)
+        _w4_signal(rdy.index(3))
+        mbarrier.wait(fre.index(1), ph)
+        _w4_gather(kv_n.index(0).slice(256, 256, dim=1), kv_p.index(0), kv_ptr, idx_row, j0, n, s_kv, stride_kvs,
+                   256, True, D_PE)
+        _w4_signal(rdy.index(1))
+        mbarrier.wait(fre.index(2), ph)
+        _w4_gather(kv_n.index(1).slice(0, 256, dim=1), kv_p.index(1), kv_ptr, idx_row, j0 + 64, n, s_kv,
+                   stride_kvs, 0, False, D_PE)
+        _w4_signal(rdy.index(2))
+
+
+@_jit
+def _w4_inv(m_i, l_i, tok, hb, sink_ptr, ml_ptr, lse_ptr, sm_scale, H_Q, HAS_SINK: gl.constexpr,
+            STORE: gl.constexpr, S_L: gl.constexpr):
+    """``_p2_stats``'s expressions: the output scale 1 / (L [+ exp(sink - m)]) (0 for an empty row); with ``STORE``
+    also lse / max_logits (natural-log units; empty rows +inf / -inf)."""
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    offs_h = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, S_L))
+    denom = l_safe
+    if HAS_SINK:
+        sink = gl.load(sink_ptr + offs_h)
+        m_nat = gl.where(empty, 0.0, m_i * sm_scale)
+        denom = l_safe + gl.exp(sink - m_nat)
+    inv = gl.where(empty, 0.0, 1.0 / denom)
+    if STORE:
+        lse = gl.where(empty, float("inf"), m_i * sm_scale + gl.log(l_safe))
+        mx = gl.where(empty, float("-inf"), m_i * sm_scale)
+        gl.store(lse_ptr + tok * H_Q + offs_h, lse)
+        gl.store(ml_ptr + tok * H_Q + offs_h, mx)
+    return inv
+
+
+@_jit
+def _w4_s_half(q_n, q_p, kv_n, kv_p, z, b, acc, HALF: gl.constexpr, FIRST: gl.constexpr, D_PE: gl.constexpr):
+    """Issue the S k-steps of one column half of slot ``b`` (async; returns the token): HALF 0 = NoPE columns
+    [0, 256), HALF 1 = [256, 512) + the RoPE columns. ``z`` is a runtime zero (``i >> 30`` of the loop counter): the
+    Q / K shared-memory descriptors then depend on the loop and are recomputed per pair instead of being hoisted
+    out of the loop (~72 64-bit descriptors per warpgroup: ptxas spilled them, ~1.2 KB, study risk R2)."""
+    qz = q_n.index(z)
+    kz = kv_n.index(z + b)
+    tok = warpgroup_mma(qz.slice(HALF * 256, 256, dim=1), kz.slice(HALF * 256, 256, dim=1).permute((1, 0)), acc,
+                        use_acc=not FIRST, is_async=True)
+    if HALF == 1:
+        if D_PE > 0:
+            tok = warpgroup_mma(q_p.index(z), kv_p.index(z + b).permute((1, 0)), tok, is_async=True)
+    return tok
+
+
+@_jit
+def _w4_wg0(q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, q_ptr, idx_ptr, len_ptr, sink_ptr,
+            out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_qs, stride_qh, stride_is, stride_os,
+            stride_oh, H_Q, D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr):
+    """Default partition = WG0 (module docstring): even blocks' S + softmax, O[:, :256]."""
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    L_PA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    LS: gl.constexpr = gl.SliceLayout(0, S_L)
+    LR: gl.constexpr = gl.SliceLayout(1, S_L)
+    mx0 = bars.index(0)
+    mx1 = bars.index(1)
+    p0r = bars.index(2)
+    p1r = bars.index(3)
+    qbar = bars.index(4)
+    fin0 = bars.index(5)
+    fin1 = bars.index(6)
+    tok, hb, n, num_blocks, idx_row = _p2_prologue(q_n.index(0), q_p.index(0), q_ptr, idx_ptr, len_ptr, topk, stride_qs, stride_qh,
+                                                   stride_is, H_Q, D_PE, HAS_LEN)
+    mbarrier.arrive(qbar)           # Q stored, fenced and barrier'd by the prologue
+    num_pairs = (num_blocks + 1) // 2
+    m_i = gl.full([64], float("-inf"), gl.float32, LR)   # running (combined) max of raw q.k
+    l_i = gl.zeros([64], gl.float32, LR)
+    acc = gl.zeros([64, 256], gl.float32, O_L)
+    s_zero = gl.zeros([64, 64], gl.float32, S_L)
+    s = s_zero
+    valid = _p2o_valid(idx_row, 0, n, s_kv, LS)
+    if num_pairs > 0:
+        # S0 of pair 0: L half, then R half (+ RoPE), each after its own ready
+        z0 = num_pairs >> 30
+        mbarrier.wait(rdy.index(0), 0)
+        fence_async_shared()
+        tok_s = _w4_s_half(q_n, q_p, kv_n, kv_p, z0, 0, s_zero, 0, True, D_PE)
+        mbarrier.wait(rdy.index(1), 0)
+        fence_async_shared()
+        tok_s = _w4_s_half(q_n, q_p, kv_n, kv_p, z0, 0, tok_s, 1, False, D_PE)
+        s = warpgroup_mma_wait(0, deps=(tok_s, ))
+    for i in range(num_pairs):
+        ph = i & 1
+        z = i >> 30               # runtime zero: loop-variant descriptors (_w4_s_half)
+        # softmax of the even block with WG0's own running max
+        s = gl.where(valid[None, :], s, float("-inf"))
+        m0 = gl.maximum(m_i, gl.max(s, 1))
+        m0_safe = gl.where(m0 == float("-inf"), 0.0, m0)
+        alpha = gl.exp2((m_i - m0_safe) * scale_log2)
+        p = gl.exp2((s - m0_safe[:, None]) * scale_log2)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        s_m0.store(m0)
+        gl.thread_barrier()
+        mbarrier.arrive(mx0)
+        # local P V: O0 += P0 V0[:, :256] (P0 the register A operand), then release slot 0 L
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+        p_op = gl.convert_layout(p.to(gl.bfloat16), L_PA)
+        tok_o = warpgroup_mma(p_op, kv_n.index(z).slice(0, 256, dim=1), acc, is_async=True)
+        acc, p_op = warpgroup_mma_wait(0, deps=(tok_o, p_op))
+        mbarrier.arrive(fre.index(0))
+        # the combined max from WG1: P0 rescaled to it -> sS0 for WG1's remote P V
+        mbarrier.wait(mx1, ph)
+        m_c = s_m1.load(LR)
+        m_c_safe = gl.where(m_c == float("-inf"), 0.0, m_c)
+        c = gl.exp2((m0 - m_c_safe) * scale_log2)
+        p = p * c[:, None]
+        s_s0.store(p.to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(p0r)
+        l_i = l_i * c
+        m_i = m_c
+        # remote P V: O0 += sS1 V1[:, :256]
+        mbarrier.wait(p1r, ph)
+        fence_async_shared()
+        acc = acc * gl.convert_layout(c, gl.SliceLayout(1, O_L))[:, None]
+        tok_o = warpgroup_mma(s_s1, kv_n.index(z + 1).slice(0, 256, dim=1), acc, is_async=True)
+        if i + 1 < num_pairs:
+            # the next pair's S0 right behind the remote P V (study 1.7 step 5)
+            valid = _p2o_valid(idx_row, 2 * i + 2, n, s_kv, LS)
+            mbarrier.wait(rdy.index(0), ph ^ 1)
+            fence_async_shared()
+            tok_s = _w4_s_half(q_n, q_p, kv_n, kv_p, z, 0, s_zero, 0, True, D_PE)
+            acc = warpgroup_mma_wait(1, deps=(tok_o, ))       # remote P V done (S0 L may still run)
+            mbarrier.arrive(fre.index(2))
+            mbarrier.wait(rdy.index(1), ph ^ 1)
+            fence_async_shared()
+            tok_s = _w4_s_half(q_n, q_p, kv_n, kv_p, z, 0, tok_s, 1, False, D_PE)
+            s = warpgroup_mma_wait(0, deps=(tok_s, ))
+        else:
+            acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+            mbarrier.arrive(fre.index(2))
+    # epilogue: l0 to WG1 through sM0, l1 from sM1; l = l0 + l1 (the same order in both warpgroups)
+    s_m0.store(l_i)
+    gl.thread_barrier()
+    mbarrier.arrive(fin0)
+    mbarrier.wait(fin1, 0)
+    l_tot = l_i + s_m1.load(LR)
+    inv = _w4_inv(m_i, l_tot, tok, hb, sink_ptr, ml_ptr, lse_ptr, sm_scale, H_Q, HAS_SINK, False, S_L)
+    _p2_write_half(acc, gl.convert_layout(inv, gl.SliceLayout(1, O_L)), tok, hb, out_ptr, stride_os, stride_oh, 0,
+                   O_L)
+
+
+@_jit
+def _w4_wg1(q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, idx_ptr, len_ptr, sink_ptr, out_ptr,
+            ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_is, stride_os, stride_oh, H_Q,
+            D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr):
+    """Worker partition = WG1 (module docstring): odd blocks' S + softmax from WG0's max, O[:, 256:], lse /
+    max_logits."""
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+    L_PA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    LS: gl.constexpr = gl.SliceLayout(0, S_L)
+    LR: gl.constexpr = gl.SliceLayout(1, S_L)
+    mx0 = bars.index(0)
+    mx1 = bars.index(1)
+    p0r = bars.index(2)
+    p1r = bars.index(3)
+    qbar = bars.index(4)
+    fin0 = bars.index(5)
+    fin1 = bars.index(6)
+    pid = gl.program_id(0)
+    tok = (pid // (H_Q // 64)).to(gl.int64)
+    hb = pid % (H_Q // 64)
+    n, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
+    num_pairs = (num_blocks + 1) // 2
+    idx_row = idx_ptr + tok * stride_is
+    m_i = gl.full([64], float("-inf"), gl.float32, LR)
+    l_i = gl.zeros([64], gl.float32, LR)
+    acc = gl.zeros([64, 256], gl.float32, O_L)
+    s_zero = gl.zeros([64, 64], gl.float32, S_L)
+    mbarrier.wait(qbar, 0)
+    for i in range(num_pairs):
+        ph = i & 1
+        z = i >> 30               # runtime zero: loop-variant descriptors (_w4_s_half)
+        valid = _p2o_valid(idx_row, 2 * i + 1, n, s_kv, LS)
+        # S1: R half (+ RoPE) first, then L half (study 1.4: the halves come back in this order)
+        mbarrier.wait(rdy.index(3), ph)
+        fence_async_shared()
+        tok_s = _w4_s_half(q_n, q_p, kv_n, kv_p, z, 1, s_zero, 1, True, D_PE)
+        mbarrier.wait(rdy.index(2), ph)
+        fence_async_shared()
+        tok_s = _w4_s_half(q_n, q_p, kv_n, kv_p, z, 1, tok_s, 0, False, D_PE)
+        s = warpgroup_mma_wait(0, deps=(tok_s, ))
+        s = gl.where(valid[None, :], s, float("-inf"))
+        r_max = gl.max(s, 1)
+        # the one-way handoff: WG0's max (already >= the previous combined max) -> combined max -> WG0
+        mbarrier.wait(mx0, ph)
+        m_new = gl.maximum(s_m0.load(LR), r_max)
+        s_m1.store(m_new)
+        gl.thread_barrier()
+        mbarrier.arrive(mx1)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2((m_i - m_safe) * scale_log2)
+        p = gl.exp2((s - m_safe[:, None]) * scale_log2)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        # local P V: O1 += P1 V1[:, 256:] (register A operand); P1 -> sS1 for WG0
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
+        p_bf = p.to(gl.bfloat16)
+        p_op = gl.convert_layout(p_bf, L_PA)
+        tok_o = warpgroup_mma(p_op, kv_n.index(z + 1).slice(256, 256, dim=1), acc, is_async=True)
+        s_s1.store(p_bf)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(p1r)
+        # remote P V: O1 += sS0 V0[:, 256:]
+        mbarrier.wait(p0r, ph)
+        fence_async_shared()
+        tok_o = warpgroup_mma(s_s0, kv_n.index(z).slice(256, 256, dim=1), tok_o, is_async=True)
+        tok_o, p_op = warpgroup_mma_wait(1, deps=(tok_o, p_op))    # local P V done
+        mbarrier.arrive(fre.index(3))
+        acc = warpgroup_mma_wait(0, deps=(tok_o, ))
+        mbarrier.arrive(fre.index(1))
+    # epilogue: l1 to WG0 through sM1, l0 from sM0; l = l0 + l1; lse / max_logits stored here
+    s_m1.store(l_i)
+    gl.thread_barrier()
+    mbarrier.arrive(fin1)
+    mbarrier.wait(fin0, 0)
+    l_tot = s_m0.load(LR) + l_i
+    inv = _w4_inv(m_i, l_tot, tok, hb, sink_ptr, ml_ptr, lse_ptr, sm_scale, H_Q, HAS_SINK, True, S_L)
+    _p2_write_half(acc, gl.convert_layout(inv, gl.SliceLayout(1, O_L)), tok, hb, out_ptr, stride_os, stride_oh, 256,
+                   O_L)
+
+
+@_jit
+def _sparse_prefill_gluon_ws4_kernel(
+    q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr,
+    s_kv, topk, sm_scale, scale_log2,
+    stride_qs, stride_qh, stride_kvs, stride_is, stride_os, stride_oh, H_Q,
+    D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, WG1_REGS: gl.constexpr,
+):
+    """The WS / WS2 kernels' runtime arguments; constexprs: D_PE, HAS_LEN, HAS_SINK, the producer's and WG1's
+    setmaxnreg. Partitions: WG0 (default, 4 warps), WG1 (4), producer (4)."""
+    SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 512], gl.bfloat16)
+    SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
+    SH_V: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    q_n = gl.allocate_shared_memory(gl.bfloat16, [1, 64, 512], SH_N)
+    kv_n = gl.allocate_shared_memory(gl.bfloat16, [2, 64, 512], SH_N)
+    s_s1 = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
+    if D_PE > 0:
+        q_p = gl.allocate_shared_memory(gl.bfloat16, [1, 64, D_PE], SH_P)
+        kv_p = gl.allocate_shared_memory(gl.bfloat16, [2, 64, D_PE], SH_P)
+        s_s0 = kv_p.index(0)          # slot 0's RoPE tile (study 1.3: FlashMLA's sS0)
+    else:
+        q_p = q_n
+        kv_p = kv_n
+        s_s0 = gl.allocate_shared_memory(gl.bfloat16, [64, 64], SH_P)
+    s_m0 = gl.allocate_shared_memory(gl.float32, [64], SH_V)
+    s_m1 = gl.allocate_shared_memory(gl.float32, [64], SH_V)
+    rdy = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    fre = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    bars = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())   # MX0 MX1 P0R P1R Q FIN0 FIN1
+    for k in gl.static_range(4):
+        mbarrier.init(rdy.index(k), count=1)
+        mbarrier.init(fre.index(k), count=1)
+    for k in gl.static_range(7):
+        mbarrier.init(bars.index(k), count=1)
+    gl.warp_specialize([
+        (_w4_wg0, (q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, q_ptr, idx_ptr, len_ptr, sink_ptr,
+                   out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_qs, stride_qh, stride_is,
+                   stride_os, stride_oh, H_Q, D_PE, HAS_LEN, HAS_SINK)),
+        (_w4_wg1, (q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, idx_ptr, len_ptr, sink_ptr, out_ptr,
+                   ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_is, stride_os, stride_oh, H_Q, D_PE,
+                   HAS_LEN, HAS_SINK)),
+        (_w4_producer, (kv_n, kv_p, rdy, fre, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is, H_Q, D_PE,
+                        HAS_LEN)),
+    ], [4, 4], [WG1_REGS, PRODUCER_REGS])
+
+
+# ----------------------------------------------------------------------------------------------- host code
+
+_CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "WG1_REGS")   # parameter order
+_LAUNCHERS: dict = {}
+_LAUNCHER_LIMIT = 1024
+
+
+def launch_sparse_prefill_gluon_ws4(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None,
+                                    topk_length=None, *, wg1_regs=None, producer_regs=None, maxnreg=None):
+    """Drop-in for :func:`_gluon_sparse_prefill_ws2.launch_sparse_prefill_gluon_ws2` (same out-parameter contract;
+    the caller checked :func:`supported_ws4`, else uses WS2). Keyword-only tuning knobs: WG1 / producer
+    ``setmaxnreg``, launch ``maxnreg``. Cached :class:`deepkernels._launch.KernelLauncher` keyed by (constexpr names,
+    constexprs, options, :func:`deepkernels._launch.spec_key` of the arguments)."""
+    s_q, h_q, d_qk = q.shape
+    if s_q == 0:
+        return
+    dummy = lse
+    args = (q, kv, indices, topk_length if topk_length is not None else dummy,
+            attn_sink if attn_sink is not None else dummy, out, max_logits, lse,
+            kv.shape[0], indices.shape[-1])
+    ints = (q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), h_q)
+    names = _CONSTEXPRS
+    constexprs = (d_qk - D_V, topk_length is not None, attn_sink is not None,
+                  producer_regs or WS4_PRODUCER_REGS, wg1_regs or WS4_WG1_REGS)
+    opts = (WS4_NUM_WARPS, maxnreg or WS4_MAXNREG)
+    launcher = cached_launcher(_LAUNCHERS, _sparse_prefill_gluon_ws4_kernel,
+                               (names, constexprs, opts, spec_key(*args, *ints)),
+                               lambda: dict(zip(names, constexprs), num_warps=opts[0], maxnreg=opts[1]),
+                               _LAUNCHER_LIMIT)
+    launcher((s_q * (h_q // BLOCK_H), ), *args, float(sm_scale), float(sm_scale) * _LOG2E, *ints)
+
+
+def compile_sm90_ws4(d_pe: int = 64, has_len: bool = False, has_sink: bool = False, wg1_regs=None,
+                     producer_regs=None, maxnreg=None):
+    """Cross-compile the kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch. Returns
+    the CompiledKernel (``.asm['ptx']``, ``.metadata.shared``)."""
+    sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "len_ptr": "*i32", "sink_ptr": "*fp32",
+           "out_ptr": "*bf16", "ml_ptr": "*fp32", "lse_ptr": "*fp32",
+           "s_kv": "i32", "topk": "i32", "sm_scale": "fp32", "scale_log2": "fp32",
+           "stride_qs": "i32", "stride_qh": "i32", "stride_kvs": "i32", "stride_is": "i32", "stride_os": "i32",
+           "stride_oh": "i32", "H_Q": "i32"}
+    consts = dict(zip(_CONSTEXPRS, (d_pe, has_len, has_sink, producer_regs or WS4_PRODUCER_REGS,
+                                    wg1_regs or WS4_WG1_REGS)))
+    hinted = ("q_ptr", "kv_ptr", "idx_ptr", "out_ptr", "stride_qs", "stride_qh", "stride_kvs", "stride_os",
+              "stride_oh")
+    return _compile_sm90_gluon(_sparse_prefill_gluon_ws4_kernel, sig, consts, hinted, num_warps=WS4_NUM_WARPS,
+                               maxnreg=maxnreg or WS4_MAXNREG)
