@@ -193,18 +193,23 @@ def test_extra_bad_pairs_raise_and_h_q_64_goes_to_ws(stub_cluster, monkeypatch):
 # ------------------------------------------------------------------ GPU tier
 @pytest.fixture
 def ws3x_route(monkeypatch):
-    """The public op's extra-cache calls (dispatched to the WS launcher) go to the WS3 launcher (h_q not a multiple of
-    128: the WS launcher itself, as the WS3 launcher would send them); each WS3 launch is counted."""
-    calls = []
+    """The public op's extra-cache calls (dispatched to the WS launcher) go to the WS3 launcher; the WS3 launcher's own
+    call of the WS launcher (h_q not a multiple of 128) reaches the real one. Each WS3 launcher call is counted (its
+    ``num_splits``)."""
+    calls, inside = [], []
     ws_launch = W.launch_sparse_decode_gluon_ws
 
     def route(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None, extra_k_cache=None,
               extra_indices=None, xfmt=None, topk_length=None, extra_topk_length=None, config=None, _spec=None):
         args = (out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink, extra_k_cache,
                 extra_indices, xfmt, topk_length, extra_topk_length, config, _spec)
-        if extra_k_cache is None or q.shape[2] % 128:
+        if extra_k_cache is None or inside:
             return ws_launch(*args)
-        W3.launch_sparse_decode_gluon_ws3(*args)
+        inside.append(q.shape[2])
+        try:
+            W3.launch_sparse_decode_gluon_ws3(*args)
+        finally:
+            inside.pop()
         calls.append(num_splits)
 
     monkeypatch.setattr(W, "launch_sparse_decode_gluon_ws", route)
@@ -258,10 +263,15 @@ def test_gpu_ws3_extra_v41_v41(poison, ws3x_route):
 
 
 @pytest.mark.gpu
-def test_gpu_ws3_extra_h_q_64_goes_to_ws(poison, ws3x_route):
+def test_gpu_ws3_extra_h_q_64_goes_to_ws(poison, ws3x_route, monkeypatch):
+    """h_q 64 (no head-block pair for a cluster): the WS3 launcher runs the call on the WS kernel's extra entry."""
+    seen = []
+    real = W3._ClusterLauncher.__call__
+    monkeypatch.setattr(W3._ClusterLauncher, "__call__", lambda self, *a: (seen.append(1), real(self, *a)))
     kw = _xcase("v41", "fp4", 64, 16, 2, 576, 1024, 53, 100, 300, 64, False, True, False)
     run_and_check(kw)
-    _ran(ws3x_route, 0)
+    _ran(ws3x_route)
+    assert not seen
 
 
 @pytest.mark.gpu
@@ -361,7 +371,7 @@ def test_gpu_ws3_extra_deterministic_and_graph_capture(fmt, xfmt, ws3x_route):
 def test_gpu_ws3_extra_close_to_ws(fmt, xfmt, poison, monkeypatch):
     """Direct launches on one schedule: WS3-extra against the WS kernel (not bit-identical: other consumers) within
     FlashMLA's tolerances, no NaN."""
-    kw = _xcase(fmt, xfmt, 128, 64, 1, 2048, 4096, 64, 512, 1024, 64, True, True, True)
+    kw = _xcase(fmt, xfmt, 128, 16, 1, 2048, 4096, 64, 512, 1024, 64, True, True, True)
     seen = []
     ws_launch = W.launch_sparse_decode_gluon_ws
 
@@ -379,3 +389,21 @@ def test_gpu_ws3_extra_close_to_ws(fmt, xfmt, poison, monkeypatch):
     assert not torch.isnan(o3).any() and not torch.isnan(l3).any()
     torch.testing.assert_close(o3.float(), ow.float(), rtol=2e-2, atol=8e-3)
     torch.testing.assert_close(l3, lw, rtol=1e-4, atol=1e-4)
+
+
+def test_bench_extra_case_on_cpu():
+    """benchmarks/sparse_decode_ws3_extra.py's case builder (CPU, tiny): the schedule counts the extra tokens, FLOPs
+    FlashMLA-counted over main + extra tokens; the script does nothing without a GPU."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    try:
+        import sparse_decode_ws3_extra as X
+    finally:
+        sys.path.pop(0)
+    c = X.extra_case("v41", "fp4", 2, 1, 128, 256, 128, s_k=512, device="cpu")
+    assert c.xcache.shape[-1] == 288 and c.xind.shape == (2, 1, 128) and c.ind.shape == (2, 1, 256)
+    assert c.flop == 2 * 128 * 2 * 1 * (256 + 128) * (512 + 512)
+    assert int(c.ns[-1]) >= 2 and c.sched.shape[0] == c.parts
+    if not torch.cuda.is_available():
+        assert X.main(["/dev/null"]) == 0
