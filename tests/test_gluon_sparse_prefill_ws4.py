@@ -96,6 +96,7 @@ def test_compile_sm90_ws4(d_pe, has_len, has_sink):
     rep, l0, l1, prod = _loops(ptx, k_steps)
     # 0 spills: in each loop and in all (ptxas of the Triton 3.6 wheel, measured 0 bytes in all 8 configurations)
     assert rep.spills == (0, 0), rep.log
+    assert "C7514" not in rep.log and "serialized" not in rep.log, rep.log   # no wgmma serialisation by ptxas
     assert n_spill(l0) == 0 and n_spill(l1) == 0 and n_spill(prod) == 0
     # producer: per pair 2 x 16 NoPE + 2 x 4 RoPE 16-B cp.async per thread, 4 free waits, 4 cp.async arrives
     n_cp = sum(1 for t in prod if _op(t).startswith("LDGSTS"))

@@ -62,15 +62,52 @@ precedes ``P0R`` of the last pair (WG1 waited it). No wait depends on a later ar
 pair WG0 arrives MX0 before waiting MX1 and P0R before waiting P1R; WG1 waits MX0 before arriving MX1, arrives P1R
 before waiting P0R; the producer's waits of pair i+1 need only pair-i releases.
 
-Shared memory (d_qk 576): Q [64, 512] + [64, 64] 73,728 B; K/V 2 slots x ([64, 512] + [64, 64]) 147,456 B (the
-column halves are ``.slice(0 | 256, 256, dim=1)`` views; slot 0's RoPE tile doubles as ``sS0``); ``sS1`` [64, 64]
-bf16 8,192 B; ``sM0`` / ``sM1`` 2 x 256 B; 15 mbarriers. d_qk 512: no RoPE tiles, ``sS0`` its own 8,192 B.
-Measured: see "Compile numbers".
+Shared memory map (d_qk 576): Q [1, 64, 512] + [1, 64, 64] 73,728 B; K/V 2 slots x ([64, 512] + [64, 64]) 147,456 B
+(the column halves are ``.slice(0 | 256, 256, dim=1)`` views of the unchanged tiles: L = NoPE [0, 256), R = NoPE
+[256, 512) + the slot's RoPE tile; slot 0's RoPE tile doubles as ``sS0``, the P0 exchange tile); ``sS1`` [64, 64]
+bf16 8,192 B; ``sM0`` / ``sM1`` 2 x 256 B (row max, then row sums); 15 mbarriers (rdy x 4, fre x 4, MX0, MX1, P0R,
+P1R, Q, FIN0, FIN1) 120 B. d_qk 512: no RoPE tiles, ``sS0`` its own 8,192 B. Q is allocated [1, ...] and every math
+descriptor is taken through ``.index(z)`` with a runtime zero ``z = i >> 30`` (:func:`_w4_s_half`): with the fixed
+slot per warpgroup all ~80 descriptors per warpgroup were loop-invariant, ptxas hoisted them and spilled 1,180 B
+(WG0 loop 104-128 spill instructions) -- study risk R2, the session-14 seesaw's failure; the runtime zero costs a few
+integer instructions per pair and leaves 0 spills.
 
-Registers: launch ``maxnreg`` :data:`WS4_MAXNREG` 168 (12 warps), ``setmaxnreg`` WG1 :data:`WS4_WG1_REGS`, producer
-:data:`WS4_PRODUCER_REGS`, WG0 the rest (168 x 3 - WG1 - producer).
+Register split: launch ``maxnreg`` :data:`WS4_MAXNREG` 168 (12 warps); ``setmaxnreg`` WG1 :data:`WS4_WG1_REGS` 208,
+producer :data:`WS4_PRODUCER_REGS` 56, WG0 the rest 168 x 3 - 208 - 56 = 240. WG0 holds the most at once (O half 128
++ P0 fp32 32, kept for the rescaled copy to ``sS0``, + P0 as the register operand 16 + the next S0 32 in flight with
+the remote P V); measured with the same code: 224 / 224 / 56 -> 13 spill instructions in WG0's loop (76 B in all),
+232 / 216 / 56 -> 0 in the loops but 24 B outside, 240 / 208 / 56 -> 0 anywhere (the study's 224 / 224 / 56 guess was
+short by 16 for WG0).
 
-Compile numbers (Triton 3.6 wheel, ptxas sm_90a): filled in below ("COMPILE").
+Compile numbers (Triton 3.6.0 wheel, ptxas sm_90a, all 8 (d_pe, has_len, has_sink) configurations; asserted in
+tests/test_gluon_sparse_prefill_ws4.py): shared memory 230,296-230,312 B (d_qk 576) / 213,864-213,880 B (512) of the
+232,448 B limit (WS2: 230,016 / 205,440). wgmma: 3 x 36 (3 x 32) m64n64k16 (WG0 prologue + WG0 loop tail + WG1 loop)
++ 16 m64n256k16, 8 of them with P as the register A operand. PTX: 15 mbarrier.init, 17 try_wait sites, 16 arrive
+sites, 4 cp.async.mbarrier.arrive. ptxas: 168 registers, 0 bytes spill stores / loads, no wgmma-serialisation
+warning. SASS loops: WG0 1,000 / 973 instructions (44 / 40 HGMMA, 36 MUFU.EX2, 4 wgmma waits), WG1 703 / 680 (44 / 40
+HGMMA, 34 EX2, 3 waits), producer 1,310-1,358 / 1,152-1,206 (72 / 64 LDGSTS = 2 x 16 NoPE + 2 x 4 RoPE per thread and
+pair, 4 free waits, 4 cp.async arrives), 0 spill instructions in each. SASS order (ptxas, d_qk 576): WG0 publishes
+m0 (``sM0`` store + ``MX0`` arrive) after 4 of its 36 exp2 -- ptxas hoisted the handoff above the P exp2s, so WG1's
+softmax can start while WG0 computes P0; WG1 arrives ``MX1`` after 6 of its 34 exp2; WG0's next S0 is issued right
+behind its remote P V with only the ``rdy[0]`` wait between (no ptxas-inserted wgmma wait anywhere). Compared with
+WS2's softmax warpgroup (706 / 679 instructions per BLOCK, the serial chain of every block), each WS4 math warpgroup
+runs ~700-1,000 instructions per PAIR.
+
+CPU protocol model (tests/test_gluon_sparse_prefill_ws4.py ``test_protocol_model``): the three partitions as step
+lists (waits with the hardware parity rule, arrives, synchronous and wgmma-async reads with their retire points,
+writes), 300 random schedules each for 0-7 pairs: no deadlock, no parity aliasing, no write under an in-flight reader,
+every read sees the block it expects; mutations (a release moved before its wgmma wait, both P handoffs waited before
+being arrived) are caught.
+
+Not implemented (the study's proposal, section 3, or FlashMLA, vs this file): the F2 ablation switches (symmetric max
+exchange, whole-slot release); validity bits from the producer (the math warpgroups reload their block's 64 indices,
+as WS2, loaded before the S waits); the L2 evict_last / 256-B prefetch cache hints of FlashMLA's gather; TMA Q load
+and TMA / bulk output stores; named barriers (Gluon 3.6 has none: mbarriers throughout, study risk R1); the F4
+per-warpgroup timestamp build. Q is loaded by WG0 alone (WG1 waits ``qbar`` once per CTA).
+
+Device command (nothing run on a GPU yet): ``GIT_SHA=<sha> OUT=$OUT bash benchmarks/device_sparse_prefill_ws4.sh``
+(smoke under a hang guard, GPU tier, 6 rotated paired rounds vs gluon-ws2, verdict; caps 215 s); bench label
+``gluon-ws4`` (``benchmarks/mla_prefill.py --gluon --gluon-add gluon-ws4``).
 
 PREDICTION (UNVERIFIED: never run on a GPU; the study's section 3.5, restated for this code): s_q 4096, h_q 128,
 topk 2048, paired rotated rounds vs gluon-ws2 in one run: s_kv 8K 520-565 TFLOPS (central 545; paired t / t_ws2
