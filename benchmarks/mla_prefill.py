@@ -110,7 +110,7 @@ def sparse_inputs(s_q, s_kv, topk, h_q, d_qk, sink):
 GLUON_SPARSE = {"gluon": None, "gluon-ws": "ws", "gluon-ws2": "ws2", "gluon-ws2-ov": "ws2-ov",
                 "gluon-ws2-ov2": "ws2-ov2", "gluon-ws2-half": "ws2-half", "gluon-ws2-half-ov": "ws2-half-ov",
                 "gluon-ws2-half-ov2": "ws2-half-ov2", "gluon-ws3": "ws3", "gluon-ws3-nopf": "ws3-nopf",
-                "gluon-ws4": "ws4"}
+                "gluon-ws4": "ws4", "gluon-ws4-sym": "ws4-sym", "gluon-ws4-whole": "ws4-whole"}
 # (overlap, half_tiles) keywords of launch_sparse_prefill_gluon_ws2: overlap 0 the dispatched schedule, 1 FA3 order +
 # lagged PV warpgroup, 2 FA3 order only (module docstring section "OVERLAP"); half_tiles the 32-token half-tile
 # ready / empty ring (section "HALF")
@@ -118,8 +118,10 @@ _WS2_OVERLAP = {"ws2": (0, False), "ws2-ov": (1, False), "ws2-ov2": (2, False), 
                 "ws2-half-ov": (1, True), "ws2-half-ov2": (2, True)}
 # labels timed only when named in --gluon-add (keeps the other device scripts' --gluon runs at their length)
 GLUON_OPT_IN = ("gluon-ws2-ov2", "gluon-ws2-half", "gluon-ws2-half-ov", "gluon-ws2-half-ov2", "gluon-ws3",
-                "gluon-ws3-nopf", "gluon-ws4")
-# "ws4": mla/_gluon_sparse_prefill_ws4.py (FlashMLA sm90 pair order; opt-in, not dispatched)
+                "gluon-ws3-nopf", "gluon-ws4", "gluon-ws4-sym", "gluon-ws4-whole")
+# "ws4" / "ws4-sym" / "ws4-whole": mla/_gluon_sparse_prefill_ws4.py (FlashMLA sm90 pair order; opt-in, not
+# dispatched) and its F2 ablations sym_max / whole_slot
+_WS4_ABL = {"ws4": {}, "ws4-sym": {"sym_max": True}, "ws4-whole": {"whole_slot": True}}
 # "ws3" / "ws3-nopf": mla/_gluon_sparse_prefill_ws3.py (2-CTA cluster producer sharing), pf_idx on / off
 _WS3_PF = {"ws3": True, "ws3-nopf": False}
 
@@ -129,10 +131,12 @@ def _launch_cfg(cfg):
     (mla/_gluon_sparse_prefill.py: "gluon" = the dispatched variant, "gluon-ws"; "gluon-ws2" =
     mla/_gluon_sparse_prefill_ws2.py, "gluon-ws2-ov" / "gluon-ws2-ov2" = the same with overlap=1 / 2,
     "gluon-ws2-half" / "-half-ov" / "-half-ov2" = half_tiles=True with overlap=0 / 1 / 2; "gluon-ws3" /
-    "gluon-ws3-nopf" = mla/_gluon_sparse_prefill_ws3.py with pf_idx on / off; "gluon-ws4" =
-    mla/_gluon_sparse_prefill_ws4.py)."""
-    if isinstance(cfg, str) and GLUON_SPARSE.get(cfg) == "ws4":
-        return _gsp4.launch_sparse_prefill_gluon_ws4
+    "gluon-ws3-nopf" = mla/_gluon_sparse_prefill_ws3.py with pf_idx on / off; "gluon-ws4" /
+    "gluon-ws4-sym" / "gluon-ws4-whole" = mla/_gluon_sparse_prefill_ws4.py, default / sym_max / whole_slot)."""
+    if isinstance(cfg, str) and GLUON_SPARSE.get(cfg) in _WS4_ABL:
+        kw4 = _WS4_ABL[GLUON_SPARSE[cfg]]
+        return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp4.launch_sparse_prefill_gluon_ws4(
+            out, ml, lse, q, kv, ind, scale, sk, tl, **kw4)
     if isinstance(cfg, str) and GLUON_SPARSE.get(cfg) in _WS3_PF:
         pf = _WS3_PF[GLUON_SPARSE[cfg]]
         return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp3.launch_sparse_prefill_gluon_ws3(

@@ -99,11 +99,24 @@ writes), 300 random schedules each for 0-7 pairs: no deadlock, no parity aliasin
 every read sees the block it expects; mutations (a release moved before its wgmma wait, both P handoffs waited before
 being arrived) are caught.
 
-Not implemented (the study's proposal, section 3, or FlashMLA, vs this file): the F2 ablation switches (symmetric max
-exchange, whole-slot release); validity bits from the producer (the math warpgroups reload their block's 64 indices,
+Ablations (falsifier F2; constexprs ``SYM`` / ``WHOLE``, launcher / compile keywords ``sym_max`` / ``whole_slot``,
+bench labels ``gluon-ws4-sym`` / ``gluon-ws4-whole``; both off = the default kernel, whose cleaned PTX is byte-identical
+to before the switches existed: sha256 per configuration in ``test_default_ptx_unchanged``):
+* ``SYM`` (F2a, symmetric max exchange = the session-14 seesaw order): WG0 publishes m0, waits ``MX1`` and computes
+  P0 at the combined max before its exp2s, so both softmaxes run at the same time; no second rescale of P0 / O0 / l0.
+  Same barriers and parities (WG0's ``MX1`` wait moves up). SASS: WG0 loop 776-782 instructions, 34 EX2, the ``MX1``
+  wait before the exp2s, 0 spills.
+* ``WHOLE`` (F2b, whole-slot refill): the producer gathers a slot's first half only when BOTH halves were released
+  (V0L waits ``fre[0]`` + ``fre[1]``, V1R ``fre[3]`` + ``fre[2]``; same gather order, same number of waits). ptxas
+  then leaves 0-26 spill instructions in the producer loop (0-64 B; 56 or 64 producer registers alike) -- a bias
+  against WHOLE in the comparison, small next to the ~1,300-instruction producer loop.
+The device script prints t_abl / t_ws4 per shape: F2 expects >= 1.06 (SYM) and >= 1.05 (WHOLE at 64K).
+
+Not implemented (the study's proposal, section 3, or FlashMLA, vs this file): validity bits from the producer (the math warpgroups reload their block's 64 indices,
 as WS2, loaded before the S waits); the L2 evict_last / 256-B prefetch cache hints of FlashMLA's gather; TMA Q load
 and TMA / bulk output stores; named barriers (Gluon 3.6 has none: mbarriers throughout, study risk R1); the F4
-per-warpgroup timestamp build. Q is loaded by WG0 alone (WG1 waits ``qbar`` once per CTA).
+per-warpgroup timestamp build; dispatch (``DISPATCH`` False until a device run says otherwise). Q is loaded by WG0
+alone (WG1 waits ``qbar`` once per CTA).
 
 Device command (nothing run on a GPU yet): ``GIT_SHA=<sha> OUT=$OUT bash benchmarks/device_sparse_prefill_ws4.sh``
 (smoke under a hang guard, GPU tier, 6 rotated paired rounds vs gluon-ws2, verdict; caps 215 s); bench label
@@ -176,9 +189,10 @@ def _w4_signal(bar):
 
 @_jit
 def _w4_producer(kv_n, kv_p, rdy, fre, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is, H_Q,
-                 D_PE: gl.constexpr, HAS_LEN: gl.constexpr):
+                 D_PE: gl.constexpr, HAS_LEN: gl.constexpr, WHOLE: gl.constexpr = False):
     """Worker partition (4 warps): per pair the halves V0L, V1R, V0R, V1L (study 1.4), each after ``fre[h]`` (parity
-    ``ph ^ 1``), signalled on ``rdy[h]``."""
+    ``ph ^ 1``), signalled on ``rdy[h]``. ``WHOLE`` (ablation F2b): a slot is refilled only when BOTH its halves are
+    free (V0L waits ``fre[0]`` and ``fre[1]``, V1R ``fre[3]`` and ``fre[2]``; same gather order)."""
     tok = (gl.program_id(0) // (H_Q // 64)).to(gl.int64)
     n, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
     num_pairs = (num_blocks + 1) // 2
@@ -187,18 +201,24 @@ def _w4_producer(kv_n, kv_p, rdy, fre, kv_ptr, idx_ptr, len_ptr, s_kv, topk, str
         ph = (i & 1) ^ 1
         j0 = i * 128
         mbarrier.wait(fre.index(0), ph)
+        if WHOLE:
+            mbarrier.wait(fre.index(1), ph)
         _w4_gather(kv_n.index(0).slice(0, 256, dim=1), kv_p.index(0), kv_ptr, idx_row, j0, n, s_kv, stride_kvs,
                    0, False, D_PE)
         _w4_signal(rdy.index(0))
         mbarrier.wait(fre.index(3), ph)
+        if WHOLE:
+            mbarrier.wait(fre.index(2), ph)
         _w4_gather(kv_n.index(1).slice(256, 256, dim=1), kv_p.index(1), kv_ptr, idx_row, j0 + 64, n, s_kv,
                    stride_kvs, 256, True, D_PE)
         _w4_signal(rdy.index(3))
-        mbarrier.wait(fre.index(1), ph)
+        if not WHOLE:
+            mbarrier.wait(fre.index(1), ph)
         _w4_gather(kv_n.index(0).slice(256, 256, dim=1), kv_p.index(0), kv_ptr, idx_row, j0, n, s_kv, stride_kvs,
                    256, True, D_PE)
         _w4_signal(rdy.index(1))
-        mbarrier.wait(fre.index(2), ph)
+        if not WHOLE:
+            mbarrier.wait(fre.index(2), ph)
         _w4_gather(kv_n.index(1).slice(0, 256, dim=1), kv_p.index(1), kv_ptr, idx_row, j0 + 64, n, s_kv,
                    stride_kvs, 0, False, D_PE)
         _w4_signal(rdy.index(2))
@@ -245,8 +265,11 @@ def _w4_s_half(q_n, q_p, kv_n, kv_p, z, b, acc, HALF: gl.constexpr, FIRST: gl.co
 @_jit
 def _w4_wg0(q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, q_ptr, idx_ptr, len_ptr, sink_ptr,
             out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_qs, stride_qh, stride_is, stride_os,
-            stride_oh, H_Q, D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr):
-    """Default partition = WG0 (module docstring): even blocks' S + softmax, O[:, :256]."""
+            stride_oh, H_Q, D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
+            SYM: gl.constexpr = False):
+    """Default partition = WG0 (module docstring): even blocks' S + softmax, O[:, :256]. ``SYM`` (ablation F2a):
+    WG0 waits for the combined max (``MX1``) BEFORE its exp2s, so both softmaxes run at the same time (the session-14
+    seesaw order); P0 is then already at the combined max (no second rescale)."""
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     L_PA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
@@ -285,35 +308,51 @@ def _w4_wg0(q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, q_ptr,
         # softmax of the even block with WG0's own running max
         s = gl.where(valid[None, :], s, float("-inf"))
         m0 = gl.maximum(m_i, gl.max(s, 1))
+        if SYM:
+            s_m0.store(m0)
+            gl.thread_barrier()
+            mbarrier.arrive(mx0)
+            mbarrier.wait(mx1, ph)
+            m0 = s_m1.load(LR)
         m0_safe = gl.where(m0 == float("-inf"), 0.0, m0)
         alpha = gl.exp2((m_i - m0_safe) * scale_log2)
         p = gl.exp2((s - m0_safe[:, None]) * scale_log2)
         l_i = l_i * alpha + gl.sum(p, 1)
-        s_m0.store(m0)
-        gl.thread_barrier()
-        mbarrier.arrive(mx0)
+        if not SYM:
+            s_m0.store(m0)
+            gl.thread_barrier()
+            mbarrier.arrive(mx0)
         # local P V: O0 += P0 V0[:, :256] (P0 the register A operand), then release slot 0 L
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
         p_op = gl.convert_layout(p.to(gl.bfloat16), L_PA)
         tok_o = warpgroup_mma(p_op, kv_n.index(z).slice(0, 256, dim=1), acc, is_async=True)
         acc, p_op = warpgroup_mma_wait(0, deps=(tok_o, p_op))
         mbarrier.arrive(fre.index(0))
-        # the combined max from WG1: P0 rescaled to it -> sS0 for WG1's remote P V
-        mbarrier.wait(mx1, ph)
-        m_c = s_m1.load(LR)
-        m_c_safe = gl.where(m_c == float("-inf"), 0.0, m_c)
-        c = gl.exp2((m0 - m_c_safe) * scale_log2)
-        p = p * c[:, None]
-        s_s0.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(p0r)
-        l_i = l_i * c
-        m_i = m_c
-        # remote P V: O0 += sS1 V1[:, :256]
-        mbarrier.wait(p1r, ph)
-        fence_async_shared()
-        acc = acc * gl.convert_layout(c, gl.SliceLayout(1, O_L))[:, None]
+        if SYM:
+            s_s0.store(p.to(gl.bfloat16))      # already at the combined max
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(p0r)
+            m_i = m0
+            mbarrier.wait(p1r, ph)
+            fence_async_shared()
+        else:
+            # the combined max from WG1: P0 rescaled to it -> sS0 for WG1's remote P V
+            mbarrier.wait(mx1, ph)
+            m_c = s_m1.load(LR)
+            m_c_safe = gl.where(m_c == float("-inf"), 0.0, m_c)
+            c = gl.exp2((m0 - m_c_safe) * scale_log2)
+            p = p * c[:, None]
+            s_s0.store(p.to(gl.bfloat16))
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(p0r)
+            l_i = l_i * c
+            m_i = m_c
+            # remote P V: O0 += sS1 V1[:, :256]
+            mbarrier.wait(p1r, ph)
+            fence_async_shared()
+            acc = acc * gl.convert_layout(c, gl.SliceLayout(1, O_L))[:, None]
         tok_o = warpgroup_mma(s_s1, kv_n.index(z + 1).slice(0, 256, dim=1), acc, is_async=True)
         if i + 1 < num_pairs:
             # the next pair's S0 right behind the remote P V (study 1.7 step 5)
@@ -429,10 +468,11 @@ def _sparse_prefill_gluon_ws4_kernel(
     s_kv, topk, sm_scale, scale_log2,
     stride_qs, stride_qh, stride_kvs, stride_is, stride_os, stride_oh, H_Q,
     D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, WG1_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, WG1_REGS: gl.constexpr, SYM: gl.constexpr = False, WHOLE: gl.constexpr = False,
 ):
     """The WS / WS2 kernels' runtime arguments; constexprs: D_PE, HAS_LEN, HAS_SINK, the producer's and WG1's
-    setmaxnreg. Partitions: WG0 (default, 4 warps), WG1 (4), producer (4)."""
+    setmaxnreg; ablations ``SYM`` (symmetric max exchange) / ``WHOLE`` (whole-slot refill), both off by default (PTX
+    unchanged). Partitions: WG0 (default, 4 warps), WG1 (4), producer (4)."""
     SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 512], gl.bfloat16)
     SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
     SH_V: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
@@ -460,27 +500,35 @@ def _sparse_prefill_gluon_ws4_kernel(
     gl.warp_specialize([
         (_w4_wg0, (q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, q_ptr, idx_ptr, len_ptr, sink_ptr,
                    out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_qs, stride_qh, stride_is,
-                   stride_os, stride_oh, H_Q, D_PE, HAS_LEN, HAS_SINK)),
+                   stride_os, stride_oh, H_Q, D_PE, HAS_LEN, HAS_SINK, SYM)),
         (_w4_wg1, (q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, idx_ptr, len_ptr, sink_ptr, out_ptr,
                    ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_is, stride_os, stride_oh, H_Q, D_PE,
                    HAS_LEN, HAS_SINK)),
         (_w4_producer, (kv_n, kv_p, rdy, fre, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is, H_Q, D_PE,
-                        HAS_LEN)),
+                        HAS_LEN, WHOLE)),
     ], [4, 4], [WG1_REGS, PRODUCER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------- host code
 
-_CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "WG1_REGS")   # parameter order
+_CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "WG1_REGS", "SYM", "WHOLE")   # parameter order
 _LAUNCHERS: dict = {}
 _LAUNCHER_LIMIT = 1024
 
 
+def _flag(x) -> bool:
+    if not isinstance(x, bool):
+        raise ValueError(f"ablation switches must be bools, got {x!r}")
+    return x
+
+
 def launch_sparse_prefill_gluon_ws4(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None,
-                                    topk_length=None, *, wg1_regs=None, producer_regs=None, maxnreg=None):
+                                    topk_length=None, *, wg1_regs=None, producer_regs=None, maxnreg=None,
+                                    sym_max: bool = False, whole_slot: bool = False):
     """Drop-in for :func:`_gluon_sparse_prefill_ws2.launch_sparse_prefill_gluon_ws2` (same out-parameter contract;
     the caller checked :func:`supported_ws4`, else uses WS2). Keyword-only tuning knobs: WG1 / producer
-    ``setmaxnreg``, launch ``maxnreg``. Cached :class:`deepkernels._launch.KernelLauncher` keyed by (constexpr names,
+    ``setmaxnreg``, launch ``maxnreg``; ablations (module docstring, falsifier F2; ValueError unless bools)
+    ``sym_max`` (symmetric max exchange) and ``whole_slot`` (whole-slot refill). Cached :class:`deepkernels._launch.KernelLauncher` keyed by (constexpr names,
     constexprs, options, :func:`deepkernels._launch.spec_key` of the arguments)."""
     s_q, h_q, d_qk = q.shape
     if s_q == 0:
@@ -492,7 +540,7 @@ def launch_sparse_prefill_gluon_ws4(out, max_logits, lse, q, kv, indices, sm_sca
     ints = (q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), h_q)
     names = _CONSTEXPRS
     constexprs = (d_qk - D_V, topk_length is not None, attn_sink is not None,
-                  producer_regs or WS4_PRODUCER_REGS, wg1_regs or WS4_WG1_REGS)
+                  producer_regs or WS4_PRODUCER_REGS, wg1_regs or WS4_WG1_REGS, _flag(sym_max), _flag(whole_slot))
     opts = (WS4_NUM_WARPS, maxnreg or WS4_MAXNREG)
     launcher = cached_launcher(_LAUNCHERS, _sparse_prefill_gluon_ws4_kernel,
                                (names, constexprs, opts, spec_key(*args, *ints)),
@@ -502,7 +550,7 @@ def launch_sparse_prefill_gluon_ws4(out, max_logits, lse, q, kv, indices, sm_sca
 
 
 def compile_sm90_ws4(d_pe: int = 64, has_len: bool = False, has_sink: bool = False, wg1_regs=None,
-                     producer_regs=None, maxnreg=None):
+                     producer_regs=None, maxnreg=None, sym_max: bool = False, whole_slot: bool = False):
     """Cross-compile the kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch. Returns
     the CompiledKernel (``.asm['ptx']``, ``.metadata.shared``)."""
     sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "len_ptr": "*i32", "sink_ptr": "*fp32",
@@ -511,7 +559,7 @@ def compile_sm90_ws4(d_pe: int = 64, has_len: bool = False, has_sink: bool = Fal
            "stride_qs": "i32", "stride_qh": "i32", "stride_kvs": "i32", "stride_is": "i32", "stride_os": "i32",
            "stride_oh": "i32", "H_Q": "i32"}
     consts = dict(zip(_CONSTEXPRS, (d_pe, has_len, has_sink, producer_regs or WS4_PRODUCER_REGS,
-                                    wg1_regs or WS4_WG1_REGS)))
+                                    wg1_regs or WS4_WG1_REGS, _flag(sym_max), _flag(whole_slot))))
     hinted = ("q_ptr", "kv_ptr", "idx_ptr", "out_ptr", "stride_qs", "stride_qh", "stride_kvs", "stride_os",
               "stride_oh")
     return _compile_sm90_gluon(_sparse_prefill_gluon_ws4_kernel, sig, consts, hinted, num_warps=WS4_NUM_WARPS,
