@@ -485,17 +485,17 @@ def test_gpu_max_in_odd_block():
     # the row max sits in WG1's (odd) block of a pair for some rows and in WG0's for others: the one-way max
     # handoff must rescale WG0's P and O (c < 1) and WG1's (alpha) correctly
     q, kv, ind, sk, tl = make_case(16, 2000, 512, h_q=128, sink=False, device="cuda")
-    kv = kv.clone()
     hot = ind[::2, 0, 64:128].reshape(-1).long()      # odd block of pair 0 for even query rows
-    kv[hot[hot >= 0][:32], 0, :] *= 8
+    kv[hot[(hot >= 0) & (hot < 2000)][:32], 0, :] *= 8
     _run(q, kv, ind, sk, tl, name="max in odd block")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("d_qk", [576, 512])
 def test_gpu_close_to_ws2(d_qk, record_property):
-    """Against WS2 on the same inputs: the same empty-row pattern, max_logits identical (the same scores, the same
-    max), out / lse within tolerance (not bit-identical: the row sum is l0 + l1 of two warpgroups; recorded)."""
+    """Against WS2 on the same inputs: the same empty-row pattern, out / lse / max_logits within tolerance. Not
+    bit-identical in general: WG1 accumulates S of the odd blocks in another k order (NoPE 256-511 + RoPE first, then
+    0-255, as FlashMLA's WG1), and the row sum is l0 + l1 of two warpgroups (both recorded)."""
     q, kv, ind, sk, tl = make_case(211, 5000, 1088, h_q=128, d_qk=d_qk, sink=True, with_len=True, all_invalid=True,
                                    device="cuda")
     res = []
@@ -507,7 +507,10 @@ def test_gpu_close_to_ws2(d_qk, record_property):
         res.append((out.float(), ml, lse))
     (o1, m1, l1), (o2, m2, l2) = res
     record_property("bit_identical_to_ws2", bool(torch.equal(o1, o2) and torch.equal(l1, l2)))
-    assert torch.equal(torch.isfinite(l1), torch.isfinite(l2)) and torch.equal(m1, m2)
+    record_property("max_logits_identical_to_ws2", bool(torch.equal(m1, m2)))
+    assert torch.equal(torch.isfinite(l1), torch.isfinite(l2)) and torch.equal(torch.isfinite(m1), torch.isfinite(m2))
+    finm = torch.isfinite(m1)
+    assert (m2[finm] - m1[finm]).abs().max() <= 1e-5 if finm.any() else True
     assert check_is_allclose("ws4 vs ws2 out", o2, o1, abs_tol=8e-4, rel_tol=3.01 / 128, cos_diff_tol=7e-6)
     fin = torch.isfinite(l1)
     assert (l2[fin] - l1[fin]).abs().max() <= 1e-5
