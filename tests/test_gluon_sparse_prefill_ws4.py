@@ -385,6 +385,97 @@ def test_protocol_model(num_pairs, sym, whole):
         _simulate(num_pairs, rng, sym, whole)
 
 
+# ------------------------------------------------------------------ CPU emulation of the pair softmax algebra
+
+def _emulate_ws4(q, kv, ind, sm_scale, sk=None, tl=None, sym=False):
+    """The kernel's per-CTA arithmetic in PyTorch fp32 (module docstring "Design"): pairs of 64-token blocks (odd
+    counts padded with a masked block), WG0's softmax of the even block at its own max m0, WG1's of the odd block at
+    the combined max m, P0 rescaled by c = exp2((m0 - m) log2e scale) for WG1's remote P V and O0 / l0 rescaled by c,
+    P rounded to bf16 as the P V operand, l = l0 + l1, ``_w4_inv``'s epilogue. ``sym``: the SYM ablation (WG0's P0 at
+    the combined max, c = 1)."""
+    s_q, h_q, d_qk = q.shape
+    s_kv, topk = kv.shape[0], ind.shape[-1]
+    sl = sm_scale * 1.4426950408889634
+    kv2 = kv[:, 0].float()
+    out = torch.zeros(s_q, h_q, 512)
+    ml = torch.zeros(s_q, h_q)
+    lse = torch.zeros(s_q, h_q)
+    ninf = float("-inf")
+
+    def safe(m):
+        return torch.where(m == ninf, torch.zeros_like(m), m)
+
+    for t in range(s_q):
+        n = topk if tl is None else min(max(int(tl[t]), 0), topk)
+        nb = (n + 63) // 64
+        m = torch.full((h_q, ), ninf)
+        l0, l1 = torch.zeros(h_q), torch.zeros(h_q)
+        o0, o1 = torch.zeros(h_q, 256), torch.zeros(h_q, 256)
+        qf = q[t].float()
+        for i in range((nb + 1) // 2):
+            blk = []
+            for j in (2 * i, 2 * i + 1):
+                pos = torch.arange(j * 64, j * 64 + 64)
+                idx = torch.full((64, ), -1, dtype=torch.int64)
+                inb = pos < n
+                idx[inb] = ind[t, 0, pos[inb]].long()
+                ok = (idx >= 0) & (idx < s_kv)
+                k = torch.zeros(64, d_qk)
+                k[ok] = kv2[idx[ok]]                     # invalid rows zero-filled, never read
+                sc = qf @ k.T
+                blk.append((torch.where(ok[None, :], sc, torch.full_like(sc, ninf)), k))
+            (s0, k0), (s1, k1) = blk
+            m0 = torch.maximum(m, s0.max(1).values)
+            mc = torch.maximum(m0, s1.max(1).values)
+            if sym:
+                m0 = mc
+            a0 = torch.exp2((m - safe(m0)) * sl)
+            p0 = torch.exp2((s0 - safe(m0)[:, None]) * sl)
+            l0 = l0 * a0 + p0.sum(1)
+            o0 = o0 * a0[:, None] + p0.bfloat16().float() @ k0[:, :256]
+            a1 = torch.exp2((m - safe(mc)) * sl)
+            p1 = torch.exp2((s1 - safe(mc)[:, None]) * sl)
+            l1 = l1 * a1 + p1.sum(1)
+            o1 = o1 * a1[:, None] + p1.bfloat16().float() @ k1[:, 256:512]
+            c = torch.ones(h_q) if sym else torch.exp2((m0 - safe(mc)) * sl)
+            o1 = o1 + (p0 * c[:, None]).bfloat16().float() @ k0[:, 256:512]
+            l0 = l0 * c
+            o0 = o0 * c[:, None] + p1.bfloat16().float() @ k1[:, :256]
+            m = mc
+        lt = l0 + l1
+        empty = lt == 0
+        l_safe = torch.where(empty, torch.ones_like(lt), lt)
+        denom = l_safe
+        if sk is not None:
+            denom = l_safe + torch.exp(sk.float() - torch.where(empty, torch.zeros_like(m), m * sm_scale))
+        inv = torch.where(empty, torch.zeros_like(lt), 1.0 / denom)
+        out[t] = torch.cat([o0, o1], 1) * inv[:, None]
+        lse[t] = torch.where(empty, torch.full_like(lt, float("inf")), m * sm_scale + torch.log(l_safe))
+        ml[t] = torch.where(empty, torch.full_like(lt, ninf), m * sm_scale)
+    return out.bfloat16(), ml, lse
+
+
+@pytest.mark.parametrize("sym", [False, True], ids=["default", "sym"])
+@pytest.mark.parametrize("d_qk,s_q,s_kv,topk,sink,with_len", [(576, 6, 300, 192, True, True),
+                                                             (576, 5, 700, 320, False, False),
+                                                             (512, 4, 1000, 448, True, False),
+                                                             (576, 3, 64, 256, True, True),
+                                                             (576, 3, 500, 0, False, False)])
+def test_pair_algebra_cpu(d_qk, s_q, s_kv, topk, sink, with_len, sym):
+    """The pair algorithm's arithmetic (emulated on the CPU) against the float reference with the GPU tier's
+    tolerances: odd block counts (padded pair), junk indices, NaN in unreferenced KV rows, topk_length, sinks
+    (+-inf too), all-invalid rows (out 0, lse +inf, max_logits -inf)."""
+    torch.manual_seed(topk + s_kv)
+    q, kv, ind, sk, tl = make_case(s_q, s_kv, topk, h_q=64, d_qk=d_qk, sink=sink, with_len=with_len,
+                                   all_invalid=topk > 0)
+    out, ml, lse = _emulate_ws4(q, kv, ind, 0.5, sk, tl, sym)
+    ro, rml, rlse = sparse_prefill_ref(q, kv, ind, 0.5, 512, sk, tl)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any() and not torch.isnan(ml).any()
+    assert check_is_allclose("emu out", out.float(), ro, abs_tol=8e-4, rel_tol=3.01 / 128, cos_diff_tol=7e-6)
+    assert check_is_allclose("emu lse", lse, rlse, abs_tol=1e-6, rel_tol=2.01 / 65536)
+    assert check_is_allclose("emu max_logits", ml, rml, abs_tol=1e-6, rel_tol=2.01 / 65536)
+
+
 # ------------------------------------------------------------------ GPU tier
 
 # (sym_max, whole_slot): the default kernel and the two F2 ablations

@@ -98,6 +98,10 @@ lists (waits with the hardware parity rule, arrives, synchronous and wgmma-async
 writes), 300 random schedules each for 0-7 pairs: no deadlock, no parity aliasing, no write under an in-flight reader,
 every read sees the block it expects; mutations (a release moved before its wgmma wait, both P handoffs waited before
 being arrived) are caught.
+CPU emulation of the arithmetic (``test_pair_algebra_cpu``): the pair softmax (WG0 at m0, WG1 at m, the c rescale of
+P0 / O0 / l0, bf16 P, l0 + l1, the epilogue) in PyTorch fp32 against ``sparse_prefill_ref`` with the GPU tier's
+tolerances, default and SYM, padded pairs, junk indices, topk_length, +-inf sinks, empty rows; dropping any one of the
+three c rescales gives 4-6e-3 output errors (tolerance 8e-4). Neither model checks the Gluon layouts or the PTX.
 
 Ablations (falsifier F2; constexprs ``SYM`` / ``WHOLE``, launcher / compile keywords ``sym_max`` / ``whole_slot``,
 bench labels ``gluon-ws4-sym`` / ``gluon-ws4-whole``; both off = the default kernel, whose cleaned PTX is byte-identical
