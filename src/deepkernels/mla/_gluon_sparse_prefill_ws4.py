@@ -112,19 +112,20 @@ to before the switches existed: sha256 per configuration in ``test_default_ptx_u
   wait before the exp2s, 0 spills.
 * ``WHOLE`` (F2b, whole-slot refill): the producer gathers a slot's first half only when BOTH halves were released
   (V0L waits ``fre[0]`` + ``fre[1]``, V1R ``fre[3]`` + ``fre[2]``; same gather order, same number of waits). ptxas
-  then leaves 0-26 spill instructions in the producer loop (0-64 B; 56 or 64 producer registers alike) -- a bias
+  then leaves 0-26 spill instructions in the producer loop (0-60 B; 56 or 64 producer registers alike) -- a bias
   against WHOLE in the comparison, small next to the ~1,300-instruction producer loop.
 The device script prints t_abl / t_ws4 per shape: F2 expects >= 1.06 (SYM) and >= 1.05 (WHOLE at 64K).
 
-Not implemented (the study's proposal, section 3, or FlashMLA, vs this file): validity bits from the producer (the math warpgroups reload their block's 64 indices,
-as WS2, loaded before the S waits); the L2 evict_last / 256-B prefetch cache hints of FlashMLA's gather; TMA Q load
+Not implemented (the study's proposal, section 3, or FlashMLA, vs this file): validity bits from the producer (the
+math warpgroups reload their block's 64 indices, as WS2, loaded before the S waits); the L2 evict_last / 256-B prefetch cache hints of FlashMLA's gather; TMA Q load
 and TMA / bulk output stores; named barriers (Gluon 3.6 has none: mbarriers throughout, study risk R1); the F4
 per-warpgroup timestamp build; dispatch (``DISPATCH`` False until a device run says otherwise). Q is loaded by WG0
 alone (WG1 waits ``qbar`` once per CTA).
 
 Device command (nothing run on a GPU yet): ``GIT_SHA=<sha> OUT=$OUT bash benchmarks/device_sparse_prefill_ws4.sh``
-(smoke under a hang guard, GPU tier, 6 rotated paired rounds vs gluon-ws2, verdict; caps 215 s); bench label
-``gluon-ws4`` (``benchmarks/mla_prefill.py --gluon --gluon-add gluon-ws4``).
+(default-kernel smoke under a hang guard, ablation smoke, GPU tier, 6 rotated paired rounds vs gluon-ws2 with
+gluon-ws4 / -sym / -whole at s_kv 8K / 64K, sink off / on, verdict; caps 220 s); bench labels ``gluon-ws4``,
+``gluon-ws4-sym``, ``gluon-ws4-whole`` (``benchmarks/mla_prefill.py --gluon --gluon-add gluon-ws4``).
 
 PREDICTION (UNVERIFIED: never run on a GPU; the study's section 3.5, restated for this code): s_q 4096, h_q 128,
 topk 2048, paired rotated rounds vs gluon-ws2 in one run: s_kv 8K 520-565 TFLOPS (central 545; paired t / t_ws2
@@ -132,7 +133,25 @@ topk 2048, paired rotated rounds vs gluon-ws2 in one run: s_kv 8K 520-565 TFLOPS
 spills -> the structure does not carry into Gluon (third loss of the seesaw family); F3 64K / 8K TFLOPS ratio < 0.84
 -> the late-freed slot 0 R half (released only after WG1's remote P V) is exposed before the next S0 R half; F0 any
 GPU-tier failure or hang -> the protocol above is wrong somewhere (first suspect: an mbarrier arrive of one thread
-before the other warps of its warpgroup finished, see risks).
+before the other warps of its warpgroup finished, see risks); F2 (ablations above): neither SYM nor WHOLE slower by
+>= 6 % / 5 % -> a gain, if any, is not from the mechanisms the study credits.
+
+Risks (none of this ran on a GPU)
+---------------------------------
+* Arrive semantics: every ``mbarrier.arrive`` here relies on Gluon lowering it to a bar.sync of the partition's 128
+  threads + one elected arrive (seen in the SASS: ``BAR.SYNC 0x0|0x2|0x3, 0x80`` around each ``SYNCS.ARRIVE``, one
+  named barrier id per partition) -- WS2 relies on the same. The protocol model is pair-level: it cannot see a
+  missing fence or a layout error.
+* Cross-proxy ordering: P0 / P1 are written with generic stores and read by wgmma (async proxy): each writer fences
+  (``fence.proxy.async``) before its arrive, each reader fences after its wait; the producer's cp.async writes are
+  fenced by the readers after ``rdy`` (WS2's pattern). ``sS0`` for d_qk 576 is slot 0's RoPE tile, overwritten by
+  the producer's cp.async only after ``fre[1]`` (WG1's remote P V retired).
+* Mbarrier handoffs instead of named barriers (study R1): ``MX1`` and ``P1R`` are on WG0's critical path once per
+  pair; a try_wait round trip is slower than ``bar.sync``.
+* Not bit-identical to WS2: WG1 accumulates S of the odd blocks in FlashMLA's order (NoPE 256-511, RoPE, then 0-255)
+  and l = l0 + l1; max_logits can differ from WS2's in the last bits (GPU test records it, tolerance asserted).
+* The runtime-zero descriptor trick (``z = i >> 30``) assumes < 2^30 pairs (topk < 2^37): always true; if a future
+  ptxas proves ``z == 0`` the 1.2 KB of hoisted-descriptor spills come back (the compile test would fail).
 """
 from __future__ import annotations
 
