@@ -146,6 +146,10 @@ Risks (none of this ran on a GPU)
   (``fence.proxy.async``) before its arrive, each reader fences after its wait; the producer's cp.async writes are
   fenced by the readers after ``rdy`` (WS2's pattern). ``sS0`` for d_qk 576 is slot 0's RoPE tile, overwritten by
   the producer's cp.async only after ``fre[1]`` (WG1's remote P V retired).
+* Column-window gathers (study open question 3): the producer cp.asyncs into ``kv_n.index(b).slice(256, 256,
+  dim=1)`` views of the 128-B-swizzled [64, 512] tiles. Triton 3.6 accepts and lowers it (memdesc subslice at a
+  64-column boundary; WS2 already reads such views as wgmma operands), but the addresses are checked only by the GPU
+  tier (a wrong mapping shows as large output errors, not as a hang).
 * Mbarrier handoffs instead of named barriers (study R1): ``MX1`` and ``P1R`` are on WG0's critical path once per
   pair; a try_wait round trip is slower than ``bar.sync``.
 * Not bit-identical to WS2: WG1 accumulates S of the odd blocks in FlashMLA's order (NoPE 256-511, RoPE, then 0-255)
