@@ -93,8 +93,9 @@ from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 from .._launch import cached_launcher
 from ._gluon_sparse_decode import GLUON_FMTS, _g_part, _g_req_range, _page_shift, supported
 from . import _gluon_sparse_decode_ws as _ws
+from ._gluon_cluster import _c_lane, _c_remote_arrive, _c_smem_base, _c_sync
 from ._gluon_sparse_decode_ws import (WS_FMTS, WS_MAXNREG, WS_PRODUCER_FENCE, WS_PRODUCER_REGS,
-                                      WS_PRODUCER_REGS_V41, _w_block_softmax, _w_producer, _w_producer41)
+                                      WS_PRODUCER_REGS_V41, _w_block_softmax, _w_producer, _w_producer41, _w_xrange)
 
 __all__ = ["available", "supported_ws2", "launch_sparse_decode_gluon_ws2", "compile_sm90_ws2", "DISPATCH",
            "DISPATCH_FMTS", "dispatch_on", "WS2_PV_REGS", "WS2_NUM_WARPS"]
@@ -178,15 +179,25 @@ def _w2_scale(m_i, l_i, hb, req64, si64, nsp, base_row, split, sink_ptr, lse_ptr
 def _w2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr, len_ptr,
                    sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs,
                    stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2,
-                   HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr, FMT: gl.constexpr):
+                   HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr, FMT: gl.constexpr,
+                   empty_off=0, CLUSTER: gl.constexpr = False, xlen_ptr=None, xtopk=None,
+                   HAS_EXTRA: gl.constexpr = False, HAS_XLEN: gl.constexpr = False):
     """Default partition (4 warps): Q, the full S = Q K^T, the online softmax, P + alpha to the PV warpgroup,
-    O[:, :256] += P V[:, :256]; per request the output scale to the PV warpgroup, its half of the output and lse."""
+    O[:, :256] += P V[:, :256]; per request the output scale to the PV warpgroup, its half of the output and lse.
+    ``CLUSTER`` (the 2-CTA cluster kernel, ``_gluon_sparse_decode_ws3``): cluster barriers at the partition's start
+    and end and, after each local ``empty`` arrive, one on the peer CTA's ``empty`` (shared offset ``empty_off``);
+    ``HAS_EXTRA``: a request's extra-cache blocks follow its main ones in the same token loop (only the count
+    changes)."""
     D_V: gl.constexpr = 512
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     LS: gl.constexpr = gl.SliceLayout(0, S_L)
     hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
+    if CLUSTER:
+        _c_sync()
+        lane = _c_lane()
+        gs = _c_smem_base()
     si64 = si.to(gl.int64)
     hq = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, LP))
     dq = gl.arange(0, 64, gl.SliceLayout(0, LP))
@@ -207,6 +218,9 @@ def _w2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pr
                                                                begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
                                                                SBLOCK)
         nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+        if HAS_EXTRA:
+            x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
+            nblocks += gl.maximum(x_end - x_lo + 63, 0) // 64
         m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))   # running max of raw q.k
         l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
         acc = gl.zeros([64, 256], gl.float32, O_L)
@@ -228,6 +242,8 @@ def _w2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pr
             tok_o = warpgroup_mma(p_smem, kv_n.index(slot).slice(0, 256, dim=1), acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(tok_o, ))
             mbarrier.arrive(empty.index(slot))
+            if CLUSTER:
+                _c_remote_arrive(lane, gs, empty_off, slot * 8)
             it += 1
 
         # epilogue: lse / l_acc here, the output scale to the PV warpgroup, own half of the output
@@ -240,15 +256,24 @@ def _w2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pr
         msg += 1
         _w2_write_half(acc, gl.convert_layout(inv, gl.SliceLayout(1, O_L)), hb, req64, si64, nsp, base_row, split,
                        out_ptr, oacc_ptr, s_q, h_q, acc_rows, 0, O_L)
+    if CLUSTER:
+        _c_sync()
 
 
 @_jit
 def _w2_pv_wg(kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr, oacc_ptr,
-              b, s_q, h_q, topk, acc_rows, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr):
+              b, s_q, h_q, topk, acc_rows, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr, empty_off=0,
+              CLUSTER: gl.constexpr = False, xlen_ptr=None, xtopk=None, HAS_EXTRA: gl.constexpr = False,
+              HAS_XLEN: gl.constexpr = False):
     """Worker partition (4 warps): O[:, 256:] = O[:, 256:] * alpha + P V[:, 256:] per block; per request the
-    output scale from the softmax warpgroup and its half of the output."""
+    output scale from the softmax warpgroup and its half of the output. ``CLUSTER`` / ``HAS_EXTRA``: as
+    :func:`_w2_softmax_wg`."""
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
+    if CLUSTER:
+        _c_sync()
+        lane = _c_lane()
+        gs = _c_smem_base()
     si64 = si.to(gl.int64)
     it = 0
     msg = 0
@@ -258,6 +283,9 @@ def _w2_pv_wg(kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_p
                                                                begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
                                                                SBLOCK)
         nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
+        if HAS_EXTRA:
+            x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
+            nblocks += gl.maximum(x_end - x_lo + 63, 0) // 64
         acc = gl.zeros([64, 256], gl.float32, O_L)
         for j in range(nblocks):
             slot = it % 2
@@ -270,6 +298,8 @@ def _w2_pv_wg(kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_p
             acc = warpgroup_mma_wait(0, deps=(tok, ))
             mbarrier.arrive(pfree)
             mbarrier.arrive(empty.index(slot))
+            if CLUSTER:
+                _c_remote_arrive(lane, gs, empty_off, slot * 8)
             msg += 1
             it += 1
         mbarrier.wait(pready, msg & 1)
@@ -284,6 +314,8 @@ def _w2_pv_wg(kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_p
                                                                SBLOCK)
         _w2_write_half(acc, inv, hb, req64, si.to(gl.int64), nsp, base_row, split, out_ptr, oacc_ptr, s_q, h_q,
                        acc_rows, 256, O_L)
+    if CLUSTER:
+        _c_sync()
 
 
 @_jit

@@ -21,7 +21,7 @@ Design (FlashMLA's sm90 "crossover" idea, built from inline PTX because Gluon 3.
   The RoPE rows (8 KB, cp.async, no dequant) and the validity mask stay per CTA (both CTAs load the 64 indices).
   Per block and CTA: gather 64 x (256 + 8 + 128) B = 25 KB instead of 42 KB, dequantise 16 K elements instead of
   32 K, carry 2 chunks (32 registers) of the next block's raw words instead of 4 (64).
-* Consumers: the WS2 softmax warpgroup and PV warpgroup (copies of ``_w2_softmax_wg`` / ``_w2_pv_wg``) with one
+* Consumers: the WS2 softmax warpgroup and PV warpgroup (``_w2_softmax_wg`` / ``_w2_pv_wg`` with ``CLUSTER``) with one
   addition: after each local ``empty[slot]`` arrive, the warpgroup also arrives on the PEER's ``empty[slot]``
   (``mapa`` + ``mbarrier.arrive.shared::cluster``, default .release.cta semantics as CUTLASS's ClusterBarrier:
   ``.release.cluster`` costs a ``MEMBAR.ALL.GPU`` per block in ptxas), so a producer reuses a slot only when both
@@ -305,9 +305,11 @@ from ._gluon_sparse_decode import (GLUON_FMTS, _XFMT_CODES, _g_load_idx, _g_part
                                    _xfmt)
 from . import _gluon_sparse_decode_ws as _ws
 from . import _gluon_sparse_decode_ws2 as _ws2
-from ._gluon_sparse_decode_ws import (WS_FMTS, WS_MAXNREG, _w_block_softmax, _w_dequant_store,
+from ._gluon_sparse_decode_ws import (WS_FMTS, WS_MAXNREG, _w_dequant_store,
                                       _w_dequant_store41, _w_dequant_store_fp4, _w_xrange)
-from ._gluon_sparse_decode_ws2 import WS2_PV_REGS, _w2_scale, _w2_write_half
+from ._gluon_sparse_decode_ws2 import WS2_PV_REGS, _w2_pv_wg, _w2_softmax_wg
+from ._gluon_cluster import (_c_expect_tx, _c_init_fence, _c_lane, _c_peer_rank, _c_push, _c_remote_arrive,  # noqa: F401
+                             _c_smem_base, _c_sync)
 
 __all__ = ["available", "supported_ws3", "launch_sparse_decode_gluon_ws3", "compile_sm90_ws3", "smem_offsets",
            "WS3_PRODUCER_REGS", "WS3_NUM_WARPS", "DISPATCH", "DISPATCH_FMTS", "DISPATCH_MIN_BLOCKS", "dispatch_on",
@@ -349,93 +351,6 @@ _TRITON_VERSION = "3.6.0"
 # "Extra cache")
 WS3_EXTRA_PAIRS = {"v32": ("v32", ), "v41": ("v41", "fp4")}
 _HALF_TX = 32768          # bytes the peer pushes into each ring slot per block: 64 rows x 256 bf16 columns
-
-
-# ----------------------------------------------------------------------------------------------- PTX helpers
-
-@_jit
-def _c_sync():
-    """``barrier.cluster.arrive.release`` + ``wait.acquire`` by every thread of the calling partition."""
-    return gl.inline_asm_elementwise(
-        asm="barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; mov.u32 $0, 0;",
-        constraints="=r,r", args=[gl.program_id(0)], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@_jit
-def _c_init_fence(x):
-    """``fence.mbarrier_init.release.cluster`` (after the ``mbarrier.init``s, before the first cluster barrier)."""
-    return gl.inline_asm_elementwise(asm="fence.mbarrier_init.release.cluster; mov.u32 $0, 0;",
-                                     constraints="=r,r", args=[x], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@_jit
-def _c_lane():
-    """[128] thread index of the calling 4-warp partition, one element per thread, computed by Gluon (LLVM folds its
-    ``%tid.x`` read into the kernel's single one). The per-block PTX helpers take it as an operand and elect the
-    thread holding element 0: reading ``%tid.x`` again inside their asm made ptxas stop keeping the softmax loop's
-    wgmma descriptors in uniform registers (module docstring, "Uniform registers")."""
-    return gl.arange(0, 128, gl.BlockedLayout([1], [32], [4], [0]))
-
-
-@_jit
-def _c_smem_base():
-    """``global_smem`` (the shared window address of the kernel's shared memory), read ONCE per partition, outside
-    its loops: a ``mov global_smem`` inside the softmax warpgroup's request / token loop nest made ptxas spill that
-    loop's wgmma descriptors (module docstring, "Uniform registers")."""
-    return gl.inline_asm_elementwise(asm="mov.u32 $0, global_smem;", constraints="=r,r", args=[gl.program_id(0)],
-                                     dtype=gl.int32, is_pure=False, pack=1)
-
-
-@_jit
-def _c_peer_rank():
-    """``%cluster_ctarank ^ 1``, the peer CTA's rank in the 2-CTA cluster (read once per partition)."""
-    return gl.inline_asm_elementwise(asm="mov.u32 $0, %cluster_ctarank; xor.b32 $0, $0, 1;", constraints="=r,r",
-                                     args=[gl.program_id(0)], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@_jit
-def _c_remote_arrive(lane, gs, off, slot8):
-    """The thread holding ``lane`` element 0 (one per 128-thread group) arrives on the PEER CTA's mbarrier at local
-    shared address ``gs + off + slot8`` (``gs`` = :func:`_c_smem_base`; the sum is formed inside the asm, a hoisted
-    sum cost a register; ``mapa`` to rank ``%cluster_ctarank ^ 1``). The caller's local arrive (Gluon: a 128-thread
-    barrier + one arrive) precedes it, so the whole group's wgmma reads are done."""
-    return gl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 a, r;
-        add.u32 a, $2, $3;
-        add.u32 a, a, $4;
-        mov.u32 r, %cluster_ctarank;
-        xor.b32 r, r, 1;
-        mapa.shared::cluster.u32 a, a, r;
-        @$1 mbarrier.arrive.shared::cluster.b64 _, [a];
-        mov.u32 $0, 0;
-        }""", constraints="=r,b,r,r,r", args=[lane == 0, gs, off, slot8], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@_jit
-def _c_expect_tx(lane, bar):
-    """One thread (``lane`` element 0): ``mbarrier.expect_tx`` of the peer's bytes per block on the LOCAL mbarrier at
-    shared address ``bar`` (no arrive)."""
-    return gl.inline_asm_elementwise(
-        asm="""{
-        @$1 mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [$2], 32768;
-        mov.u32 $0, 0;
-        }""", constraints="=r,b,r", args=[lane == 0, bar], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@_jit
-def _c_push(lane, src, bar, peer):
-    """One thread (``lane`` element 0): bulk-copy the 16 KB at local shared address ``src`` to the same offset of the
-    peer CTA (rank ``peer``), completing 16,384 tx bytes on the peer's mbarrier at local address ``bar``. The
-    callers fenced (``fence.proxy.async``) and passed a 128-thread barrier after their stores."""
-    return gl.inline_asm_elementwise(
-        asm="""{
-        .reg .b32 d, m;
-        mapa.shared::cluster.u32 d, $2, $4;
-        mapa.shared::cluster.u32 m, $3, $4;
-        @$1 cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [d], [$2], 16384, [m];
-        mov.u32 $0, 0;
-        }""", constraints="=r,b,r,r,r", args=[lane == 0, src, bar, peer], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @_jit
@@ -659,130 +574,6 @@ def _w3_producer(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
 # ----------------------------------------------------------------------------------------------- consumers
 
 @_jit
-def _w3_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr, len_ptr,
-                   sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs,
-                   stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, empty_off,
-                   HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr, FMT: gl.constexpr,
-                   xlen_ptr=None, xtopk=None, HAS_EXTRA: gl.constexpr = False, HAS_XLEN: gl.constexpr = False):
-    """``_gluon_sparse_decode_ws2._w2_softmax_wg`` + the remote ``empty`` arrive and the cluster barriers.
-    ``HAS_EXTRA``: a request's extra blocks follow its main ones in the same token loop (only the count changes)."""
-    D_V: gl.constexpr = 512
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
-    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
-    LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    LS: gl.constexpr = gl.SliceLayout(0, S_L)
-    hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
-    _c_sync()
-    lane = _c_lane()
-    gs = _c_smem_base()
-    si64 = si.to(gl.int64)
-    hq = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, LP))
-    dq = gl.arange(0, 64, gl.SliceLayout(0, LP))
-    s_zero = gl.zeros([64, 64], gl.float32, S_L)
-    it = 0
-    msg = 0
-    for req in range(begin_req, end_req + 1):
-        req64 = req.to(gl.int64)
-        gl.thread_barrier()
-        q_rows = q_ptr + req64 * stride_qb + si64 * stride_qs + hq.to(gl.int64)[:, None] * stride_qh
-        for c in gl.static_range(8):
-            q_n.slice(c * 64, 64, dim=1).store(gl.load(q_rows + (c * 64 + dq)[None, :]))
-        if FMT == 0:
-            q_p.store(gl.load(q_rows + (D_V + dq)[None, :]))
-        fence_async_shared()
-        gl.thread_barrier()
-        n, base_row, nsp, split, t_lo, _, t_end = _g_req_range(req, begin_req, end_req, begin_blk, end_blk,
-                                                               begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
-                                                               SBLOCK)
-        nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
-        if HAS_EXTRA:
-            x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
-            nblocks += gl.maximum(x_end - x_lo + 63, 0) // 64
-        m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))
-        l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
-        acc = gl.zeros([64, 256], gl.float32, O_L)
-        for j in range(nblocks):
-            slot = it % 2
-            mbarrier.wait(ready.index(slot), (it // 2) & 1)
-            p, alpha, m_i, l_i = _w_block_softmax(q_n, q_p, kv_n, kv_p, vmask, slot, s_zero, m_i, l_i, sm_scale_log2,
-                                                  FMT, False, LS)
-            mbarrier.wait(pfree, (msg & 1) ^ 1)
-            p_smem.store(p.to(gl.bfloat16))
-            a_smem.store(alpha)
-            fence_async_shared()
-            gl.thread_barrier()
-            mbarrier.arrive(pready)
-            msg += 1
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_L))[:, None]
-            tok_o = warpgroup_mma(p_smem, kv_n.index(slot).slice(0, 256, dim=1), acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(tok_o, ))
-            mbarrier.arrive(empty.index(slot))
-            _c_remote_arrive(lane, gs, empty_off, slot * 8)
-            it += 1
-        inv = _w2_scale(m_i, l_i, hb, req64, si64, nsp, base_row, split, sink_ptr, lse_ptr, lacc_ptr, s_q, h_q,
-                        acc_rows, sm_scale_log2, HAS_SINK, S_L)
-        mbarrier.wait(pfree, (msg & 1) ^ 1)
-        a_smem.store(inv)
-        gl.thread_barrier()
-        mbarrier.arrive(pready)
-        msg += 1
-        _w2_write_half(acc, gl.convert_layout(inv, gl.SliceLayout(1, O_L)), hb, req64, si64, nsp, base_row, split,
-                       out_ptr, oacc_ptr, s_q, h_q, acc_rows, 0, O_L)
-    _c_sync()
-
-
-@_jit
-def _w3_pv_wg(kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr, oacc_ptr,
-              b, s_q, h_q, topk, acc_rows, empty_off, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr,
-              xlen_ptr=None, xtopk=None, HAS_EXTRA: gl.constexpr = False, HAS_XLEN: gl.constexpr = False):
-    """``_gluon_sparse_decode_ws2._w2_pv_wg`` + the remote ``empty`` arrive and the cluster barriers (``HAS_EXTRA``:
-    as :func:`_w3_softmax_wg`)."""
-    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
-    hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
-    _c_sync()
-    lane = _c_lane()
-    gs = _c_smem_base()
-    it = 0
-    msg = 0
-    for req in range(begin_req, end_req + 1):
-        req64 = req.to(gl.int64)
-        n, base_row, nsp, split, t_lo, _, t_end = _g_req_range(req, begin_req, end_req, begin_blk, end_blk,
-                                                               begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
-                                                               SBLOCK)
-        nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
-        if HAS_EXTRA:
-            x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
-            nblocks += gl.maximum(x_end - x_lo + 63, 0) // 64
-        acc = gl.zeros([64, 256], gl.float32, O_L)
-        for j in range(nblocks):
-            slot = it % 2
-            mbarrier.wait(ready.index(slot), (it // 2) & 1)
-            mbarrier.wait(pready, msg & 1)
-            fence_async_shared()
-            alpha = a_smem.load(gl.SliceLayout(1, O_L))
-            acc = acc * alpha[:, None]
-            tok = warpgroup_mma(p_smem, kv_n.index(slot).slice(256, 256, dim=1), acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(tok, ))
-            mbarrier.arrive(pfree)
-            mbarrier.arrive(empty.index(slot))
-            _c_remote_arrive(lane, gs, empty_off, slot * 8)
-            msg += 1
-            it += 1
-        mbarrier.wait(pready, msg & 1)
-        inv = a_smem.load(gl.SliceLayout(1, O_L))
-        gl.thread_barrier()
-        mbarrier.arrive(pfree)
-        msg += 1
-        hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
-        n, base_row, nsp, split, t_lo, _, t_end = _g_req_range(req, begin_req, end_req, begin_blk, end_blk,
-                                                               begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
-                                                               SBLOCK)
-        _w2_write_half(acc, inv, hb, req64, si.to(gl.int64), nsp, base_row, split, out_ptr, oacc_ptr, s_q, h_q,
-                       acc_rows, 256, O_L)
-    _c_sync()
-
-
-@_jit
 def _w3_smem(FMT: gl.constexpr):
     """The WS2 shared memory (``_w2_smem``) with ``empty`` counting 4 arrivals (both CTAs' two consumer warpgroups)
     and ``kv8``, the ring viewed as [8, 64, 128] (16 KB pieces: slot s, columns [128 q, 128 q + 128) is piece
@@ -832,12 +623,12 @@ def _sparse_decode_gluon_ws3_kernel(
     q_n, q_p, kv_n, kv8, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree = _w3_smem(FMT)
     _c_init_fence(h_q)
     gl.warp_specialize([
-        (_w3_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr, len_ptr,
+        (_w2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr, len_ptr,
                           sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb,
-                          stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, empty_off, HAS_LEN,
-                          HAS_SINK, SBLOCK, FMT)),
-        (_w3_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
-                     oacc_ptr, b, s_q, h_q, topk, acc_rows, empty_off, HAS_LEN, SBLOCK)),
+                          stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN, HAS_SINK,
+                          SBLOCK, FMT, empty_off, True)),
+        (_w2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
+                     oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK, empty_off, True)),
         (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr, stride_kb,
                         page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off, PAGE_SHIFT,
                         HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES)),
@@ -866,12 +657,12 @@ def _sparse_decode_gluon_ws3_x_kernel(
     q_n, q_p, kv_n, kv8, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree = _w3_smem(FMT)
     _c_init_fence(h_q)
     gl.warp_specialize([
-        (_w3_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr, len_ptr,
+        (_w2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr, len_ptr,
                           sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb,
-                          stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, empty_off, HAS_LEN,
-                          HAS_SINK, SBLOCK, FMT, xlen_ptr, xtopk, True, HAS_XLEN)),
-        (_w3_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
-                     oacc_ptr, b, s_q, h_q, topk, acc_rows, empty_off, HAS_LEN, SBLOCK, xlen_ptr, xtopk, True,
+                          stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN, HAS_SINK,
+                          SBLOCK, FMT, empty_off, True, xlen_ptr, xtopk, True, HAS_XLEN)),
+        (_w2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
+                     oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK, empty_off, True, xlen_ptr, xtopk, True,
                      HAS_XLEN)),
         (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr, stride_kb,
                         page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off, PAGE_SHIFT,

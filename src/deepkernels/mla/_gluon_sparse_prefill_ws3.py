@@ -145,9 +145,9 @@ from . import _gluon_sparse_prefill_ws2 as _ws2
 from ._gluon_sparse_prefill import BLOCK_H, D_V, _g_ws_rows, supported
 from ._gluon_sparse_prefill_ws2 import (WS2_MAXNREG, _LOG2E, _p2_prologue,
                                         _p2_stats, _p2_write_half)
-from ._gluon_sparse_decode_ws3 import (_ClusterLauncher, _c_expect_tx, _c_init_fence, _c_lane, _c_peer_rank,
-                                       _c_push, _c_remote_arrive, _c_smem_base, _c_sync, _launch_device, _offset_args,
-                                       smem_offsets)
+from ._gluon_cluster import (_c_expect_tx, _c_init_fence, _c_lane, _c_peer_rank, _c_push, _c_remote_arrive,
+                             _c_smem_base, _c_sync)
+from ._gluon_sparse_decode_ws3 import _ClusterLauncher, _launch_device, _offset_args, smem_offsets
 
 __all__ = ["available", "supported_ws3", "launch_sparse_prefill_gluon_ws3", "compile_sm90_ws3", "smem_offsets",
            "DISPATCH", "WS3_NUM_WARPS", "WS3_MAXNREG", "WS3_PRODUCER_REGS", "WS3_PV_REGS"]
