@@ -89,8 +89,12 @@ def test_enough_work_values(monkeypatch):
 
 
 def test_other_triton_version_never_dispatches(took, monkeypatch):
+    """The version is read once at import (``_TRITON_OK``); another one closes the path even under the override."""
     import triton
+    assert W3._TRITON_OK == (triton.__version__ == W3._TRITON_VERSION)
     monkeypatch.setattr(triton, "__version__", "3.7.0")
+    assert W3._triton_version() == "3.7.0"
+    monkeypatch.setattr(W3, "_TRITON_OK", W3._triton_version() == W3._TRITON_VERSION)
     monkeypatch.setenv("DEEPKERNELS_SPARSE_WS3", "1")
     assert not W3.dispatch_on("v32")
     _public(_cases()["v32_128"])

@@ -346,6 +346,17 @@ DISPATCH_MIN_BLOCKS = 24
 # the launcher drives Triton's compiled-kernel launcher and shared-memory allocation pass directly (internal APIs of
 # this exact version): any other Triton never takes the dispatched path
 _TRITON_VERSION = "3.6.0"
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+        return triton.__version__
+    except ImportError:  # pragma: no cover - the package depends on triton
+        return ""
+
+
+_TRITON_OK = _triton_version() == _TRITON_VERSION     # read once: dispatch_on runs on every public-op call
 # extra caches the extra-cache entry implements beside each main format (the WS kernel's pairs,
 # ``_gluon_sparse_decode_ws.WS_EXTRA_PAIRS``); opt-in through the launcher only, never dispatched (module docstring,
 # "Extra cache")
@@ -718,8 +729,7 @@ def dispatch_on(fmt: str) -> bool:
     """Whether sparse_decode.py sends a call with main-cache format ``fmt`` that WS / WS2 would take (no extra cache)
     here when :func:`supported_ws3`: ``fmt in DISPATCH_FMTS`` (with :data:`DISPATCH`) and Triton
     :data:`_TRITON_VERSION`; ``DEEPKERNELS_SPARSE_WS3=1`` / ``=0`` override the format choice (read per call)."""
-    import triton
-    if triton.__version__ != _TRITON_VERSION:
+    if not _TRITON_OK:
         return False
     env = os.environ.get("DEEPKERNELS_SPARSE_WS3", "")
     if env in ("0", "1"):
