@@ -9,7 +9,7 @@ timing both kernels (``triton.testing.do_bench``, warmup 3, rep 15, median) in a
 headline = the median over rounds of the PAIRED ratio t_ws3x / t_ws (< 1: WS3 faster). TFLOPS from the medians
 (FlashMLA counting, extra tokens included). JSON with provenance.
 Usage (GPU): ``PYTHONPATH=src python benchmarks/sparse_decode_ws3_extra.py OUT.json [--rounds R] [--quick]
-[--all-pairs]``
+[--all-pairs] [--sweep]``
 """
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 SHAPES = (("v41", "fp4", 64, 1, 2048, 512), ("v41", "fp4", 64, 2, 2048, 512), ("v41", "fp4", 128, 1, 2048, 512),
           ("v41", "fp4", 128, 2, 2048, 512))
 MORE = (("v41", "v41", 128, 1, 2048, 512), ("v32", "v32", 128, 1, 2048, 512))
+# --sweep: V4.1 + FP4 over batch sizes for the dispatch's work threshold (64-token blocks per CTA at 66 parts:
+# 4.8, 9.7, 19.4, 29.1 at topk 2048 + 512; 15.5, 31 at 512 + 512)
+SWEEP = tuple(("v41", "fp4", b, 1, 2048, 512) for b in (8, 16, 32, 48)) + (("v41", "fp4", 64, 1, 512, 512),
+                                                                           ("v41", "fp4", 128, 1, 512, 512))
 
 
 def extra_case(fmt, xfmt, b, s_q, h_q, topk, xtopk, s_k=8192, device="cuda"):
@@ -55,6 +59,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="b 128 s_q 1 only")
     ap.add_argument("--all-pairs", action="store_true", help="also V4.1 + V4.1 and V3.2 + V3.2 at b 128 s_q 1")
+    ap.add_argument("--sweep", action="store_true", help="also V4.1 + FP4 at smaller batches / topk (SWEEP)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to time")
@@ -70,13 +75,15 @@ def main(argv=None) -> int:
     shapes = SHAPES[2:3] if args.quick else SHAPES
     if args.all_pairs:
         shapes = shapes + MORE
+    if args.sweep:
+        shapes = shapes + SWEEP
     rows = []
     B.warm_clocks()
     for fmt, xfmt, b, s_q, topk, xtopk in shapes:
         h_q = 128
         c = extra_case(fmt, xfmt, b, s_q, h_q, topk, xtopk)
         row = dict(fmt=fmt, xfmt=xfmt, b=b, s_q=s_q, h_q=h_q, topk=topk, xtopk=xtopk, s_k=8192, parts=c.parts,
-                   flop=c.flop)
+                   flop=c.flop, blocks_per_cta=b * (-(-topk // 64) + -(-xtopk // 64)) / c.parts)
         launches = {name: (lambda o, l_, f=launch: f(o, l_, c.q, c.cache, c.ind, c.sched, c.ns, c.scale, fmt, None,
                                                         c.xcache, c.xind, xfmt))
                     for name, launch in kernels.items()}
@@ -90,9 +97,9 @@ def main(argv=None) -> int:
         times = time_rotated(fns, args.rounds, lambda f: do_bench(f, warmup=3, rep=15, return_mode="median"))
         record_rounds(row, times, c.flop, [("ws3x_vs_ws", "ws3x", "ws")])
         rows.append(row)
-        print("SUMMARY %s+%s b=%3d s_q=%d topk=%d+%d parts=%3d  ws %.1f  ws3x %.1f TFLOPS  t_ws3x/t_ws %.3f  "
+        print("SUMMARY %s+%s b=%3d s_q=%d topk=%d+%d parts=%3d blocks/CTA %5.1f  ws %.1f  ws3x %.1f TFLOPS  t_ws3x/t_ws %.3f  "
               "bit %s  max|dout| %s  max|dlse| %s  nan %s%s" % (
-                  fmt, xfmt, b, s_q, topk, xtopk, c.parts, row.get("ws_tflops", float("nan")),
+                  fmt, xfmt, b, s_q, topk, xtopk, c.parts, row["blocks_per_cta"], row.get("ws_tflops", float("nan")),
                   row.get("ws3x_tflops", float("nan")), row.get("ws3x_vs_ws_paired_median", float("nan")),
                   row.get("bit_identical"), row.get("max_abs_out_diff"), row.get("max_abs_lse_diff"),
                   [k for k, v in row.items() if k.endswith("_nan") and v],

@@ -1,7 +1,8 @@
 """Which sparse decode kernel the public op (``flash_mla_with_kvcache`` with ``indices``) takes, CPU with the launches
 stubbed: since session 17 the 2-CTA cluster kernel (``_gluon_sparse_decode_ws3``) for h_q a multiple of 128 without
-an extra cache (V3.2 and V4.1), WS / WS2 otherwise; ``DEEPKERNELS_SPARSE_WS3=0`` / ``=1`` override it; another Triton
-version than the one its launcher was written against never takes it."""
+an extra cache (V3.2 and V4.1), since session 18 also with a V4.1 + FP4 extra cache (``DISPATCH_EXTRA_PAIRS``), WS /
+WS2 otherwise; ``DEEPKERNELS_SPARSE_WS3=0`` / ``=1`` override it; another Triton version than the one its launcher was
+written against never takes it."""
 from __future__ import annotations
 
 import pytest
@@ -35,16 +36,44 @@ def took(monkeypatch):
 def _cases():
     return dict(v32_128=make_case(2, 1, 128, "v32", 64, 80, 16), v41_128=make_case(2, 2, 128, "v41", 64, 80, 16),
                 v32_64=make_case(2, 1, 64, "v32", 64, 80, 16), v41_64=make_case(2, 1, 64, "v41", 64, 80, 16),
-                fp4_128=make_case(2, 1, 128, "v41", 64, 80, 16, xfmt="fp4", xtopk=64))
+                fp4_128=make_case(2, 1, 128, "v41", 64, 80, 16, xfmt="fp4", xtopk=64),
+                fp4_64=make_case(2, 1, 64, "v41", 64, 80, 16, xfmt="fp4", xtopk=64),
+                v41x_128=make_case(2, 1, 128, "v41", 64, 80, 16, xfmt="v41", xtopk=64),
+                v32x_128=make_case(2, 1, 128, "v32", 64, 80, 16, xfmt="v32", xtopk=64))
 
 
 def test_default_routes(took):
     assert W3.DISPATCH and W3.DISPATCH_FMTS == frozenset({"v32", "v41"})
+    assert W3.DISPATCH_EXTRA_PAIRS == frozenset({("v41", "fp4")})
     c = _cases()
-    for k in ("v32_128", "v41_128", "v32_64", "v41_64", "fp4_128"):
+    for k in ("v32_128", "v41_128", "v32_64", "v41_64", "fp4_128", "fp4_64", "v41x_128", "v32x_128"):
         _public(c[k])
-    # h_q 128 without an extra cache: the cluster kernel; h_q 64: WS (V3.2) / WS2 (V4.1); extra cache: WS
-    assert took == ["ws3", "ws3", "ws", "ws2", "ws"], took
+    # h_q 128 without an extra cache: the cluster kernel; h_q 64: WS (V3.2) / WS2 (V4.1); V4.1 + FP4 at h_q 128: the
+    # cluster kernel, at h_q 64 WS; the same-format extra pairs (not measured faster): WS
+    assert took == ["ws3", "ws3", "ws", "ws2", "ws3", "ws", "ws", "ws"], took
+
+
+def test_extra_pairs_override(took, monkeypatch):
+    """DEEPKERNELS_SPARSE_WS3=1 sends every pair WS3 implements there (h_q 128); =0 keeps V4.1 + FP4 on WS."""
+    c = _cases()
+    monkeypatch.setenv("DEEPKERNELS_SPARSE_WS3", "1")
+    for k in ("v41x_128", "v32x_128", "fp4_128"):
+        _public(c[k])
+    assert took == ["ws3", "ws3", "ws3"], took
+    monkeypatch.setenv("DEEPKERNELS_SPARSE_WS3", "0")
+    _public(c["fp4_128"])
+    assert took[3:] == ["ws"], took
+
+
+def test_supported_ws3_extra(monkeypatch):
+    """The gate: h_q a multiple of 128 and an implemented pair; the WS kernel's own gate (stubbed here) decides the
+    rest."""
+    monkeypatch.setattr(W, "supported", lambda *a, **k: True)
+    c = _cases()
+    for k, want in (("fp4_128", True), ("v41x_128", True), ("v32x_128", True), ("fp4_64", False)):
+        kw = c[k]
+        fmt = "v32" if kw["k_cache"].shape[-1] == 656 else "v41"
+        assert W3.supported_ws3(kw["q"], kw["k_cache"], fmt, kw["extra_k_cache"]) is want, k
 
 
 def test_env_override(took, monkeypatch):
@@ -65,15 +94,17 @@ def test_env_override(took, monkeypatch):
 
 def test_work_threshold(took, monkeypatch):
     """Below DISPATCH_MIN_BLOCKS 64-token blocks per CTA the call stays on the kernel it would take without WS3 (WS
-    for V3.2, WS2 for V4.1); DEEPKERNELS_SPARSE_WS3=1 ignores the threshold."""
+    for V3.2 and V4.1 + FP4, WS2 for V4.1); DEEPKERNELS_SPARSE_WS3=1 ignores the threshold."""
     c = _cases()
     monkeypatch.setattr(W3, "DISPATCH_MIN_BLOCKS", 10 ** 6)
     _public(c["v32_128"])
     _public(c["v41_128"])
-    assert took == ["ws", "ws2"], took
+    _public(c["fp4_128"])
+    assert took == ["ws", "ws2", "ws"], took
     monkeypatch.setenv("DEEPKERNELS_SPARSE_WS3", "1")
     _public(c["v32_128"])
-    assert took[2:] == ["ws3"], took
+    _public(c["fp4_128"])
+    assert took[3:] == ["ws3", "ws3"], took
 
 
 def test_enough_work_values(monkeypatch):
@@ -84,6 +115,11 @@ def test_enough_work_values(monkeypatch):
     assert W3.enough_work(128, 2048, 66) and W3.enough_work(64, 2048, 66) and W3.enough_work(32, 2048, 16)
     assert not W3.enough_work(32, 2048, 66) and not W3.enough_work(128, 512, 66) and not W3.enough_work(8, 2048, 66)
     assert W3.enough_work(64, 2047, 66) == W3.enough_work(64, 2048, 66)      # blocks counted rounded up
+    # with an extra cache its blocks count too: b 32 at topk 2048 + 512 has 32 * 40 / 66 = 19.4 blocks per CTA,
+    # b 64 38.8; at b 32 the boundary is 24 * 66 / 32 = 49.5 blocks per request: 2048 + 1088 has 32 + 17 = 49,
+    # 2048 + 1089 has 50 (rounded up per cache)
+    assert not W3.enough_work(32, 2048, 66, 512) and W3.enough_work(64, 2048, 66, 512)
+    assert not W3.enough_work(32, 2048, 66, 1088) and W3.enough_work(32, 2048, 66, 1089)
     monkeypatch.setenv("DEEPKERNELS_SPARSE_WS3", "1")
     assert W3.enough_work(1, 64, 66)
 

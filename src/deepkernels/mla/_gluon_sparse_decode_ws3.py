@@ -236,10 +236,11 @@ Measured (session 17, H200; git c1ff888 ``device_sparse_ws3_rope.sh`` and git b4
   340.1 vs 322.7, b 32 s_q 4 336.9 vs 317.9) -- the opposite of the WS kernel (V3.2 +1.5 %, V4.1 -2 %). Dispatched for
   V4.1 (:data:`WS3_ROW_LANES`).
 
-Extra cache (session 18, opt-in: :func:`launch_sparse_decode_gluon_ws3` with ``extra_k_cache`` / ``extra_indices`` /
-``xfmt`` / ``extra_topk_length``, pairs :data:`WS3_EXTRA_PAIRS` = the WS kernel's V3.2 + V3.2, V4.1 + V4.1, V4.1 + FP4,
-any other pair ValueError; never dispatched: :func:`supported_ws3` still refuses an extra cache, sparse_decode.py
-sends those calls to WS):
+Extra cache (session 17 built, session 18 measured: :func:`launch_sparse_decode_gluon_ws3` with ``extra_k_cache`` /
+``extra_indices`` / ``xfmt`` / ``extra_topk_length``, pairs :data:`WS3_EXTRA_PAIRS` = the WS kernel's V3.2 + V3.2,
+V4.1 + V4.1, V4.1 + FP4, any other pair ValueError; the public op sends the pairs :data:`DISPATCH_EXTRA_PAIRS` here
+with the no-extra work threshold, extra blocks counted -- V4.1 + FP4 measured 0.67-0.72 of WS's time at b 64 / 128,
+topk 2048 + 512, H200 -- the other pairs stay on WS):
 
 * A separate entry, :func:`_sparse_decode_gluon_ws3_x_kernel` (the WS x kernel's runtime arguments + the three shared
   offsets after ``sm_scale_log2``, the no-extra constexprs, then ``XPAGE_SHIFT`` / ``HAS_XLEN`` / ``XFMT`` with
@@ -312,8 +313,8 @@ from ._gluon_cluster import (_c_expect_tx, _c_init_fence, _c_lane, _c_peer_rank,
                              _c_smem_base, _c_sync)
 
 __all__ = ["available", "supported_ws3", "launch_sparse_decode_gluon_ws3", "compile_sm90_ws3", "smem_offsets",
-           "WS3_PRODUCER_REGS", "WS3_NUM_WARPS", "DISPATCH", "DISPATCH_FMTS", "DISPATCH_MIN_BLOCKS", "dispatch_on",
-           "enough_work", "WS3_EXTRA_PAIRS", "compile_sm90_ws3_extra"]
+           "WS3_PRODUCER_REGS", "WS3_NUM_WARPS", "DISPATCH", "DISPATCH_FMTS", "DISPATCH_MIN_BLOCKS",
+           "DISPATCH_EXTRA_PAIRS", "dispatch_on", "enough_work", "WS3_EXTRA_PAIRS", "compile_sm90_ws3_extra"]
 
 BLOCK_H = 64
 WS3_NUM_WARPS = 4
@@ -343,6 +344,11 @@ DISPATCH = True
 # 0.79-0.85; 15.5 blocks: 0.91-0.99 at topk 2048 but 1.01-1.06 at topk 512 (8 blocks per request); 0.5-4 blocks
 # 1.03-1.05)
 DISPATCH_MIN_BLOCKS = 24
+# extra-cache pairs (main, extra) the public op sends here (same work threshold, extra blocks counted): V4.1 + FP4
+# since session 18 (H200, git 9119781bfed2: 35/35 GPU tests; t_ws3x / t_ws 0.67-0.72 paired over 5 rotated rounds at
+# b 64 / 128, s_q 1 / 2, topk 2048 + 512: 294-349 TFLOPS vs WS's 211-235, results/sparse_decode_ws3_extra-h200-
+# 2026-11-29-s18.json)
+DISPATCH_EXTRA_PAIRS = frozenset({("v41", "fp4")})
 # the launcher drives Triton's compiled-kernel launcher and shared-memory allocation pass directly (internal APIs of
 # this exact version): any other Triton never takes the dispatched path
 _TRITON_VERSION = "3.6.0"
@@ -725,30 +731,40 @@ def _offset_args(ttgir: str) -> tuple:
         raise ValueError(f"ws3: shared allocation {e} not found in the TTGIR (found {sorted(offs)})") from None
 
 
-def dispatch_on(fmt: str) -> bool:
-    """Whether sparse_decode.py sends a call with main-cache format ``fmt`` that WS / WS2 would take (no extra cache)
-    here when :func:`supported_ws3`: ``fmt in DISPATCH_FMTS`` (with :data:`DISPATCH`) and Triton
-    :data:`_TRITON_VERSION`; ``DEEPKERNELS_SPARSE_WS3=1`` / ``=0`` override the format choice (read per call)."""
+def dispatch_on(fmt: str, xfmt: str | None = None) -> bool:
+    """Whether sparse_decode.py sends a call with main-cache format ``fmt`` (and extra-cache format ``xfmt``, None
+    without one) that WS / WS2 would take here when :func:`supported_ws3`: ``fmt in DISPATCH_FMTS`` without an extra
+    cache, ``(fmt, xfmt) in DISPATCH_EXTRA_PAIRS`` with one (with :data:`DISPATCH`), and Triton
+    :data:`_TRITON_VERSION`; ``DEEPKERNELS_SPARSE_WS3=1`` / ``=0`` override the format choice (read per call; ``=1``
+    still needs a pair of :data:`WS3_EXTRA_PAIRS`, which :func:`supported_ws3` checks)."""
     if not _TRITON_OK:
         return False
     env = os.environ.get("DEEPKERNELS_SPARSE_WS3", "")
     if env in ("0", "1"):
         return env == "1"
+    if xfmt is not None:
+        return DISPATCH and (fmt, xfmt) in DISPATCH_EXTRA_PAIRS
     return DISPATCH and fmt in DISPATCH_FMTS
 
 
-def enough_work(b: int, topk: int, parts: int) -> bool:
+def enough_work(b: int, topk: int, parts: int, extra_topk: int = 0) -> bool:
     """Whether a dispatched call (:func:`dispatch_on`) has enough blocks per CTA for the cluster kernel to win:
-    ``b * ceil(topk / 64) >= DISPATCH_MIN_BLOCKS * parts`` (``parts`` = the schedule's SM parts); always True under
-    ``DEEPKERNELS_SPARSE_WS3=1``."""
+    ``b * (ceil(topk / 64) + ceil(extra_topk / 64)) >= DISPATCH_MIN_BLOCKS * parts`` (``parts`` = the schedule's SM
+    parts; ``extra_topk`` 0 without an extra cache); always True under ``DEEPKERNELS_SPARSE_WS3=1``."""
     if os.environ.get("DEEPKERNELS_SPARSE_WS3", "") == "1":
         return True
-    return b * -(-topk // 64) >= DISPATCH_MIN_BLOCKS * parts
+    return b * (-(-topk // 64) + -(-extra_topk // 64)) >= DISPATCH_MIN_BLOCKS * parts
 
 
 def supported_ws3(q: torch.Tensor, k_cache: torch.Tensor, fmt: str, extra_k_cache=None, config=None) -> bool:
-    """``supported_ws2`` and h_q a multiple of 128 (two 64-head blocks per cluster)."""
-    return q.shape[2] % 128 == 0 and _ws2.supported_ws2(q, k_cache, fmt, extra_k_cache, config)
+    """h_q a multiple of 128 (two 64-head blocks per cluster) and, without an extra cache, ``supported_ws2``; with
+    one, ``_gluon_sparse_decode_ws.supported_ws`` and a pair of :data:`WS3_EXTRA_PAIRS`."""
+    if q.shape[2] % 128:
+        return False
+    if extra_k_cache is None:
+        return _ws2.supported_ws2(q, k_cache, fmt, None, config)
+    return (fmt in WS3_EXTRA_PAIRS and _xfmt(extra_k_cache) in WS3_EXTRA_PAIRS[fmt]
+            and _ws.supported_ws(q, k_cache, fmt, extra_k_cache, config))
 
 
 class _ClusterLauncher:
@@ -833,7 +849,8 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
     launch ``maxnreg``, ``deq_asm`` / ``pf_l2`` (default :data:`WS3_DEQ_ASM` / :data:`WS3_PF_L2` by format),
     ``rope_rows`` (V3.2 RoPE gather 4 tokens x 8 lanes per cp.async, default :data:`WS3_ROPE_ROWS`; module
     docstring, "RoPE rows"), ``row_lanes`` (producer lanes over token rows first, default :data:`WS3_ROW_LANES`;
-    module docstring, "Row lanes"). With an extra cache (opt-in: never dispatched; module docstring, "Extra cache"):
+    module docstring, "Row lanes"). With an extra cache (dispatched for :data:`DISPATCH_EXTRA_PAIRS`; module
+    docstring, "Extra cache"):
     the pairs :data:`WS3_EXTRA_PAIRS` run on :func:`_sparse_decode_gluon_ws3_x_kernel` (h_q not a multiple of 128:
     on the WS kernel's extra-cache entry), any other pair raises ValueError."""
     from .combine import combine_splits_

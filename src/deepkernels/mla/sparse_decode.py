@@ -424,10 +424,12 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
             if not has_x and _gsdw2.dispatch_on(plan.fmt) and _gsdw2.supported_ws2(q, k_cache, plan.fmt):
                 launch = _gsdw2.launch_sparse_decode_gluon_ws2
             # the 2-CTA cluster kernel (WS2's consumers, each CTA's producer gathers half the NoPE columns and pushes
-            # them to its peer) for h_q a multiple of 128 without an extra cache (_gsdw3.DISPATCH_FMTS: V3.2 and V4.1,
-            # 1.12-1.25x WS / WS2 with >= 31 blocks per CTA, bit-identical to WS2) when the schedule gives each CTA
-            # enough blocks (_gsdw3.enough_work, checked below once the schedule is known)
-            if not has_x and _gsdw3.dispatch_on(plan.fmt) and _gsdw3.supported_ws3(q, k_cache, plan.fmt):
+            # them to its peer) for h_q a multiple of 128: without an extra cache for _gsdw3.DISPATCH_FMTS (V3.2 and
+            # V4.1, 1.12-1.25x WS / WS2 with >= 31 blocks per CTA, bit-identical to WS2), with one for
+            # _gsdw3.DISPATCH_EXTRA_PAIRS (V4.1 + FP4, 1.39-1.49x WS), when the schedule gives each CTA enough blocks
+            # (_gsdw3.enough_work, checked below once the schedule is known)
+            if (_gsdw3.dispatch_on(plan.fmt, plan.xfmt if has_x else None)
+                    and _gsdw3.supported_ws3(q, k_cache, plan.fmt, extra_k_cache)):
                 launch, below_ws3 = _gsdw3.launch_sparse_decode_gluon_ws3, launch
         elif plan.fmt in _gsd.DISPATCH_FMTS and _gsd.supported(q, k_cache, plan.fmt, extra_k_cache):
             launch = _gsd.launch_sparse_decode_gluon
@@ -448,7 +450,7 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
     sched, ns = resolve_schedule(tile_scheduler_metadata, num_splits, cfg, replan, legacy, FlashMLASchedMeta)
     if batch_invariant and isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
         sched, ns = _trivial_schedule(b, dev)
-    if below_ws3 is not None and not _gsdw3.enough_work(b, topk, sched.shape[0]):
+    if below_ws3 is not None and not _gsdw3.enough_work(b, topk, sched.shape[0], xtopk if has_x else 0):
         launch = below_ws3
     if not plan.kernels:
         return sparse_decode_ref(q, k_cache, indices, 512, scale, attn_sink, extra_k_cache,
