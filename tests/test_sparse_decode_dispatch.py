@@ -1,7 +1,7 @@
 """Which sparse decode kernel the public op (``flash_mla_with_kvcache`` with ``indices``) takes, CPU with the launches
 stubbed: since session 17 the 2-CTA cluster kernel (``_gluon_sparse_decode_ws3``) for h_q a multiple of 128 without
-an extra cache (V3.2 and V4.1), since session 18 also with a V4.1 + FP4 extra cache (``DISPATCH_EXTRA_PAIRS``), WS /
-WS2 otherwise; ``DEEPKERNELS_SPARSE_WS3=0`` / ``=1`` override it; another Triton version than the one its launcher was
+an extra cache (V3.2 and V4.1), since session 18 also with an extra cache (``DISPATCH_EXTRA_PAIRS``: V4.1 + FP4,
+V4.1 + V4.1, V3.2 + V3.2), WS / WS2 otherwise; ``DEEPKERNELS_SPARSE_WS3=0`` / ``=1`` override it; another Triton version than the one its launcher was
 written against never takes it."""
 from __future__ import annotations
 
@@ -44,18 +44,23 @@ def _cases():
 
 def test_default_routes(took):
     assert W3.DISPATCH and W3.DISPATCH_FMTS == frozenset({"v32", "v41"})
-    assert W3.DISPATCH_EXTRA_PAIRS == frozenset({("v41", "fp4")})
+    assert W3.DISPATCH_EXTRA_PAIRS == frozenset({("v41", "fp4"), ("v41", "v41"), ("v32", "v32")})
     c = _cases()
     for k in ("v32_128", "v41_128", "v32_64", "v41_64", "fp4_128", "fp4_64", "v41x_128", "v32x_128"):
         _public(c[k])
-    # h_q 128 without an extra cache: the cluster kernel; h_q 64: WS (V3.2) / WS2 (V4.1); V4.1 + FP4 at h_q 128: the
-    # cluster kernel, at h_q 64 WS; the same-format extra pairs (not measured faster): WS
-    assert took == ["ws3", "ws3", "ws", "ws2", "ws3", "ws", "ws", "ws"], took
+    # h_q 128 without an extra cache: the cluster kernel; h_q 64: WS (V3.2) / WS2 (V4.1); every extra pair at h_q 128:
+    # the cluster kernel, at h_q 64 WS
+    assert took == ["ws3", "ws3", "ws", "ws2", "ws3", "ws", "ws3", "ws3"], took
 
 
 def test_extra_pairs_override(took, monkeypatch):
-    """DEEPKERNELS_SPARSE_WS3=1 sends every pair WS3 implements there (h_q 128); =0 keeps V4.1 + FP4 on WS."""
+    """DEEPKERNELS_SPARSE_WS3=1 sends every pair WS3 implements there (h_q 128) even with DISPATCH_EXTRA_PAIRS
+    empty; =0 keeps them on WS."""
     c = _cases()
+    monkeypatch.setattr(W3, "DISPATCH_EXTRA_PAIRS", frozenset())
+    _public(c["v41x_128"])
+    assert took == ["ws"], took
+    took.clear()
     monkeypatch.setenv("DEEPKERNELS_SPARSE_WS3", "1")
     for k in ("v41x_128", "v32x_128", "fp4_128"):
         _public(c[k])

@@ -239,8 +239,8 @@ Measured (session 17, H200; git c1ff888 ``device_sparse_ws3_rope.sh`` and git b4
 Extra cache (session 17 built, session 18 measured: :func:`launch_sparse_decode_gluon_ws3` with ``extra_k_cache`` /
 ``extra_indices`` / ``xfmt`` / ``extra_topk_length``, pairs :data:`WS3_EXTRA_PAIRS` = the WS kernel's V3.2 + V3.2,
 V4.1 + V4.1, V4.1 + FP4, any other pair ValueError; the public op sends the pairs :data:`DISPATCH_EXTRA_PAIRS` here
-with the no-extra work threshold, extra blocks counted -- V4.1 + FP4 measured 0.67-0.72 of WS's time at b 64 / 128,
-topk 2048 + 512, H200 -- the other pairs stay on WS):
+with the no-extra work threshold, extra blocks counted -- all three pairs, measured 0.67-0.79 of WS's time at >= 29
+blocks per CTA, topk 2048 + 512, H200, even at 15-19 blocks, 1.03-1.06x slower below 10):
 
 * A separate entry, :func:`_sparse_decode_gluon_ws3_x_kernel` (the WS x kernel's runtime arguments + the three shared
   offsets after ``sm_scale_log2``, the no-extra constexprs, then ``XPAGE_SHIFT`` / ``HAS_XLEN`` / ``XFMT`` with
@@ -344,11 +344,13 @@ DISPATCH = True
 # 0.79-0.85; 15.5 blocks: 0.91-0.99 at topk 2048 but 1.01-1.06 at topk 512 (8 blocks per request); 0.5-4 blocks
 # 1.03-1.05)
 DISPATCH_MIN_BLOCKS = 24
-# extra-cache pairs (main, extra) the public op sends here (same work threshold, extra blocks counted): V4.1 + FP4
-# since session 18 (H200, git 9119781bfed2: 35/35 GPU tests; t_ws3x / t_ws 0.67-0.72 paired over 5 rotated rounds at
-# b 64 / 128, s_q 1 / 2, topk 2048 + 512: 294-349 TFLOPS vs WS's 211-235, results/sparse_decode_ws3_extra-h200-
-# 2026-11-29-s18.json)
-DISPATCH_EXTRA_PAIRS = frozenset({("v41", "fp4")})
+# extra-cache pairs (main, extra) the public op sends here, since session 18, with the same work threshold (extra
+# blocks counted). H200, 35/35 GPU tests of the launcher, 151 + 43 public-op GPU tests (the second run forced WS3);
+# t_ws3x / t_ws paired over 5 rotated rounds, topk 2048 + 512: V4.1 + FP4 0.67-0.72 at 39-155 blocks per CTA
+# (291-349 TFLOPS vs WS's 209-235), V4.1 + V4.1 0.689, V3.2 + V3.2 0.791 (b 128 s_q 1); the threshold sweep (V4.1 +
+# FP4, s_q 1): 29.1 / 31.0 blocks per CTA 0.70 / 0.74, 19.4 / 15.5 0.99, 9.7 1.03, 4.8 1.06
+# (results/sparse_decode_ws3_extra-h200-2026-11-29-s18.json, ..._extra_sweep-h200-2026-11-30-s18.json)
+DISPATCH_EXTRA_PAIRS = frozenset({("v41", "fp4"), ("v41", "v41"), ("v32", "v32")})
 # the launcher drives Triton's compiled-kernel launcher and shared-memory allocation pass directly (internal APIs of
 # this exact version): any other Triton never takes the dispatched path
 _TRITON_VERSION = "3.6.0"
