@@ -9,7 +9,7 @@ timing both kernels (``triton.testing.do_bench``, warmup 3, rep 15, median) in a
 headline = the median over rounds of the PAIRED ratio t_ws3x / t_ws (< 1: WS3 faster). TFLOPS from the medians
 (FlashMLA counting, extra tokens included). JSON with provenance.
 Usage (GPU): ``PYTHONPATH=src python benchmarks/sparse_decode_ws3_extra.py OUT.json [--rounds R] [--quick]
-[--all-pairs] [--sweep]``
+[--all-pairs] [--sweep] [--idx]``
 """
 from __future__ import annotations
 
@@ -60,6 +60,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="b 128 s_q 1 only")
     ap.add_argument("--all-pairs", action="store_true", help="also V4.1 + V4.1 and V3.2 + V3.2 at b 128 s_q 1")
     ap.add_argument("--sweep", action="store_true", help="also V4.1 + FP4 at smaller batches / topk (SWEEP)")
+    ap.add_argument("--idx", action="store_true",
+                    help="also WS3-extra with idx_ahead (ws3x_ia; paired against ws3x; session 18)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to time")
@@ -72,6 +74,8 @@ def main(argv=None) -> int:
     from triton.testing import do_bench
 
     kernels = {"ws": W.launch_sparse_decode_gluon_ws, "ws3x": W3.launch_sparse_decode_gluon_ws3}
+    if args.idx:
+        kernels["ws3x_ia"] = lambda *a: W3.launch_sparse_decode_gluon_ws3(*a, idx_ahead=True)
     shapes = SHAPES[2:3] if args.quick else SHAPES
     if args.all_pairs:
         shapes = shapes + MORE
@@ -95,7 +99,12 @@ def main(argv=None) -> int:
             row["max_abs_out_diff"] = float((o3.float() - ow.float()).abs().nan_to_num(float("inf")).max())
             row["max_abs_lse_diff"] = float((l3 - lw).abs().nan_to_num(float("inf")).max())
         times = time_rotated(fns, args.rounds, lambda f: do_bench(f, warmup=3, rep=15, return_mode="median"))
-        record_rounds(row, times, c.flop, [("ws3x_vs_ws", "ws3x", "ws")])
+        pairs = [("ws3x_vs_ws", "ws3x", "ws")]
+        if args.idx:
+            pairs.append(("ws3x_ia_vs_ws3x", "ws3x_ia", "ws3x"))
+            if "ws3x" in outs and "ws3x_ia" in outs:
+                row["ws3x_ia_bit"] = bit_identical(outs["ws3x"], outs["ws3x_ia"])
+        record_rounds(row, times, c.flop, pairs)
         rows.append(row)
         print("SUMMARY %s+%s b=%3d s_q=%d topk=%d+%d parts=%3d blocks/CTA %5.1f  ws %.1f  ws3x %.1f TFLOPS  t_ws3x/t_ws %.3f  "
               "bit %s  max|dout| %s  max|dlse| %s  nan %s%s" % (
@@ -104,6 +113,10 @@ def main(argv=None) -> int:
                   row.get("bit_identical"), row.get("max_abs_out_diff"), row.get("max_abs_lse_diff"),
                   [k for k, v in row.items() if k.endswith("_nan") and v],
                   "".join("  %s: %s" % (k, v) for k, v in row.items() if k.endswith("_error"))), flush=True)
+        if args.idx:
+            print("SUMMARY-IA %s+%s b=%3d s_q=%d  t_ws3x_ia/t_ws3x %.4f  ws3x_ia %.1f TFLOPS  bit %s" % (
+                fmt, xfmt, b, s_q, row.get("ws3x_ia_vs_ws3x_paired_median", float("nan")),
+                row.get("ws3x_ia_tflops", float("nan")), row.get("ws3x_ia_bit")), flush=True)
         json.dump(dict(provenance=provenance(), rounds=args.rounds, rows=rows), open(args.out, "w"), indent=1)
         del c, outs, fns
         torch.cuda.empty_cache()

@@ -12,7 +12,7 @@ bit for bit (``<variant>_bit``; ``bit_identical``: all of them). Timing: R round
 round times every variant (``triton.testing.do_bench``, warmup 3, rep 15, median) in an order rotated by one per
 round; headline = the median over rounds of the PAIRED ratio t_variant / t_ws3 (< 1: the option is faster), so clock
 drift cancels. TFLOPS from the per-variant medians (FlashMLA counting). JSON with provenance after every shape.
-Usage (GPU): ``PYTHONPATH=src python benchmarks/sparse_decode_ws3_rope.py OUT.json [--rounds R] [--quick]``
+Usage (GPU): ``PYTHONPATH=src python benchmarks/sparse_decode_ws3_rope.py OUT.json [--rounds R] [--quick | --v41 | --sweep | --idx]``
 """
 from __future__ import annotations
 
@@ -33,6 +33,11 @@ SHAPES_SWEEP = (("v32", 128, 1, 2048), ("v32", 128, 2, 2048), ("v41", 128, 1, 20
 # --v41: ROW_LANES on V4.1 (its first run: 0.960 at b 128 s_q 1) over more shapes
 SHAPES_V41 = (("v41", 128, 1, 2048), ("v41", 128, 2, 2048), ("v41", 64, 1, 2048), ("v41", 32, 4, 2048),
               ("v41", 128, 1, 512))
+# --idx: the index-ahead producer (IDX_AHEAD) and the per-thread L2 prefetch (PF_LINES), session 18's profile
+# (benchmarks/notes/profiling.md, "WS3 sparse decode, V3.2 (session 18)"): the producer stalls ~1,100 cycles per
+# block on just-issued index loads and ~950 on the bulk prefetch's uniform-address loop
+SHAPES_IDX = (("v32", 128, 1, 2048), ("v32", 128, 2, 2048), ("v32", 64, 1, 2048), ("v41", 128, 1, 2048),
+              ("v41", 128, 2, 2048), ("v41", 64, 1, 2048))
 
 
 def main(argv=None) -> int:
@@ -41,6 +46,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="the first 2 shapes only")
     ap.add_argument("--v41", action="store_true", help="V4.1 shapes only (SHAPES_V41)")
+    ap.add_argument("--idx", action="store_true",
+                    help="instead of the options: idx_ahead / pf_lines / pf_l2 variants at SHAPES_IDX")
     ap.add_argument("--sweep", action="store_true",
                     help="instead of the options: the producer knobs (pf_l2 flipped; V3.2 also deq_asm off and "
                          "the producer setmaxnreg -16, the softmax warpgroup getting them) against each format's "
@@ -56,6 +63,15 @@ def main(argv=None) -> int:
     from triton.testing import do_bench
 
     def variants_for(fmt):
+        if args.idx:
+            if fmt == "v32":     # default: bulk L2 prefetch on
+                return (("ws3", {}), ("ws3_aa", {}), ("ws3_ia", dict(idx_ahead=True)),
+                        ("ws3_ia_pfl", dict(idx_ahead=True, pf_lines=True)),
+                        ("ws3_ia_nopf", dict(idx_ahead=True, pf_l2=False)), ("ws3_pfl", dict(pf_lines=True)))
+            # V4.1's default: no L2 prefetch (the bulk one measured 1.05-1.07x slower)
+            return (("ws3", {}), ("ws3_aa", {}), ("ws3_ia", dict(idx_ahead=True)),
+                    ("ws3_ia_pfl", dict(idx_ahead=True, pf_l2=True, pf_lines=True)),
+                    ("ws3_pfl", dict(pf_l2=True, pf_lines=True)))
         if not args.sweep:
             return (("ws3", {}), ("ws3_aa", {}), ("ws3_rope", dict(rope_rows=True)), ("ws3_rl", dict(row_lanes=True)),
                     ("ws3_rl_rope", dict(row_lanes=True, rope_rows=True)))
@@ -67,7 +83,7 @@ def main(argv=None) -> int:
             flips += [("ws3_deq", dict(deq_asm=False)), ("ws3_pr-16", dict(producer_regs=W3.WS3_PRODUCER_REGS[fmt] - 16))]
         return (("ws3", {}), ("ws3_aa", {}), *flips)
 
-    shapes = SHAPES_SWEEP if args.sweep else SHAPES_V41 if args.v41 else SHAPES[:2] if args.quick else SHAPES
+    shapes = SHAPES_IDX if args.idx else SHAPES_SWEEP if args.sweep else SHAPES_V41 if args.v41 else SHAPES[:2] if args.quick else SHAPES
     rows = []
     B.warm_clocks()
     for fmt, b, s_q, topk in shapes:

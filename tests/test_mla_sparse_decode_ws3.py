@@ -264,9 +264,9 @@ def test_compile_rope_rows(page_shift, has_len, has_sink):
 def test_rope_rows_option_plumbing():
     """rope_rows: keyword-only, default from WS3_ROPE_ROWS; V3.2 only (V4.1 never compiles a second kernel)."""
     sig = inspect.signature(W3.launch_sparse_decode_gluon_ws3).parameters
-    assert list(sig)[-2] == "rope_rows" and sig["rope_rows"].kind == inspect.Parameter.KEYWORD_ONLY
+    assert list(sig)[-4] == "rope_rows" and sig["rope_rows"].kind == inspect.Parameter.KEYWORD_ONLY
     assert inspect.signature(W3.compile_sm90_ws3).parameters["rope_rows"].default is None
-    assert W3._CONSTEXPRS[-2] == "ROPE_ROWS" and W3.WS3_ROPE_ROWS == frozenset()
+    assert W3._CONSTEXPRS[-4] == "ROPE_ROWS" and W3.WS3_ROPE_ROWS == frozenset()
     assert not W3._rope_rows("v32", None) and W3._rope_rows("v32", True) and not W3._rope_rows("v41", True)
     assert not W3._rope_rows("v32", False)
 
@@ -333,17 +333,58 @@ def test_compile_row_lanes_v41():
 
 
 def test_row_lanes_option_plumbing():
-    """row_lanes: keyword-only, last, default from WS3_ROW_LANES (V4.1 since session 17); both formats."""
+    """row_lanes: keyword-only, before idx_ahead / pf_lines (session 18), default from WS3_ROW_LANES (V4.1 since
+    session 17); both formats."""
     for f in (W3.launch_sparse_decode_gluon_ws3, W3.compile_sm90_ws3):
         sig = inspect.signature(f).parameters
-        assert list(sig)[-1] == "row_lanes" and sig["row_lanes"].default is None
+        assert list(sig)[-3] == "row_lanes" and sig["row_lanes"].default is None
     sig = inspect.signature(W3.launch_sparse_decode_gluon_ws3).parameters
     assert sig["row_lanes"].kind == inspect.Parameter.KEYWORD_ONLY
-    assert W3._CONSTEXPRS[-1] == "ROW_LANES" and W3.WS3_ROW_LANES == frozenset({"v41"})
+    assert W3._CONSTEXPRS[-3] == "ROW_LANES" and W3.WS3_ROW_LANES == frozenset({"v41"})
     assert not W3._row_lanes("v32", None) and W3._row_lanes("v41", None) and not W3._row_lanes("v41", False)
     assert W3._row_lanes("v32", True) and W3._row_lanes("v41", True) and not W3._row_lanes("v32", False)
     params = [p.name for p in W3._sparse_decode_gluon_ws3_kernel.params]
-    assert params[-2:] == ["ROPE_ROWS", "ROW_LANES"]
+    assert params[-4:] == ["ROPE_ROWS", "ROW_LANES", "IDX_AHEAD", "PF_LINES"]
+
+
+def test_idx_ahead_pf_lines_option_plumbing():
+    """idx_ahead / pf_lines (session 18): keyword-only, last, defaults from WS3_IDX_AHEAD / WS3_PF_LINES; trailing
+    constexprs with defaults in both kernel entries (the extra entry's before its X constexprs, so
+    ``_CONSTEXPRS_X = _CONSTEXPRS + X`` still holds)."""
+    for f in (W3.launch_sparse_decode_gluon_ws3, W3.compile_sm90_ws3, W3.compile_sm90_ws3_extra):
+        sig = inspect.signature(f).parameters
+        assert list(sig)[-2:] == ["idx_ahead", "pf_lines"]
+        assert sig["idx_ahead"].default is None and sig["pf_lines"].default is None
+    assert W3._CONSTEXPRS[-2:] == ("IDX_AHEAD", "PF_LINES")
+    for k in (W3._sparse_decode_gluon_ws3_kernel, W3._sparse_decode_gluon_ws3_x_kernel):
+        sig = inspect.signature(k.fn).parameters
+        assert sig["IDX_AHEAD"].default is False and sig["PF_LINES"].default is False
+    for fmt in ("v32", "v41"):
+        assert W3._idx_ahead(fmt, None) == (fmt in W3.WS3_IDX_AHEAD) and W3._idx_ahead(fmt, True)
+        assert not W3._idx_ahead(fmt, False) and not W3._pf_lines(fmt, False) and W3._pf_lines(fmt, True)
+        assert W3._pf_lines(fmt, None) == (fmt in W3.WS3_PF_LINES)
+
+
+@pytest.mark.parametrize("fmt,knobs", [("v32", dict(idx_ahead=True)), ("v32", dict(idx_ahead=True, pf_lines=True)),
+                                       ("v41", dict(idx_ahead=True, pf_l2=True, pf_lines=True))])
+def test_compile_idx_ahead(fmt, knobs):
+    """The index-ahead producer (with the per-thread L2 prefetch) compiles for sm90 with the default build's shared
+    size, no spills in the consumer loops and at most the default's producer-loop spills (measured at build time:
+    V3.2 0 vs 3, V4.1 + PF_LINES 0 vs 0); PF_LINES replaces the bulk prefetch (UBLKPF) by CCTL.E.PF2."""
+    k = W3.compile_sm90_ws3(fmt, 6, True, True, **knobs)
+    assert k.metadata.shared == _SMEM[fmt]
+    rep = _ptxas(k.asm["ptx"])
+    if rep is None:
+        pytest.skip("ptxas not available")
+    loops = _sass_loops(rep.sass)
+    soft = [lp for lp in loops if _n_hgmma(lp) > 4]
+    pv = [lp for lp in loops if _n_hgmma(lp) == 4]
+    prod = [lp for lp in loops if not _n_hgmma(lp) and sum(1 for t in lp if re.match(r"(@!?P\w+\s+)?LDG", t)) >= 8]
+    assert len(soft) == 1 and len(pv) == 1 and len(prod) == 1
+    assert _n_spill(soft[0]) == 0 and _n_spill(pv[0]) == 0
+    assert _n_spill(prod[0]) <= {"v32": 0, "v41": 0}[fmt], _n_spill(prod[0])
+    if knobs.get("pf_lines"):
+        assert not any("UBLKPF" in t for t in prod[0]) and sum("CCTL.E.PF2" in t for t in prod[0]) == 2
 
 
 # ------------------------------------------------------------------ CPU: launcher contract
@@ -634,6 +675,58 @@ def test_gpu_ws3_row_lanes_indices_minus_one_and_junk(knobs, poison):
     kw["indices"] = junk
     o0, l0 = _direct(kw, "v32")
     o1, l1 = _direct(kw, "v32", **knobs)
+    assert torch.equal(o1, o0) and torch.equal(l1, l0)
+
+
+_IA_KNOBS = [dict(idx_ahead=True), dict(idx_ahead=True, pf_lines=True), dict(idx_ahead=True, pf_l2=False),
+             dict(pf_lines=True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("knobs", _IA_KNOBS, ids=["ia", "ia_pfl", "ia_nopf", "pfl"])
+@pytest.mark.parametrize("b,s_q,topk,s_k,page,with_len,sink,flags", _ROPE_SHAPES)
+def test_gpu_ws3_idx_ahead_bit_identical(b, s_q, topk, s_k, page, with_len, sink, flags, knobs, poison):
+    """idx_ahead (indices loaded an iteration ahead), pf_lines (per-thread L2 prefetch) and pf_l2 off change only
+    when indices are loaded / what is prefetched: out / lse bit-identical to the default V3.2 build (NaN in every
+    unreferenced cache token, NaN-poisoned outputs, all-invalid rows, zero lengths, page 53)."""
+    kw = make_case(b, s_q, 128, "v32", topk, s_k, page, with_len=with_len, sink=sink, device="cuda", **flags)
+    o0, l0 = _direct(kw, "v32")
+    o1, l1 = _direct(kw, "v32", **knobs)
+    assert not torch.isnan(o0).any() and not torch.isnan(l0).any()
+    assert torch.equal(o1, o0) and torch.equal(l1, l0), ((o1.float() - o0.float()).abs().max(),
+                                                          (l1 - l0).abs().max())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("knobs", [dict(idx_ahead=True), dict(idx_ahead=True, pf_l2=True, pf_lines=True)],
+                         ids=["ia", "ia_pfl"])
+@pytest.mark.parametrize("b,s_q,topk,s_k,page,with_len,sink,flags", [_ROPE_SHAPES[1], _ROPE_SHAPES[3],
+                                                                     _ROPE_SHAPES[4]])
+def test_gpu_ws3_idx_ahead_v41_bit_identical(b, s_q, topk, s_k, page, with_len, sink, flags, knobs, poison):
+    kw = make_case(b, s_q, 128, "v41", topk, s_k, page, with_len=with_len, sink=sink, device="cuda", **flags)
+    o0, l0 = _direct(kw, "v41")
+    o1, l1 = _direct(kw, "v41", **knobs)
+    assert not torch.isnan(o0).any() and not torch.isnan(l0).any()
+    assert torch.equal(o1, o0) and torch.equal(l1, l0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["v32", "v41"])
+def test_gpu_ws3_idx_ahead_indices_minus_one_and_junk(fmt, poison):
+    """Every index -1, then junk (1 << 30) / -1 indices, with the indices loaded ahead (+ the per-thread prefetch,
+    whose addresses come from junk indices masked off): as the default."""
+    knobs = dict(idx_ahead=True, pf_l2=True, pf_lines=True)
+    kw = make_case(8, 2, 128, fmt, 448, 512, 64, sink=True, device="cuda")
+    ind = kw["indices"]
+    kw["indices"] = torch.full_like(ind, -1)
+    o1, l1 = _direct(kw, fmt, **knobs)
+    assert (o1 == 0).all() and torch.isposinf(l1).all()
+    junk = ind.clone()
+    junk[..., ::2] = torch.where(torch.arange(junk[..., ::2].numel(), device="cuda").view_as(junk[..., ::2]) % 3 == 0,
+                                 -1, 1 << 30).to(junk.dtype)
+    kw["indices"] = junk
+    o0, l0 = _direct(kw, fmt)
+    o1, l1 = _direct(kw, fmt, **knobs)
     assert torch.equal(o1, o0) and torch.equal(l1, l0)
 
 

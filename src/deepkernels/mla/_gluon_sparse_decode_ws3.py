@@ -236,6 +236,20 @@ Measured (session 17, H200; git c1ff888 ``device_sparse_ws3_rope.sh`` and git b4
   340.1 vs 322.7, b 32 s_q 4 336.9 vs 317.9) -- the opposite of the WS kernel (V3.2 +1.5 %, V4.1 -2 %). Dispatched for
   V4.1 (:data:`WS3_ROW_LANES`).
 
+Index loads ahead (session 18, opt-in: launcher / compile keywords ``idx_ahead`` / ``pf_lines``, defaults
+:data:`WS3_IDX_AHEAD` / :data:`WS3_PF_LINES`, empty: the default build's PTX is pinned unchanged). The ncu profile of the
+dispatched V3.2 kernel (benchmarks/notes/profiling.md, "WS3 sparse decode, V3.2 (session 18)") found the producer
+busy ~89 % of each block (~5,200 of ~5,660 cycles) and both consumers waiting on its ``ready`` barrier, the producer
+itself mostly not issuing: ~1,100 cycles on the two index loads it uses right after issuing them (block j + 2's for
+the L2 prefetch, block j + 1's for the next chunk loads) and ~950 on the bulk prefetch, whose
+``cp.async.bulk.prefetch.L2`` needs a warp-uniform address (ptxas loops over the lanes). ``IDX_AHEAD``: every block's
+indices are loaded one iteration before use and carried in registers (one int32 per thread and block ahead; -1
+past ``t_end``, validity recomputed as ``_g_load_idx``'s), so the loads' latency hides under a whole block.
+``PF_LINES``: the prefetch as ``prefetch.global.L2`` per thread, 4 line addresses per token (2 per thread;
+:func:`_w3_prefetch_lines`). Compiled (sm90 ptxas, page shift 6 + lengths + sink): V3.2 producer loop 630 SASS
+instructions and 0 spills with IDX_AHEAD (default 643, 3 spill instructions), 608 with both; V4.1 IDX_AHEAD alone
+6 spills (default 0), with PF_L2 + PF_LINES 0. Results must be bit-identical (only load timing / prefetches change).
+
 Extra cache (session 17 built, session 18 measured: :func:`launch_sparse_decode_gluon_ws3` with ``extra_k_cache`` /
 ``extra_indices`` / ``xfmt`` / ``extra_topk_length``, pairs :data:`WS3_EXTRA_PAIRS` = the WS kernel's V3.2 + V3.2,
 V4.1 + V4.1, V4.1 + FP4, any other pair ValueError; the public op sends the pairs :data:`DISPATCH_EXTRA_PAIRS` here
@@ -332,6 +346,10 @@ WS3_ROPE_ROWS = frozenset()
 # 0.943-0.982 at 5 shapes, bit-identical; results/sparse_decode_ws3_rope-h200-2026-11-29-s17*.json); V3.2 0.994-1.038:
 # off
 WS3_ROW_LANES = frozenset({"v41"})
+# formats whose producer loads each block's indices an iteration ahead / L2-prefetches per thread (module docstring,
+# "Index loads ahead"; opt-in: empty until measured)
+WS3_IDX_AHEAD = frozenset()
+WS3_PF_LINES = frozenset()
 # sparse_decode.py sends the calls WS / WS2 would take (no extra cache, h_q a multiple of 128) here for the formats in
 # DISPATCH_FMTS (DEEPKERNELS_SPARSE_WS3=0 / =1 override): both, since session 17 (H200, git 0b54eb4785ad, after the
 # softmax-loop spills were removed: 43/43 GPU tests, bit-identical to WS2, ws3 / ws2 1.16-1.25x at 6 shapes,
@@ -396,6 +414,40 @@ def _w3_prefetch_l2(kv_ptr, rec, valid, hb, RB: gl.constexpr):
             constraints="=r,l,r,r", args=[ptrs, ok, r1], dtype=gl.int32, is_pure=False, pack=1)
 
 
+@_jit
+def _w3_prefetch_lines(kv_ptr, rec, valid, hb, RB: gl.constexpr, LPF: gl.constexpr):
+    """``prefetch.global.L2`` per thread (no uniform-address loop, unlike :func:`_w3_prefetch_l2`'s bulk prefetch)
+    of the 128-B lines of this CTA's part of each valid token's record, [0, 256) for head block rank 0, [256, RB)
+    for rank 1: 4 addresses per token, ``min(lo + 128 k, hi - 1)`` for k < 4 -- lines L0 .. L0 + 3 from the part's
+    first line, and a 16-B aligned part of <= 400 B spans <= 4 lines. ``LPF`` [64, 4]: 2 addresses per producer
+    thread, its rows mapped as the chunk layout's token rows (``rec`` / ``valid`` convert without data movement)."""
+    gl.static_assert(RB == 656 or RB == 528)
+    k = gl.arange(0, 4, gl.SliceLayout(0, LPF))
+    r1 = (hb & 1).to(gl.int32)
+    lo = r1 * 256
+    hi = 256 + r1 * (RB - 256)
+    off = gl.minimum(lo + k * 128, hi - 1)
+    recl = gl.convert_layout(rec, gl.SliceLayout(1, LPF))
+    ok = gl.convert_layout(valid, gl.SliceLayout(1, LPF)).to(gl.int32)
+    ptrs = kv_ptr + recl[:, None] + off[None, :].to(gl.int64)
+    gl.inline_asm_elementwise(
+        asm="""{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }""",
+        constraints="=r,l,r", args=[ptrs, ok[:, None] + k[None, :] * 0], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@_jit
+def _w3_idx_raw(idx_row, start, t_end, LAY: gl.constexpr):
+    """Indices of positions [start, start + 64) in layout LAY, -1 past ``t_end`` (``IDX_AHEAD``: loaded an iteration
+    before use; :func:`_w3_idx_valid` gives ``_g_load_idx``'s validity from them)."""
+    offs = start + gl.arange(0, 64, LAY)
+    return gl.load(idx_row + offs, mask=offs < t_end, other=-1)
+
+
+@_jit
+def _w3_idx_valid(idx, num_tok):
+    return (idx >= 0) & (idx < num_tok)
+
+
 # ----------------------------------------------------------------------------------------------- producer
 
 @_jit
@@ -441,7 +493,8 @@ def _w3_load_chunk_fp4(kv_ptr, rec, valid, G, L3: gl.constexpr):
 def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo, t_end,
                num_tok, page, stride_kb, it, dr, hb, ring_off, ready_off, lane, gs, peer,
                PAGE_SHIFT: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PF_L2: gl.constexpr,
-               ROPE_ROWS: gl.constexpr = False, ROW_LANES: gl.constexpr = False):
+               ROPE_ROWS: gl.constexpr = False, ROW_LANES: gl.constexpr = False, IDX_AHEAD: gl.constexpr = False,
+               PF_LINES: gl.constexpr = False):
     """The producer's block loop over positions [t_lo, t_end) (ring counter ``it`` in and out): per block the
     validity mask, (V3.2) the 64 RoPE rows by cp.async, and this CTA's half of the NoPE columns -- chunks
     ``2 r, 2 r + 1`` (``r = hb & 1``) of 128 columns, dequantised into ``kv8[4 slot + 2 r + c]`` (the ring viewed as
@@ -449,7 +502,11 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
     in registers meanwhile (the WS producer's scheme with 2 chunks instead of 4). ``ROW_LANES``: the chunk (and,
     without ``ROPE_ROWS``, the RoPE) layouts' lanes run over token rows first, as the WS producer's (module
     docstring, "Row lanes"). ``FMT`` 3: an FP4 extra cache (288-B records; chunk ``G`` = bytes [64 G, 64 G + 64) of
-    the e2m1 pairs + their 8 e4m3 scales, WS's dequantisation; no RoPE tile, as V4.1)."""
+    the e2m1 pairs + their 8 e4m3 scales, WS's dequantisation; no RoPE tile, as V4.1). ``IDX_AHEAD`` (module
+    docstring, "Index loads ahead"): each block's indices are loaded one iteration before they are used (block j + 2
+    in iteration j, and with ``PF_L2`` block j + 3 for the prefetch of iteration j + 1), carried in registers.
+    ``PF_LINES``: the L2 prefetch per thread (:func:`_w3_prefetch_lines`) instead of the bulk prefetch."""
+    LPF: gl.constexpr = gl.BlockedLayout([1, 2], [16, 2], [4, 1], [0, 1] if ROW_LANES else [1, 0])
     if FMT == 0:
         RB: gl.constexpr = 656
         L: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [0, 1] if ROW_LANES else [1, 0])  # [64, 32] words
@@ -473,6 +530,10 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
     nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
     idx_row = idx_ptr + req.to(gl.int64) * stride_ib + si64 * stride_is
     i0, v = _g_load_idx(idx_row, t_lo, t_end, num_tok, LT)
+    if IDX_AHEAD:
+        n1 = _w3_idx_raw(idx_row, t_lo + 64, t_end, LT)
+        if PF_L2:
+            n2 = _w3_idx_raw(idx_row, t_lo + 128, t_end, LT)
     rec = _g_rows(i0, v, page, stride_kb, RB, PAGE_SHIFT)
     if FMT == 0:
         r0, s0 = _w3_load_chunk(kv_ptr, rec, v, g0, L)
@@ -484,14 +545,29 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
         r0, s0 = _w3_load_chunk_fp4(kv_ptr, rec, v, g0, L)
         r1, s1 = _w3_load_chunk_fp4(kv_ptr, rec, v, g0 + 1, L)
     if PF_L2:
-        ia, va = _g_load_idx(idx_row, t_lo + 64, t_end, num_tok, LT)
-        _w3_prefetch_l2(kv_ptr, _g_rows(ia, va, page, stride_kb, RB, PAGE_SHIFT), va, hb, RB)
+        if IDX_AHEAD:
+            ia = n1
+            va = _w3_idx_valid(ia, num_tok)
+        else:
+            ia, va = _g_load_idx(idx_row, t_lo + 64, t_end, num_tok, LT)
+        if PF_LINES:
+            _w3_prefetch_lines(kv_ptr, _g_rows(ia, va, page, stride_kb, RB, PAGE_SHIFT), va, hb, RB, LPF)
+        else:
+            _w3_prefetch_l2(kv_ptr, _g_rows(ia, va, page, stride_kb, RB, PAGE_SHIFT), va, hb, RB)
     for j in range(nblocks):
         slot = it % 2
         t0 = t_lo + j * 64
         if PF_L2:
-            ia, va = _g_load_idx(idx_row, t0 + 128, t_end, num_tok, LT)
-            _w3_prefetch_l2(kv_ptr, _g_rows(ia, va, page, stride_kb, RB, PAGE_SHIFT), va, hb, RB)
+            if IDX_AHEAD:
+                ia = n2
+                va = _w3_idx_valid(ia, num_tok)
+                n3 = _w3_idx_raw(idx_row, t0 + 192, t_end, LT)
+            else:
+                ia, va = _g_load_idx(idx_row, t0 + 128, t_end, num_tok, LT)
+            if PF_LINES:
+                _w3_prefetch_lines(kv_ptr, _g_rows(ia, va, page, stride_kb, RB, PAGE_SHIFT), va, hb, RB, LPF)
+            else:
+                _w3_prefetch_l2(kv_ptr, _g_rows(ia, va, page, stride_kb, RB, PAGE_SHIFT), va, hb, RB)
         if FMT == 0:
             if ROPE_ROWS:
                 # rec and v packed (rec >= 0 always; -16 marks an invalid token and keeps rec's known divisibility
@@ -504,7 +580,16 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
                 vr = vp
         else:
             vp = v
-        i1, v = _g_load_idx(idx_row, t0 + 64, t_end, num_tok, LT)
+        if IDX_AHEAD:
+            i1 = n1
+            v = _w3_idx_valid(i1, num_tok)
+            if PF_L2:
+                n1 = n2
+                n2 = n3
+            else:
+                n1 = _w3_idx_raw(idx_row, t0 + 128, t_end, LT)
+        else:
+            i1, v = _g_load_idx(idx_row, t0 + 64, t_end, num_tok, LT)
         rec = _g_rows(i1, v, page, stride_kb, RB, PAGE_SHIFT)
         mbarrier.wait(empty.index(slot), ((it // 2) & 1) ^ 1)       # both CTAs' consumers released the slot
         bar = gs + ready_off + slot * 8
@@ -558,7 +643,7 @@ def _w3_producer(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
                  ROW_LANES: gl.constexpr = False, xkv_ptr=None, xidx_ptr=None, xlen_ptr=None, stride_xkb=None,
                  xpage=None, xnum_tok=None, stride_xib=None, stride_xis=None, xtopk=None,
                  HAS_EXTRA: gl.constexpr = False, HAS_XLEN: gl.constexpr = False, XPAGE_SHIFT: gl.constexpr = 0,
-                 XFMT: gl.constexpr = 0):
+                 XFMT: gl.constexpr = 0, IDX_AHEAD: gl.constexpr = False, PF_LINES: gl.constexpr = False):
     """Worker partition (4 warps): this CTA's half of every block of its (request, block) line (:func:`_w3_blocks`).
     ``HAS_EXTRA`` (the ``x*`` arguments; their defaults without): after a request's main blocks its extra-cache blocks
     (:func:`_gluon_sparse_decode_ws._w_xrange`) of format ``XFMT`` through the same helper, the ring counter running
@@ -581,12 +666,12 @@ def _w3_producer(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
                                                                SBLOCK)
         it = _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo,
                         t_end, num_tok, page, stride_kb, it, dr, hb, ring_off, ready_off, lane, gs, peer, PAGE_SHIFT,
-                        FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES)
+                        FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, IDX_AHEAD, PF_LINES)
         if HAS_EXTRA:
             x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
             it = _w3_blocks(kv8, kv_p, vmask, ready, empty, xkv_ptr, xidx_ptr, req, si64, stride_xib, stride_xis, x_lo,
                             x_end, xnum_tok, xpage, stride_xkb, it, dr, hb, ring_off, ready_off, lane, gs, peer,
-                            XPAGE_SHIFT, XFMT, DEQ_ASM, False, ROPE_ROWS, ROW_LANES)
+                            XPAGE_SHIFT, XFMT, DEQ_ASM, False, ROPE_ROWS, ROW_LANES, IDX_AHEAD)
     _c_sync()
 
 
@@ -635,7 +720,8 @@ def _sparse_decode_gluon_ws3_kernel(
     b, s_q, h_q, topk, acc_rows, sm_scale_log2, ring_off, ready_off, empty_off,
     PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PV_REGS: gl.constexpr,
-    PF_L2: gl.constexpr, ROPE_ROWS: gl.constexpr, ROW_LANES: gl.constexpr,
+    PF_L2: gl.constexpr, ROPE_ROWS: gl.constexpr, ROW_LANES: gl.constexpr, IDX_AHEAD: gl.constexpr = False,
+    PF_LINES: gl.constexpr = False,
 ):
     """WS2's arguments + the shared offsets of the ring / ``ready`` / ``empty`` (:func:`smem_offsets`). Launched as
     2-CTA clusters only (:func:`launch_sparse_decode_gluon_ws3`)."""
@@ -650,7 +736,8 @@ def _sparse_decode_gluon_ws3_kernel(
                      oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK, empty_off, True)),
         (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr, stride_kb,
                         page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off, PAGE_SHIFT,
-                        HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES)),
+                        HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, None, None, None, None, None, None,
+                        None, None, None, False, False, 0, 0, IDX_AHEAD, PF_LINES)),
     ], [4, 4], [PV_REGS, PRODUCER_REGS])
 
 
@@ -666,8 +753,9 @@ def _sparse_decode_gluon_ws3_x_kernel(
     b, s_q, h_q, topk, xtopk, acc_rows, sm_scale_log2, ring_off, ready_off, empty_off,
     PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PV_REGS: gl.constexpr,
-    PF_L2: gl.constexpr, ROPE_ROWS: gl.constexpr, ROW_LANES: gl.constexpr,
-    XPAGE_SHIFT: gl.constexpr = 6, HAS_XLEN: gl.constexpr = False, XFMT: gl.constexpr = 3,
+    PF_L2: gl.constexpr, ROPE_ROWS: gl.constexpr, ROW_LANES: gl.constexpr, IDX_AHEAD: gl.constexpr = False,
+    PF_LINES: gl.constexpr = False, XPAGE_SHIFT: gl.constexpr = 6, HAS_XLEN: gl.constexpr = False,
+    XFMT: gl.constexpr = 3,
 ):
     """With an extra cache (module docstring, "Extra cache"): the WS x kernel's runtime arguments
     (``_gluon_sparse_decode_ws._sparse_decode_gluon_ws_x_kernel``) + the shared offsets, the no-extra kernel's
@@ -687,7 +775,7 @@ def _sparse_decode_gluon_ws3_x_kernel(
                         page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off, PAGE_SHIFT,
                         HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, xkv_ptr, xidx_ptr, xlen_ptr,
                         stride_xkb, xpage, xnum_tok, stride_xib, stride_xis, xtopk, True, HAS_XLEN, XPAGE_SHIFT,
-                        XFMT)),
+                        XFMT, IDX_AHEAD, PF_LINES)),
     ], [4, 4], [PV_REGS, PRODUCER_REGS])
 
 
@@ -827,6 +915,16 @@ def _row_lanes(fmt: str, row_lanes) -> bool:
     return bool((fmt in WS3_ROW_LANES) if row_lanes is None else row_lanes)
 
 
+def _idx_ahead(fmt: str, idx_ahead) -> bool:
+    """The IDX_AHEAD constexpr: ``idx_ahead`` (default :data:`WS3_IDX_AHEAD` by format)."""
+    return bool((fmt in WS3_IDX_AHEAD) if idx_ahead is None else idx_ahead)
+
+
+def _pf_lines(fmt: str, pf_lines) -> bool:
+    """The PF_LINES constexpr: ``pf_lines`` (default :data:`WS3_PF_LINES` by format); only read with PF_L2."""
+    return bool((fmt in WS3_PF_LINES) if pf_lines is None else pf_lines)
+
+
 def _launch_device(q: torch.Tensor) -> int:
     """The device part of a cluster launcher's key: the CURRENT CUDA device (its ``warmup`` loads the compiled function
     into that device's context and every launch goes to that device's current stream, as Triton launches), never
@@ -837,7 +935,7 @@ def _launch_device(q: torch.Tensor) -> int:
 _LAUNCHERS: dict = {}
 _LAUNCHER_LIMIT = 256
 _CONSTEXPRS = ("PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS", "FMT", "DEQ_ASM", "PV_REGS", "PF_L2",
-               "ROPE_ROWS", "ROW_LANES")
+               "ROPE_ROWS", "ROW_LANES", "IDX_AHEAD", "PF_LINES")
 _CONSTEXPRS_X = _CONSTEXPRS + ("XPAGE_SHIFT", "HAS_XLEN", "XFMT")
 
 
@@ -845,13 +943,14 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
                                    extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
                                    extra_topk_length=None, config=None, _spec=None, *, pv_regs=None,
                                    producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None,
-                                   row_lanes=None):
+                                   row_lanes=None, idx_ahead=None, pf_lines=None):
     """Drop-in for ``launch_sparse_decode_gluon_ws2`` (same arguments and outputs; ``config`` ignored). ``h_q`` not
     a multiple of 128: the WS2 launcher runs the call. Keyword knobs (benchmarks): PV / producer ``setmaxnreg``,
     launch ``maxnreg``, ``deq_asm`` / ``pf_l2`` (default :data:`WS3_DEQ_ASM` / :data:`WS3_PF_L2` by format),
     ``rope_rows`` (V3.2 RoPE gather 4 tokens x 8 lanes per cp.async, default :data:`WS3_ROPE_ROWS`; module
     docstring, "RoPE rows"), ``row_lanes`` (producer lanes over token rows first, default :data:`WS3_ROW_LANES`;
-    module docstring, "Row lanes"). With an extra cache (dispatched for :data:`DISPATCH_EXTRA_PAIRS`; module
+    module docstring, "Row lanes"), ``idx_ahead`` / ``pf_lines`` (default :data:`WS3_IDX_AHEAD` /
+    :data:`WS3_PF_LINES`; module docstring, "Index loads ahead"). With an extra cache (dispatched for :data:`DISPATCH_EXTRA_PAIRS`; module
     docstring, "Extra cache"):
     the pairs :data:`WS3_EXTRA_PAIRS` run on :func:`_sparse_decode_gluon_ws3_x_kernel` (h_q not a multiple of 128:
     on the WS kernel's extra-cache entry), any other pair raises ValueError."""
@@ -893,7 +992,7 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
                   producer_regs or WS3_PRODUCER_REGS[fmt], GLUON_FMTS[fmt],
                   bool((fmt in WS3_DEQ_ASM) if deq_asm is None else deq_asm), pv_regs or WS2_PV_REGS,
                   bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2), _rope_rows(fmt, rope_rows),
-                  _row_lanes(fmt, row_lanes))
+                  _row_lanes(fmt, row_lanes), _idx_ahead(fmt, idx_ahead), _pf_lines(fmt, pf_lines))
     names, cls = _CONSTEXPRS, _ClusterLauncher
     if has_x:
         names, cls = _CONSTEXPRS_X, _ClusterLauncherX
@@ -913,28 +1012,28 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
 
 def compile_sm90_ws3(fmt: str = "v32", page_shift: int = 6, has_len: bool = True, has_sink: bool = True,
                      pv_regs=None, producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None,
-                     row_lanes=None):
+                     row_lanes=None, idx_ahead=None, pf_lines=None):
     """Cross-compile the kernel for sm90 (no GPU needed), the launch's divisibility facts. Returns the
     CompiledKernel (``.asm['ptx']``, ``.asm['ttgir']``, ``.metadata.shared``). With an extra cache:
     :func:`compile_sm90_ws3_extra`."""
     return _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, maxnreg, deq_asm, pf_l2,
-                        rope_rows, row_lanes)
+                        rope_rows, row_lanes, idx_ahead=idx_ahead, pf_lines=pf_lines)
 
 
 def compile_sm90_ws3_extra(fmt: str = "v41", xfmt: str = "fp4", page_shift: int = 6, has_len: bool = True,
                            has_sink: bool = True, xpage_shift: int = 6, has_xlen: bool = True, pv_regs=None,
                            producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None,
-                           row_lanes=None):
+                           row_lanes=None, idx_ahead=None, pf_lines=None):
     """:func:`compile_sm90_ws3` of the extra-cache entry :func:`_sparse_decode_gluon_ws3_x_kernel` (a pair of
     :data:`WS3_EXTRA_PAIRS`, else ValueError), with the extra cache's page shift and lengths flag."""
     if xfmt not in WS3_EXTRA_PAIRS.get(fmt, ()):
         raise ValueError(f"no WS3 kernel for main cache {fmt!r} + extra cache {xfmt!r}")
     return _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, maxnreg, deq_asm, pf_l2,
-                        rope_rows, row_lanes, xfmt, xpage_shift, has_xlen)
+                        rope_rows, row_lanes, xfmt, xpage_shift, has_xlen, idx_ahead, pf_lines)
 
 
 def _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, maxnreg, deq_asm, pf_l2, rope_rows,
-                 row_lanes, xfmt=None, xpage_shift=6, has_xlen=True):
+                 row_lanes, xfmt=None, xpage_shift=6, has_xlen=True, idx_ahead=None, pf_lines=None):
     if xfmt is not None:
         fn = _sparse_decode_gluon_ws3_x_kernel
         sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", xkv_ptr="*u8", xidx_ptr="*i32",
@@ -956,7 +1055,8 @@ def _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, max
                   PRODUCER_REGS=producer_regs or WS3_PRODUCER_REGS[fmt], FMT=GLUON_FMTS[fmt],
                   DEQ_ASM=bool((fmt in WS3_DEQ_ASM) if deq_asm is None else deq_asm), PV_REGS=pv_regs or WS2_PV_REGS,
                   PF_L2=bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2), ROPE_ROWS=_rope_rows(fmt, rope_rows),
-                  ROW_LANES=_row_lanes(fmt, row_lanes))
+                  ROW_LANES=_row_lanes(fmt, row_lanes), IDX_AHEAD=_idx_ahead(fmt, idx_ahead),
+                  PF_LINES=_pf_lines(fmt, pf_lines))
     hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
                                                                   "stride_ib", "stride_is"]
     if xfmt is not None:
