@@ -57,7 +57,7 @@ else
   [ "$ABL_OK" = 1 ] && ADD=gluon-ws4,gluon-ws4-sym,gluon-ws4-whole
   echo "== 3. ws2 / $ADD, ${ROUNDS:-6} rotated rounds (cap ${T_P4_BENCH:-85}s)"
   timeout -k 3 "${T_P4_BENCH:-85}" python3 benchmarks/mla_prefill.py --only sparse --gluon --no-triton \
-    --gluon-skip gluon,gluon-ws,gluon-ws2-ov --gluon-add "$ADD" \
+    --gluon-skip gluon,gluon-ws --gluon-add "$ADD" \
     --rounds "${ROUNDS:-6}" --paired-base gluon-ws2 --sink "${SINK:-off,on}" --s-kv "${S_KV:-8192,65536}" \
     --out "$W/sparse_prefill_ws4.json" > "$W/bench.log" 2>&1
   echo "bench rc=$? ($(el))"

@@ -105,20 +105,14 @@ def sparse_inputs(s_q, s_kv, topk, h_q, d_qk, sink):
     return q, kv, ind, sk
 
 
-# Gluon sparse config label -> variant of launch_sparse_prefill_gluon (None: the dispatched one; "ws2*": the
-# split-consumer kernel of mla/_gluon_sparse_prefill_ws2.py, with its opt-in ``overlap`` schedule per _WS2_OVERLAP)
-GLUON_SPARSE = {"gluon": None, "gluon-ws": "ws", "gluon-ws2": "ws2", "gluon-ws2-ov": "ws2-ov",
-                "gluon-ws2-ov2": "ws2-ov2", "gluon-ws2-half": "ws2-half", "gluon-ws2-half-ov": "ws2-half-ov",
-                "gluon-ws2-half-ov2": "ws2-half-ov2", "gluon-ws3": "ws3", "gluon-ws3-nopf": "ws3-nopf",
+# Gluon sparse config label -> variant of launch_sparse_prefill_gluon (None: the dispatched one; "ws2": the
+# split-consumer kernel of mla/_gluon_sparse_prefill_ws2.py, launched directly). The WS2 OVERLAP / HALF labels
+# (gluon-ws2-ov, -ov2, -half, -half-ov, -half-ov2) went with those options in session 18 (measured slower; git
+# cb51b03); --gluon-skip / --gluon-add ignore labels that are not here, so older device scripts still run.
+GLUON_SPARSE = {"gluon": None, "gluon-ws": "ws", "gluon-ws2": "ws2", "gluon-ws3": "ws3", "gluon-ws3-nopf": "ws3-nopf",
                 "gluon-ws4": "ws4", "gluon-ws4-sym": "ws4-sym", "gluon-ws4-whole": "ws4-whole"}
-# (overlap, half_tiles) keywords of launch_sparse_prefill_gluon_ws2: overlap 0 the dispatched schedule, 1 FA3 order +
-# lagged PV warpgroup, 2 FA3 order only (module docstring section "OVERLAP"); half_tiles the 32-token half-tile
-# ready / empty ring (section "HALF")
-_WS2_OVERLAP = {"ws2": (0, False), "ws2-ov": (1, False), "ws2-ov2": (2, False), "ws2-half": (0, True),
-                "ws2-half-ov": (1, True), "ws2-half-ov2": (2, True)}
 # labels timed only when named in --gluon-add (keeps the other device scripts' --gluon runs at their length)
-GLUON_OPT_IN = ("gluon-ws2-ov2", "gluon-ws2-half", "gluon-ws2-half-ov", "gluon-ws2-half-ov2", "gluon-ws3",
-                "gluon-ws3-nopf", "gluon-ws4", "gluon-ws4-sym", "gluon-ws4-whole")
+GLUON_OPT_IN = ("gluon-ws3", "gluon-ws3-nopf", "gluon-ws4", "gluon-ws4-sym", "gluon-ws4-whole")
 # "ws4" / "ws4-sym" / "ws4-whole": mla/_gluon_sparse_prefill_ws4.py (FlashMLA sm90 pair order; opt-in, not
 # dispatched) and its F2 ablations sym_max / whole_slot
 _WS4_ABL = {"ws4": {}, "ws4-sym": {"sym_max": True}, "ws4-whole": {"whole_slot": True}}
@@ -129,10 +123,9 @@ _WS3_PF = {"ws3": True, "ws3-nopf": False}
 def _launch_cfg(cfg):
     """The launcher for one candidate: a Triton config tuple or a Gluon label of :data:`GLUON_SPARSE`
     (mla/_gluon_sparse_prefill.py: "gluon" = the dispatched variant, "gluon-ws"; "gluon-ws2" =
-    mla/_gluon_sparse_prefill_ws2.py, "gluon-ws2-ov" / "gluon-ws2-ov2" = the same with overlap=1 / 2,
-    "gluon-ws2-half" / "-half-ov" / "-half-ov2" = half_tiles=True with overlap=0 / 1 / 2; "gluon-ws3" /
-    "gluon-ws3-nopf" = mla/_gluon_sparse_prefill_ws3.py with pf_idx on / off; "gluon-ws4" /
-    "gluon-ws4-sym" / "gluon-ws4-whole" = mla/_gluon_sparse_prefill_ws4.py, default / sym_max / whole_slot)."""
+    mla/_gluon_sparse_prefill_ws2.py's launcher; "gluon-ws3" / "gluon-ws3-nopf" = mla/_gluon_sparse_prefill_ws3.py
+    with pf_idx on / off; "gluon-ws4" / "gluon-ws4-sym" / "gluon-ws4-whole" = mla/_gluon_sparse_prefill_ws4.py,
+    default / sym_max / whole_slot)."""
     if isinstance(cfg, str) and GLUON_SPARSE.get(cfg) in _WS4_ABL:
         kw4 = _WS4_ABL[GLUON_SPARSE[cfg]]
         return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp4.launch_sparse_prefill_gluon_ws4(
@@ -141,11 +134,8 @@ def _launch_cfg(cfg):
         pf = _WS3_PF[GLUON_SPARSE[cfg]]
         return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp3.launch_sparse_prefill_gluon_ws3(
             out, ml, lse, q, kv, ind, scale, sk, tl, pf_idx=pf)
-    if isinstance(cfg, str) and GLUON_SPARSE.get(cfg) in _WS2_OVERLAP:   # the split-consumer module (not a variant)
-        overlap, half = _WS2_OVERLAP[GLUON_SPARSE[cfg]]
-        kw = dict(half_tiles=True) if half else {}
-        return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp2.launch_sparse_prefill_gluon_ws2(
-            out, ml, lse, q, kv, ind, scale, sk, tl, overlap=overlap, **kw)
+    if cfg == "gluon-ws2":      # the split-consumer module's launcher (not a variant of launch_sparse_prefill_gluon)
+        return _gsp2.launch_sparse_prefill_gluon_ws2
     if isinstance(cfg, str) and cfg in GLUON_SPARSE:
         variant = GLUON_SPARSE[cfg]
         return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp.launch_sparse_prefill_gluon(
@@ -339,7 +329,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="smallest shapes only")
     ap.add_argument("--gluon", action="store_true", help="also time the Gluon kernels (sm90 only)")
     ap.add_argument("--gluon-skip", default="", help="comma-separated Gluon sparse labels not to time "
-                    "(e.g. gluon-ws)")
+                    "(e.g. gluon-ws; labels that do not exist, such as the removed gluon-ws2-ov, are ignored)")
     ap.add_argument("--gluon-add", default="", help="comma-separated opt-in Gluon sparse labels to time as well "
                     f"(of {', '.join(GLUON_OPT_IN)})")
     ap.add_argument("--s-kv", default="", help="comma-separated sparse s_kv values (default: 8K/32K/64K/128K)")
@@ -367,9 +357,12 @@ def main(argv=None):
     if args.only in (None, "sparse"):
         s_kvs = [int(x) for x in args.s_kv.split(",")] if args.s_kv else (
             [8192] if args.quick else [8192, 32768, 65536, 131072])
-        run_sparse(rows, args.sweep, s_kvs, gluon=args.gluon,
-                   gluon_skip=tuple(c for c in args.gluon_skip.split(",") if c),
-                   gluon_add=tuple(c for c in args.gluon_add.split(",") if c), rounds=args.rounds,
+        skip = tuple(c for c in args.gluon_skip.split(",") if c)
+        add = tuple(c for c in args.gluon_add.split(",") if c)
+        unknown = sorted(set(skip + add) - set(GLUON_SPARSE))
+        if unknown:     # e.g. gluon-ws2-ov in an older device script's --gluon-skip (label removed in session 18)
+            print(f"note: ignoring unknown Gluon sparse labels {unknown}", flush=True)
+        run_sparse(rows, args.sweep, s_kvs, gluon=args.gluon, gluon_skip=skip, gluon_add=add, rounds=args.rounds,
                    paired_base=args.paired_base, sinks=tuple(x == "on" for x in args.sink.split(",") if x),
                    skip_triton=args.no_triton)
     if args.only in (None, "dense"):

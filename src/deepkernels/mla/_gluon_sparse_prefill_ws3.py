@@ -14,7 +14,7 @@ indices), so half of what every SM pulls from L2 is redundant. The sparse decode
 
 Per-block arithmetic (corrects the brief this module was written from, which had ~1.15 us per block and ~8 TB/s of
 gathers from L2 -- a factor 2 off): one (CTA, 64-token block) is 2 * 64 * 64 * (576 + 512) = 8.9 MFLOP; WS2 at 481
-TFLOPS = 3.64 TFLOPS per SM (one CTA per SM) -> 2.45 us = ~4,470 clk per block (the WS2 OVERLAP section's figure),
+TFLOPS = 3.64 TFLOPS per SM (one CTA per SM) -> 2.45 us = ~4,470 clk per block (WS2's OVERLAP notes, git cb51b03),
 2.73 us at 431 (64K). The gathers are then 132 x 72 KB / 2.45 us = 3.9 TB/s aggregate (3.5 at 64K) -- not at the
 L2's limit -- but ~30 B/clk INTO each SM, and G ~ 2,000 clk per 72 KB is ~36 B/clk: the per-SM ingress of a
 4-warp cp.async gather looks like the gather's limit, not the aggregate L2 bandwidth. The tensor floor is ~1.2 us
@@ -116,7 +116,8 @@ latency and the two-CTA lockstep (a slot is refilled only when both CTAs' consum
 s_kv 8K speed 0.97-1.06x WS2 (paired time ratio 0.94-1.03; central 1.02x, ~490 TFLOPS: the gather was
 mostly hidden); s_kv 64K 1.02-1.15x (central 1.07x, ~460 TFLOPS: the exposed part of the gather shrinks); sink on /
 off alike; ``gluon-ws3-nopf`` 0.97-1.0x of ``gluon-ws3``. The bigger lever this enables, NOT built here: the FA3-order
-OVERLAP schedule of WS2 (0.80x because of the exposed 72 KB gather) on top of this producer. Falsifiers: WS3 < 0.97x
+OVERLAP schedule of WS2 (0.80x because of the exposed 72 KB gather; removed in session 18) on top of this producer.
+Falsifiers: WS3 < 0.97x
 at 8K means the lockstep / push latency costs more than the halved gather saves (check ``gluon-ws3-nopf`` and the
 cluster co-residency line: fewer than 66 co-resident clusters = a second partial wave, ~0.5-0.7x); a hang = the tx /
 count protocol is wrong (the device script's smoke guard); a non-bit-identical result = a pushed piece landed in the

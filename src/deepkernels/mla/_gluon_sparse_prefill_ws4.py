@@ -166,7 +166,7 @@ from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy, 
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 from .._launch import cached_launcher, spec_key
 from ._gluon_sparse_prefill import BLOCK_H, D_V, WS_MAXNREG, _g_ws_rows, supported
-from ._gluon_sparse_prefill_ws2 import _p2_prologue, _p2_write_half, _p2o_valid
+from ._gluon_sparse_prefill_ws2 import _p2_prologue, _p2_valid, _p2_write_half
 
 __all__ = ["available", "supported_ws4", "launch_sparse_prefill_gluon_ws4", "compile_sm90_ws4", "DISPATCH",
            "WS4_MAXNREG", "WS4_WG1_REGS", "WS4_PRODUCER_REGS", "WS4_NUM_WARPS"]
@@ -318,7 +318,7 @@ def _w4_wg0(q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, q_ptr,
     acc = gl.zeros([64, 256], gl.float32, O_L)
     s_zero = gl.zeros([64, 64], gl.float32, S_L)
     s = s_zero
-    valid = _p2o_valid(idx_row, 0, n, s_kv, LS)
+    valid = _p2_valid(idx_row, 0, n, s_kv, LS)
     if num_pairs > 0:
         # S0 of pair 0: L half, then R half (+ RoPE), each after its own ready
         z0 = num_pairs >> 30
@@ -383,7 +383,7 @@ def _w4_wg0(q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, q_ptr,
         tok_o = warpgroup_mma(s_s1, kv_n.index(z + 1).slice(0, 256, dim=1), acc, is_async=True)
         if i + 1 < num_pairs:
             # the next pair's S0 right behind the remote P V (study 1.7 step 5)
-            valid = _p2o_valid(idx_row, 2 * i + 2, n, s_kv, LS)
+            valid = _p2_valid(idx_row, 2 * i + 2, n, s_kv, LS)
             mbarrier.wait(rdy.index(0), ph ^ 1)
             fence_async_shared()
             tok_s = _w4_s_half(q_n, q_p, kv_n, kv_p, z, 0, s_zero, 0, True, D_PE)
@@ -439,7 +439,7 @@ def _w4_wg1(q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, idx_pt
     for i in range(num_pairs):
         ph = i & 1
         z = i >> 30               # runtime zero: loop-variant descriptors (_w4_s_half)
-        valid = _p2o_valid(idx_row, 2 * i + 1, n, s_kv, LS)
+        valid = _p2_valid(idx_row, 2 * i + 1, n, s_kv, LS)
         # S1: R half (+ RoPE) first, then L half (study 1.4: the halves come back in this order)
         mbarrier.wait(rdy.index(3), ph)
         fence_async_shared()
