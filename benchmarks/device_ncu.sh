@@ -5,6 +5,8 @@
 # LaunchStats of the one launch after the warm-up, as text and CSV, each under a cap.
 #   GIT_SHA=<sha> [CASES="prefill8k prefill64k ..."] [T_CASE=60] [SOURCE=1] OUT=$OUT bash benchmarks/device_ncu.sh
 # (SOURCE=1: also the per-SASS-instruction source page as CSV, <case>.sass.csv)
+# Cases naming a launcher (prefill8k_ws2 / prefill8k_ws4 / ..., sparse_v32_ws2 / ...: benchmarks/ncu_cases.py) are not
+# in the default list: e.g. CASES="prefill8k_ws2 prefill8k_ws4". --kernel-name per case = ncu_cases.kernel_regex.
 set -u
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/ncu_out}
@@ -20,6 +22,7 @@ SEC="--section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWor
  --section LaunchStats --section SourceCounters"
 for c in ${CASES:-prefill8k prefill64k sparse_v32 sparse_v41 dense_decode gemm}; do
   case $c in
+    prefill*_ws*) K="regex:sparse_prefill_gluon_${c##*_}_kernel";;   # _sparse_prefill_gluon_ws4_kernel etc.
     prefill*) K="regex:sparse_prefill_gluon";;
     sparse_*) K="regex:sparse_decode_gluon";;
     dense_decode) K="regex:mla_decode_gluon";;
