@@ -190,16 +190,25 @@ def test_default_ptx_unchanged(fmt, page_shift, has_len, has_sink):
     if triton.__version__ != "3.6.0":
         pytest.skip(f"hashes taken with Triton 3.6.0, not {triton.__version__}")
     assert not W3.WS3_ROPE_ROWS and W3.WS3_ROW_LANES == frozenset({"v41"})
-    # the build with both options off: unchanged since they were added (V3.2's default; V4.1's default is ROW_LANES
-    # since session 17)
-    k = W3.compile_sm90_ws3(fmt, page_shift, has_len, has_sink, row_lanes=False)
+    # the session-16 build (every later option off: ROW_LANES, V4.1's default since session 17; IDX_AHEAD / PF_LINES
+    # / V4.1's PF_L2, defaults since session 18): unchanged since the options were added
+    k = W3.compile_sm90_ws3(fmt, page_shift, has_len, has_sink, row_lanes=False, **_S17[fmt])
     assert _ptx_sha(k.asm["ptx"]) == _BASE_PTX_SHA[(fmt, page_shift, has_len, has_sink)]
-    if fmt == "v32":
-        assert _ptx_sha(_compiled(fmt, page_shift, has_len, has_sink)[0]) == _BASE_PTX_SHA[(fmt, page_shift, has_len,
-                                                                                           has_sink)]
     if fmt == "v41":        # rope_rows is a V3.2 option: V4.1 compiles the default kernel with it
-        k = W3.compile_sm90_ws3(fmt, page_shift, has_len, has_sink, rope_rows=True, row_lanes=False)
+        k = W3.compile_sm90_ws3(fmt, page_shift, has_len, has_sink, rope_rows=True, row_lanes=False, **_S17[fmt])
         assert _ptx_sha(k.asm["ptx"]) == _BASE_PTX_SHA[(fmt, page_shift, has_len, has_sink)]
+
+
+# the session-17 producer per format (before IDX_AHEAD / PF_LINES / V4.1's PF_L2)
+_S17 = {"v32": dict(idx_ahead=False, pf_lines=False, pf_l2=True), "v41": dict(idx_ahead=False, pf_lines=False,
+                                                                              pf_l2=False)}
+
+
+def test_session18_defaults():
+    """Dispatched since session 18 (module docstring, "Index loads ahead"): V3.2 IDX_AHEAD (bulk prefetch), V4.1
+    IDX_AHEAD + PF_L2 + PF_LINES."""
+    assert W3.WS3_IDX_AHEAD == frozenset({"v32", "v41"}) and W3.WS3_PF_LINES == frozenset({"v41"})
+    assert W3.WS3_PF_L2 == frozenset({"v32", "v41"})
 
 
 @functools.lru_cache(maxsize=None)
@@ -690,8 +699,8 @@ def test_gpu_ws3_idx_ahead_bit_identical(b, s_q, topk, s_k, page, with_len, sink
     when indices are loaded / what is prefetched: out / lse bit-identical to the default V3.2 build (NaN in every
     unreferenced cache token, NaN-poisoned outputs, all-invalid rows, zero lengths, page 53)."""
     kw = make_case(b, s_q, 128, "v32", topk, s_k, page, with_len=with_len, sink=sink, device="cuda", **flags)
-    o0, l0 = _direct(kw, "v32")
-    o1, l1 = _direct(kw, "v32", **knobs)
+    o0, l0 = _direct(kw, "v32", **_S17["v32"])
+    o1, l1 = _direct(kw, "v32", **{**_S17["v32"], **knobs})
     assert not torch.isnan(o0).any() and not torch.isnan(l0).any()
     assert torch.equal(o1, o0) and torch.equal(l1, l0), ((o1.float() - o0.float()).abs().max(),
                                                           (l1 - l0).abs().max())
@@ -704,8 +713,8 @@ def test_gpu_ws3_idx_ahead_bit_identical(b, s_q, topk, s_k, page, with_len, sink
                                                                      _ROPE_SHAPES[4]])
 def test_gpu_ws3_idx_ahead_v41_bit_identical(b, s_q, topk, s_k, page, with_len, sink, flags, knobs, poison):
     kw = make_case(b, s_q, 128, "v41", topk, s_k, page, with_len=with_len, sink=sink, device="cuda", **flags)
-    o0, l0 = _direct(kw, "v41")
-    o1, l1 = _direct(kw, "v41", **knobs)
+    o0, l0 = _direct(kw, "v41", **_S17["v41"])
+    o1, l1 = _direct(kw, "v41", **{**_S17["v41"], **knobs})
     assert not torch.isnan(o0).any() and not torch.isnan(l0).any()
     assert torch.equal(o1, o0) and torch.equal(l1, l0)
 
@@ -725,7 +734,7 @@ def test_gpu_ws3_idx_ahead_indices_minus_one_and_junk(fmt, poison):
     junk[..., ::2] = torch.where(torch.arange(junk[..., ::2].numel(), device="cuda").view_as(junk[..., ::2]) % 3 == 0,
                                  -1, 1 << 30).to(junk.dtype)
     kw["indices"] = junk
-    o0, l0 = _direct(kw, fmt)
+    o0, l0 = _direct(kw, fmt, **_S17[fmt])
     o1, l1 = _direct(kw, fmt, **knobs)
     assert torch.equal(o1, o0) and torch.equal(l1, l0)
 

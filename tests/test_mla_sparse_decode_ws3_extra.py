@@ -394,17 +394,17 @@ def test_gpu_ws3_extra_close_to_ws(fmt, xfmt, poison, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,xfmt", XPAIRS)
 def test_gpu_ws3_extra_idx_ahead_bit_identical(fmt, xfmt, poison, monkeypatch):
-    """idx_ahead (session 18: each block's indices loaded an iteration ahead, main and extra loops) through the
-    public op's extra-cache call (forced onto WS3): out / lse bit-identical to the default build, lengths, sink,
-    page 53, NaN-poisoned outputs."""
+    """The session-18 default (idx_ahead: each block's indices loaded an iteration ahead, main and extra loops; V4.1's
+    main loop also the per-thread L2 prefetch) through the public op's extra-cache call (forced onto WS3): out / lse
+    bit-identical to the session-17 build, lengths, sink, page 53, NaN-poisoned outputs."""
     kw = _xcase(fmt, xfmt, 128, 16, 2, 576, 1024, 53, 192, 512, 64, True, True, True)
     seen = []
     launch = W3.launch_sparse_decode_gluon_ws3
 
     def both(out, lse_buf, *args):
         o1, l1 = torch.full_like(out, float("nan")), torch.full_like(lse_buf, float("nan"))
-        launch(out, lse_buf, *args)
-        launch(o1, l1, *args, idx_ahead=True)
+        launch(out, lse_buf, *args, idx_ahead=False, pf_lines=False, pf_l2=fmt == "v32")     # the session-17 build
+        launch(o1, l1, *args)                                                               # the default
         seen.append((out, lse_buf, o1, l1))
     monkeypatch.setattr(W3, "launch_sparse_decode_gluon_ws3", both)
     monkeypatch.setenv("DEEPKERNELS_SPARSE_WS3", "1")

@@ -236,8 +236,8 @@ Measured (session 17, H200; git c1ff888 ``device_sparse_ws3_rope.sh`` and git b4
   340.1 vs 322.7, b 32 s_q 4 336.9 vs 317.9) -- the opposite of the WS kernel (V3.2 +1.5 %, V4.1 -2 %). Dispatched for
   V4.1 (:data:`WS3_ROW_LANES`).
 
-Index loads ahead (session 18, opt-in: launcher / compile keywords ``idx_ahead`` / ``pf_lines``, defaults
-:data:`WS3_IDX_AHEAD` / :data:`WS3_PF_LINES`, empty: the default build's PTX is pinned unchanged). The ncu profile of the
+Index loads ahead (session 18: launcher / compile keywords ``idx_ahead`` / ``pf_lines``, defaults
+:data:`WS3_IDX_AHEAD` / :data:`WS3_PF_LINES`; the session-17 build's PTX stays pinned with the options off). The ncu profile of the
 dispatched V3.2 kernel (benchmarks/notes/profiling.md, "WS3 sparse decode, V3.2 (session 18)") found the producer
 busy ~89 % of each block (~5,200 of ~5,660 cycles) and both consumers waiting on its ``ready`` barrier, the producer
 itself mostly not issuing: ~1,100 cycles on the two index loads it uses right after issuing them (block j + 2's for
@@ -249,6 +249,13 @@ past ``t_end``, validity recomputed as ``_g_load_idx``'s), so the loads' latency
 :func:`_w3_prefetch_lines`). Compiled (sm90 ptxas, page shift 6 + lengths + sink): V3.2 producer loop 630 SASS
 instructions and 0 spills with IDX_AHEAD (default 643, 3 spill instructions), 608 with both; V4.1 IDX_AHEAD alone
 6 spills (default 0), with PF_L2 + PF_LINES 0. Results must be bit-identical (only load timing / prefetches change).
+Measured (H200, paired rotated rounds, A/A 0.999-1.001, bit-identical at every shape): V3.2 IDX_AHEAD 0.919-0.946 of
+the time (b 128 s_q 1 / 2, b 64 s_q 1; 337.6 -> 363.4, 360.1 -> 392.8, 298.3 -> 315.4 TFLOPS), + PF_LINES 0.933-0.955,
+PF_LINES alone 0.947-0.959, IDX_AHEAD with the prefetch off 1.045-1.051 (the prefetch pays once the indices are
+early); V4.1 IDX_AHEAD alone 1.038-1.052 (its 6 spills), PF_L2 + PF_LINES 0.941-0.947, all three 0.882-0.898 (320.3
+-> 362.0, 343.3 -> 388.0, 281.5 -> 313.3). V4.1 + FP4 extra with IDX_AHEAD (main-loop prefetch off) 0.985-0.987.
+Dispatched: V3.2 IDX_AHEAD, V4.1 IDX_AHEAD + PF_L2 + PF_LINES (the extra entry's main loop too; extra loops never
+prefetch).
 
 Extra cache (session 17 built, session 18 measured: :func:`launch_sparse_decode_gluon_ws3` with ``extra_k_cache`` /
 ``extra_indices`` / ``xfmt`` / ``extra_topk_length``, pairs :data:`WS3_EXTRA_PAIRS` = the WS kernel's V3.2 + V3.2,
@@ -336,7 +343,7 @@ WS3_NUM_WARPS = 4
 WS3_PRODUCER_REGS = {"v32": 136, "v41": 120}
 # producer options per format (the WS kernel's measured choice; V4.1's asm dequant spilled at 4 chunks in flight)
 WS3_DEQ_ASM = frozenset({"v32"})
-WS3_PF_L2 = frozenset({"v32"})
+WS3_PF_L2 = frozenset({"v32", "v41"})     # V4.1 since session 18, with PF_LINES (its bulk prefetch lost)
 # formats whose RoPE rows are gathered 4 tokens x 8 lanes per cp.async instruction (module docstring, "RoPE rows";
 # opt-in, V3.2 only: the default build is the measured one)
 WS3_ROPE_ROWS = frozenset()
@@ -347,9 +354,12 @@ WS3_ROPE_ROWS = frozenset()
 # off
 WS3_ROW_LANES = frozenset({"v41"})
 # formats whose producer loads each block's indices an iteration ahead / L2-prefetches per thread (module docstring,
-# "Index loads ahead"; opt-in: empty until measured)
-WS3_IDX_AHEAD = frozenset()
-WS3_PF_LINES = frozenset()
+# "Index loads ahead"), since session 18 (H200, git 94b454e4060a, paired over 5 rotated rounds, A/A 0.999-1.001,
+# bit-identical, results/sparse_decode_ws3_idx-h200-2026-11-30-s18.json): V3.2 IDX_AHEAD 0.919-0.946 of the time at
+# b 128 s_q 1 / 2 and b 64 (with PF_LINES too 0.933-0.955); V4.1 IDX_AHEAD + PF_L2 + PF_LINES 0.882-0.898 (IDX_AHEAD
+# alone 1.04-1.05: 6 producer spills; PF_L2 + PF_LINES alone 0.941-0.947)
+WS3_IDX_AHEAD = frozenset({"v32", "v41"})
+WS3_PF_LINES = frozenset({"v41"})
 # sparse_decode.py sends the calls WS / WS2 would take (no extra cache, h_q a multiple of 128) here for the formats in
 # DISPATCH_FMTS (DEEPKERNELS_SPARSE_WS3=0 / =1 override): both, since session 17 (H200, git 0b54eb4785ad, after the
 # softmax-loop spills were removed: 43/43 GPU tests, bit-identical to WS2, ws3 / ws2 1.16-1.25x at 6 shapes,
