@@ -155,7 +155,8 @@ def test_launch_args_on_cpu(monkeypatch):
     assert seen["fn"] is P._sparse_prefill_gluon_ws2_kernel
     assert seen["grid"] == (s_q * 2, )
     assert seen["meta"] == dict(D_PE=64, HAS_LEN=True, HAS_SINK=False, PRODUCER_REGS=P.WS2_PRODUCER_REGS,
-                                PV_REGS=P.WS2_PV_REGS, num_warps=4, maxnreg=P.WS2_MAXNREG)
+                                PV_REGS=P.WS2_PV_REGS, GATHER_ROWS4=False, num_warps=4,
+                                maxnreg=P.WS2_MAXNREG)
     a = seen["args"]
     assert a[0] is q and a[1] is kv and a[2] is ind and a[3] is tl and a[4] is lse and a[5] is out
     assert a[6] is ml and a[7] is lse and a[8:10] == (s_kv, topk)
@@ -334,3 +335,40 @@ def test_gpu_close_to_ws(d_qk):
     fin = torch.isfinite(l1)
     assert (l2[fin] - l1[fin]).abs().max() <= 1e-5
     assert torch.equal(m1, m2)          # the running max is exact in both (same scores, same max)
+
+
+# ------------------------------------------------------------------ gather_rows4 (session 18, opt-in)
+def test_gather_rows4_plumbing_and_default_ptx():
+    """``gather_rows4``: keyword-only, default :data:`WS2_GATHER_ROWS4`; the last constexpr with a default, so the
+    default build is the pinned one (test_default_ptx_unchanged); on, the producer loop shrinks (4 row addresses per
+    thread instead of 16)."""
+    import inspect
+    sig = inspect.signature(P.launch_sparse_prefill_gluon_ws2).parameters
+    assert sig["gather_rows4"].kind == inspect.Parameter.KEYWORD_ONLY and sig["gather_rows4"].default is None
+    assert P._CONSTEXPRS[-1] == "GATHER_ROWS4" and P.WS2_GATHER_ROWS4 is False
+    k0 = P.compile_sm90_ws2(64, True, True)
+    k1 = P.compile_sm90_ws2(64, True, True, gather_rows4=True)
+    assert k1.metadata.shared == k0.metadata.shared
+    assert clean_ptx(k1.asm["ptx"]) != clean_ptx(k0.asm["ptx"])
+
+
+_R4_CASES = [(64, 4096, 2048, 576, False, False), (37, 3000, 1000, 576, True, True), (16, 700, 576, 512, True, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("s_q,s_kv,topk,d_qk,sink,with_len", _R4_CASES)
+def test_gpu_gather_rows4_bit_identical(s_q, s_kv, topk, d_qk, sink, with_len):
+    """The 4-rows NoPE gather lands the same bytes in the same slots: out / lse / max_logits bit-identical to the
+    default build (NaN-poisoned outputs, invalid / -1 indices, lengths, sink, d_qk 512)."""
+    q, kv, ind, sk, tl = make_case(s_q, s_kv, topk, h_q=128, d_qk=d_qk, sink=sink, with_len=with_len,
+                                   all_invalid=True, device="cuda")
+    res = []
+    for kw in ({}, dict(gather_rows4=True)):
+        out = torch.full((s_q, 128, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        ml = torch.full((s_q, 128), float("nan"), device="cuda")
+        lse = torch.full((s_q, 128), float("nan"), device="cuda")
+        P.launch_sparse_prefill_gluon_ws2(out, ml, lse, q, kv, ind, 0.5, sk, tl, **kw)
+        res.append((out, ml, lse))
+    (o0, m0, l0), (o1, m1, l1) = res
+    assert not torch.isnan(o0).any()
+    assert torch.equal(o1, o0) and torch.equal(m1, m0) and torch.equal(l1, l0)

@@ -219,7 +219,8 @@ def test_launch_args_on_cpu(monkeypatch, d_qk):
     assert r["fn"] is P._sparse_prefill_gluon_ws4_kernel
     assert r["grid"] == (s_q * 2, )
     assert r["meta"] == dict(D_PE=d_qk - 512, HAS_LEN=True, HAS_SINK=False, PRODUCER_REGS=P.WS4_PRODUCER_REGS,
-                             WG1_REGS=P.WS4_WG1_REGS, SYM=False, WHOLE=False, num_warps=4, maxnreg=P.WS4_MAXNREG)
+                             WG1_REGS=P.WS4_WG1_REGS, SYM=False, WHOLE=False, ROWS4=False, num_warps=4,
+                             maxnreg=P.WS4_MAXNREG)
     a = r["args"]
     assert a[0] is q and a[1] is kv and a[2] is ind and a[3] is tl and a[4] is lse and a[5] is out
     assert a[6] is ml and a[7] is lse and a[8:10] == (s_kv, topk)
@@ -230,7 +231,7 @@ def test_launch_args_on_cpu(monkeypatch, d_qk):
     r = seen[-1]
     assert r["args"][3] is lse and r["args"][4] is sk
     assert r["meta"] == dict(D_PE=d_qk - 512, HAS_LEN=False, HAS_SINK=True, PRODUCER_REGS=64, WG1_REGS=200,
-                             SYM=False, WHOLE=False, num_warps=4, maxnreg=160)
+                             SYM=False, WHOLE=False, ROWS4=False, num_warps=4, maxnreg=160)
     assert len({x["key"] for x in seen}) == 2
     P.launch_sparse_prefill_gluon_ws4(out, ml, lse, q, kv, ind, 0.25, sym_max=True, whole_slot=True)
     assert seen[-1]["meta"]["SYM"] is True and seen[-1]["meta"]["WHOLE"] is True
@@ -605,3 +606,22 @@ def test_gpu_close_to_ws2(d_qk, record_property):
     assert check_is_allclose("ws4 vs ws2 out", o2, o1, abs_tol=8e-4, rel_tol=3.01 / 128, cos_diff_tol=7e-6)
     fin = torch.isfinite(l1)
     assert (l2[fin] - l1[fin]).abs().max() <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d_qk", [576, 512])
+def test_gpu_gather_rows4_bit_identical(d_qk):
+    """gather_rows4 (session 18: the NoPE halves gathered 4 rows x 8 lanes per warp instruction) lands the same
+    bytes: out / lse / max_logits bit-identical to WS4's default build."""
+    q, kv, ind, sk, tl = make_case(97, 3000, 1088, h_q=128, d_qk=d_qk, sink=True, with_len=True, all_invalid=True,
+                                   device="cuda")
+    res = []
+    for r4 in (False, True):
+        out = torch.full((97, 128, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        ml = torch.full((97, 128), float("nan"), device="cuda")
+        lse = torch.full((97, 128), float("nan"), device="cuda")
+        P.launch_sparse_prefill_gluon_ws4(out, ml, lse, q, kv, ind, 0.5, sk, tl, gather_rows4=r4)
+        res.append((out, ml, lse))
+    (o0, m0, l0), (o1, m1, l1) = res
+    assert not torch.isnan(o0).any()
+    assert torch.equal(o1, o0) and torch.equal(m1, m0) and torch.equal(l1, l0)

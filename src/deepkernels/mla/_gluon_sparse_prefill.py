@@ -239,11 +239,17 @@ def _g_ws_rows(len_ptr, tok, topk, HAS_LEN: gl.constexpr):
 
 @_jit
 def _g_ws_producer(kv_n, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is, H_Q,
-                   D_PE: gl.constexpr, HAS_LEN: gl.constexpr, NUM_SLOTS: gl.constexpr):
+                   D_PE: gl.constexpr, HAS_LEN: gl.constexpr, NUM_SLOTS: gl.constexpr,
+                   ROWS4: gl.constexpr = False):
     """Worker partition (4 warps): gather each 64-token block with cp.async into ring slot j % NUM_SLOTS once the
     consumers freed it; ``ready[slot]`` completes when every producer thread's copies have landed (an async
-    cp.async.mbarrier.arrive per thread, net zero on the count, plus one ordinary arrive: count 1)."""
-    LN4: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+    cp.async.mbarrier.arrive per thread, net zero on the count, plus one ordinary arrive: count 1). ``ROWS4``
+    (opt-in, session 18): the NoPE gather as 4 token rows x 8 lanes per warp instruction (the RoPE gather's layout)
+    instead of 1 row x 32 lanes: each thread addresses 4 rows instead of 16 (fewer index loads / row offsets)."""
+    if ROWS4:
+        LN4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    else:
+        LN4: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
     LP4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     tok = (gl.program_id(0) // (H_Q // 64)).to(gl.int64)
     n, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)

@@ -312,10 +312,12 @@ def _sparse_prefill_gluon_ws2_kernel(
     s_kv, topk, sm_scale, scale_log2,
     stride_qs, stride_qh, stride_kvs, stride_is, stride_os, stride_oh, H_Q,
     D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, PV_REGS: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, PV_REGS: gl.constexpr, GATHER_ROWS4: gl.constexpr = False,
 ):
     """The WS kernel's arguments (``NUM_SLOTS`` fixed at 2) + ``PV_REGS``, the PV warpgroup's ``setmaxnreg``.
-    Partitions: softmax warpgroup (default, 4 warps), PV warpgroup (4), the WS producer (4)."""
+    Partitions: softmax warpgroup (default, 4 warps), PV warpgroup (4), the WS producer (4). ``GATHER_ROWS4``
+    (opt-in, session 18): the producer's NoPE gather 4 rows x 8 lanes per warp instruction (``_g_ws_producer``'s
+    ``ROWS4``)."""
     q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree = _p2_smem(D_PE)
     gl.warp_specialize([
         (_p2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree, q_ptr, idx_ptr,
@@ -324,23 +326,26 @@ def _sparse_prefill_gluon_ws2_kernel(
         (_p2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, out_ptr, topk, stride_os,
                      stride_oh, H_Q, HAS_LEN)),
         (_g_ws_producer, (kv_n, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is,
-                          H_Q, D_PE, HAS_LEN, 2)),
+                          H_Q, D_PE, HAS_LEN, 2, GATHER_ROWS4)),
     ], [4, 4], [PV_REGS, PRODUCER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------- host code
 
-_CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "PV_REGS")   # parameter order
+_CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "PV_REGS", "GATHER_ROWS4")   # parameter order
+# the NoPE gather 4 rows x 8 lanes per warp instruction (opt-in until measured; kernel docstring)
+WS2_GATHER_ROWS4 = False
 _LAUNCHERS: dict = {}   # (kernel, (names, constexprs, options, specialisation)) -> KernelLauncher
 _LAUNCHER_LIMIT = 1024
 
 
 def launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None,
-                                    topk_length=None, *, pv_regs=None, producer_regs=None, maxnreg=None):
+                                    topk_length=None, *, pv_regs=None, producer_regs=None, maxnreg=None,
+                                    gather_rows4=None):
     """Drop-in for :func:`_gluon_sparse_prefill.launch_sparse_prefill_gluon` (without ``variant``): same
     out-parameter contract (inputs validated by ``flash_mla_sparse_fwd``; last dims contiguous; the caller checked
     :func:`supported_ws2`). Keyword-only tuning knobs (benchmarks): PV / producer ``setmaxnreg``, launch
-    ``maxnreg``. Launched through a cached :class:`deepkernels._launch.KernelLauncher` keyed by
+    ``maxnreg``, ``gather_rows4`` (default :data:`WS2_GATHER_ROWS4`). Launched through a cached :class:`deepkernels._launch.KernelLauncher` keyed by
     (constexpr names, constexprs, options, :func:`deepkernels._launch.spec_key` of the arguments)."""
     s_q, h_q, d_qk = q.shape
     if s_q == 0:
@@ -352,7 +357,8 @@ def launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_sca
     ints = (q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), h_q)
     names = _CONSTEXPRS
     constexprs = (d_qk - D_V, topk_length is not None, attn_sink is not None,
-                  producer_regs or WS2_PRODUCER_REGS, pv_regs or WS2_PV_REGS)
+                  producer_regs or WS2_PRODUCER_REGS, pv_regs or WS2_PV_REGS,
+                  bool(WS2_GATHER_ROWS4 if gather_rows4 is None else gather_rows4))
     opts = (WS2_NUM_WARPS, maxnreg or WS2_MAXNREG)
     launcher = cached_launcher(_LAUNCHERS, _sparse_prefill_gluon_ws2_kernel,
                                (names, constexprs, opts, spec_key(*args, *ints)),
@@ -362,7 +368,7 @@ def launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_sca
 
 
 def compile_sm90_ws2(d_pe: int = 64, has_len: bool = False, has_sink: bool = False, pv_regs=None,
-                     producer_regs=None, maxnreg=None):
+                     producer_regs=None, maxnreg=None, gather_rows4=None):
     """Cross-compile the kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch. Returns
     the CompiledKernel (``.asm['ptx']``, ``.metadata.shared``)."""
     sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "len_ptr": "*i32", "sink_ptr": "*fp32",
@@ -372,7 +378,8 @@ def compile_sm90_ws2(d_pe: int = 64, has_len: bool = False, has_sink: bool = Fal
            "stride_oh": "i32", "H_Q": "i32"}
     # every constexpr, in parameter order (the cross-compile binds constexprs by position)
     consts = dict(zip(_CONSTEXPRS, (d_pe, has_len, has_sink, producer_regs or WS2_PRODUCER_REGS,
-                                    pv_regs or WS2_PV_REGS)))
+                                    pv_regs or WS2_PV_REGS,
+                                    bool(WS2_GATHER_ROWS4 if gather_rows4 is None else gather_rows4))))
     hinted = ("q_ptr", "kv_ptr", "idx_ptr", "out_ptr", "stride_qs", "stride_qh", "stride_kvs", "stride_os",
               "stride_oh")
     return _compile_sm90_gluon(_sparse_prefill_gluon_ws2_kernel, sig, consts, hinted, num_warps=WS2_NUM_WARPS,

@@ -185,11 +185,15 @@ supported_ws4 = supported
 
 @_jit
 def _w4_gather(buf_n, buf_p, kv_ptr, idx_row, start, n, s_kv, stride_kvs, COL0: gl.constexpr,
-               ROPE: gl.constexpr, D_PE: gl.constexpr):
+               ROPE: gl.constexpr, D_PE: gl.constexpr, ROWS4: gl.constexpr = False):
     """cp.async NoPE columns [COL0, COL0 + 256) (+ the RoPE columns when ``ROPE``) of the KV rows of top-k positions
     [start, start + 64) into ``buf_n`` ([64, 256] column window of a slot) / ``buf_p``; invalid rows (index < 0,
-    >= s_kv, position >= n) zero-filled and never dereferenced (``_g_gather``'s expressions)."""
-    LN4: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+    >= s_kv, position >= n) zero-filled and never dereferenced (``_g_gather``'s expressions). ``ROWS4`` (opt-in,
+    session 18): the NoPE half as 4 rows x 8 lanes per warp instruction (4 row addresses per thread instead of 16)."""
+    if ROWS4:
+        LN4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    else:
+        LN4: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
     LP4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     offs_n = start + gl.arange(0, 64, gl.SliceLayout(1, LN4))
     idx = gl.load(idx_row + offs_n, mask=offs_n < n, other=-1)
@@ -216,7 +220,8 @@ def _w4_signal(bar):
 
 @_jit
 def _w4_producer(kv_n, kv_p, rdy, fre, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is, H_Q,
-                 D_PE: gl.constexpr, HAS_LEN: gl.constexpr, WHOLE: gl.constexpr = False):
+                 D_PE: gl.constexpr, HAS_LEN: gl.constexpr, WHOLE: gl.constexpr = False,
+                 ROWS4: gl.constexpr = False):
     """Worker partition (4 warps): per pair the halves V0L, V1R, V0R, V1L (study 1.4), each after ``fre[h]`` (parity
     ``ph ^ 1``), signalled on ``rdy[h]``. ``WHOLE`` (ablation F2b): a slot is refilled only when BOTH its halves are
     free (V0L waits ``fre[0]`` and ``fre[1]``, V1R ``fre[3]`` and ``fre[2]``; same gather order)."""
@@ -231,23 +236,23 @@ def _w4_producer(kv_n, kv_p, rdy, fre, kv_ptr, idx_ptr, len_ptr, s_kv, topk, str
         if WHOLE:
             mbarrier.wait(fre.index(1), ph)
         _w4_gather(kv_n.index(0).slice(0, 256, dim=1), kv_p.index(0), kv_ptr, idx_row, j0, n, s_kv, stride_kvs,
-                   0, False, D_PE)
+                   0, False, D_PE, ROWS4)
         _w4_signal(rdy.index(0))
         mbarrier.wait(fre.index(3), ph)
         if WHOLE:
             mbarrier.wait(fre.index(2), ph)
         _w4_gather(kv_n.index(1).slice(256, 256, dim=1), kv_p.index(1), kv_ptr, idx_row, j0 + 64, n, s_kv,
-                   stride_kvs, 256, True, D_PE)
+                   stride_kvs, 256, True, D_PE, ROWS4)
         _w4_signal(rdy.index(3))
         if not WHOLE:
             mbarrier.wait(fre.index(1), ph)
         _w4_gather(kv_n.index(0).slice(256, 256, dim=1), kv_p.index(0), kv_ptr, idx_row, j0, n, s_kv, stride_kvs,
-                   256, True, D_PE)
+                   256, True, D_PE, ROWS4)
         _w4_signal(rdy.index(1))
         if not WHOLE:
             mbarrier.wait(fre.index(2), ph)
         _w4_gather(kv_n.index(1).slice(0, 256, dim=1), kv_p.index(1), kv_ptr, idx_row, j0 + 64, n, s_kv,
-                   stride_kvs, 0, False, D_PE)
+                   stride_kvs, 0, False, D_PE, ROWS4)
         _w4_signal(rdy.index(2))
 
 
@@ -496,6 +501,7 @@ def _sparse_prefill_gluon_ws4_kernel(
     stride_qs, stride_qh, stride_kvs, stride_is, stride_os, stride_oh, H_Q,
     D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, WG1_REGS: gl.constexpr, SYM: gl.constexpr = False, WHOLE: gl.constexpr = False,
+    ROWS4: gl.constexpr = False,
 ):
     """The WS / WS2 kernels' runtime arguments; constexprs: D_PE, HAS_LEN, HAS_SINK, the producer's and WG1's
     setmaxnreg; ablations ``SYM`` (symmetric max exchange) / ``WHOLE`` (whole-slot refill), both off by default (PTX
@@ -532,13 +538,13 @@ def _sparse_prefill_gluon_ws4_kernel(
                    ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_is, stride_os, stride_oh, H_Q, D_PE,
                    HAS_LEN, HAS_SINK)),
         (_w4_producer, (kv_n, kv_p, rdy, fre, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is, H_Q, D_PE,
-                        HAS_LEN, WHOLE)),
+                        HAS_LEN, WHOLE, ROWS4)),
     ], [4, 4], [WG1_REGS, PRODUCER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------- host code
 
-_CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "WG1_REGS", "SYM", "WHOLE")   # parameter order
+_CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "WG1_REGS", "SYM", "WHOLE", "ROWS4")  # param. order
 _LAUNCHERS: dict = {}
 _LAUNCHER_LIMIT = 1024
 
@@ -551,11 +557,12 @@ def _flag(x) -> bool:
 
 def launch_sparse_prefill_gluon_ws4(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None,
                                     topk_length=None, *, wg1_regs=None, producer_regs=None, maxnreg=None,
-                                    sym_max: bool = False, whole_slot: bool = False):
+                                    sym_max: bool = False, whole_slot: bool = False, gather_rows4: bool = False):
     """Drop-in for :func:`_gluon_sparse_prefill_ws2.launch_sparse_prefill_gluon_ws2` (same out-parameter contract;
     the caller checked :func:`supported_ws4`, else uses WS2). Keyword-only tuning knobs: WG1 / producer
     ``setmaxnreg``, launch ``maxnreg``; ablations (module docstring, falsifier F2; ValueError unless bools)
-    ``sym_max`` (symmetric max exchange) and ``whole_slot`` (whole-slot refill). Cached :class:`deepkernels._launch.KernelLauncher` keyed by (constexpr names,
+    ``sym_max`` (symmetric max exchange) and ``whole_slot`` (whole-slot refill); ``gather_rows4`` (session 18): the
+    NoPE gathers 4 rows x 8 lanes per warp instruction (``_w4_gather``'s ``ROWS4``). Cached :class:`deepkernels._launch.KernelLauncher` keyed by (constexpr names,
     constexprs, options, :func:`deepkernels._launch.spec_key` of the arguments)."""
     s_q, h_q, d_qk = q.shape
     if s_q == 0:
@@ -567,7 +574,8 @@ def launch_sparse_prefill_gluon_ws4(out, max_logits, lse, q, kv, indices, sm_sca
     ints = (q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), h_q)
     names = _CONSTEXPRS
     constexprs = (d_qk - D_V, topk_length is not None, attn_sink is not None,
-                  producer_regs or WS4_PRODUCER_REGS, wg1_regs or WS4_WG1_REGS, _flag(sym_max), _flag(whole_slot))
+                  producer_regs or WS4_PRODUCER_REGS, wg1_regs or WS4_WG1_REGS, _flag(sym_max), _flag(whole_slot),
+                  _flag(gather_rows4))
     opts = (WS4_NUM_WARPS, maxnreg or WS4_MAXNREG)
     launcher = cached_launcher(_LAUNCHERS, _sparse_prefill_gluon_ws4_kernel,
                                (names, constexprs, opts, spec_key(*args, *ints)),
@@ -577,7 +585,8 @@ def launch_sparse_prefill_gluon_ws4(out, max_logits, lse, q, kv, indices, sm_sca
 
 
 def compile_sm90_ws4(d_pe: int = 64, has_len: bool = False, has_sink: bool = False, wg1_regs=None,
-                     producer_regs=None, maxnreg=None, sym_max: bool = False, whole_slot: bool = False):
+                     producer_regs=None, maxnreg=None, sym_max: bool = False, whole_slot: bool = False,
+                     gather_rows4: bool = False):
     """Cross-compile the kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch. Returns
     the CompiledKernel (``.asm['ptx']``, ``.metadata.shared``)."""
     sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "len_ptr": "*i32", "sink_ptr": "*fp32",
@@ -586,7 +595,8 @@ def compile_sm90_ws4(d_pe: int = 64, has_len: bool = False, has_sink: bool = Fal
            "stride_qs": "i32", "stride_qh": "i32", "stride_kvs": "i32", "stride_is": "i32", "stride_os": "i32",
            "stride_oh": "i32", "H_Q": "i32"}
     consts = dict(zip(_CONSTEXPRS, (d_pe, has_len, has_sink, producer_regs or WS4_PRODUCER_REGS,
-                                    wg1_regs or WS4_WG1_REGS, _flag(sym_max), _flag(whole_slot))))
+                                    wg1_regs or WS4_WG1_REGS, _flag(sym_max), _flag(whole_slot),
+                                    _flag(gather_rows4))))
     hinted = ("q_ptr", "kv_ptr", "idx_ptr", "out_ptr", "stride_qs", "stride_qh", "stride_kvs", "stride_os",
               "stride_oh")
     return _compile_sm90_gluon(_sparse_prefill_gluon_ws4_kernel, sig, consts, hinted, num_warps=WS4_NUM_WARPS,
