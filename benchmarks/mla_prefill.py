@@ -111,10 +111,10 @@ def sparse_inputs(s_q, s_kv, topk, h_q, d_qk, sink):
 # cb51b03); --gluon-skip / --gluon-add ignore labels that are not here, so older device scripts still run.
 GLUON_SPARSE = {"gluon": None, "gluon-ws": "ws", "gluon-ws2": "ws2", "gluon-ws3": "ws3", "gluon-ws3-nopf": "ws3-nopf",
                 "gluon-ws4": "ws4", "gluon-ws4-sym": "ws4-sym", "gluon-ws4-whole": "ws4-whole",
-                "gluon-ws4-r4": "ws4-r4", "gluon-ws2-r4": "ws2-r4"}
+                "gluon-ws4-r4": "ws4-r4", "gluon-ws2-r4": "ws2-r4", "gluon-ws2-r1": "ws2-r1"}
 # labels timed only when named in --gluon-add (keeps the other device scripts' --gluon runs at their length)
 GLUON_OPT_IN = ("gluon-ws3", "gluon-ws3-nopf", "gluon-ws4", "gluon-ws4-sym", "gluon-ws4-whole", "gluon-ws4-r4",
-                "gluon-ws2-r4")
+                "gluon-ws2-r4", "gluon-ws2-r1")
 # "ws4" / "ws4-sym" / "ws4-whole": mla/_gluon_sparse_prefill_ws4.py (FlashMLA sm90 pair order; opt-in, not
 # dispatched) and its F2 ablations sym_max / whole_slot
 _WS4_ABL = {"ws4": {}, "ws4-sym": {"sym_max": True}, "ws4-whole": {"whole_slot": True},
@@ -139,9 +139,10 @@ def _launch_cfg(cfg):
             out, ml, lse, q, kv, ind, scale, sk, tl, pf_idx=pf)
     if cfg == "gluon-ws2":      # the split-consumer module's launcher (not a variant of launch_sparse_prefill_gluon)
         return _gsp2.launch_sparse_prefill_gluon_ws2
-    if cfg == "gluon-ws2-r4":   # WS2 with the 4-rows NoPE gather (session 18, opt-in)
+    if cfg in ("gluon-ws2-r4", "gluon-ws2-r1"):   # WS2 with the 4-rows / the 1-row NoPE gather (session 18)
+        r4 = cfg == "gluon-ws2-r4"
         return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp2.launch_sparse_prefill_gluon_ws2(
-            out, ml, lse, q, kv, ind, scale, sk, tl, gather_rows4=True)
+            out, ml, lse, q, kv, ind, scale, sk, tl, gather_rows4=r4)
     if isinstance(cfg, str) and cfg in GLUON_SPARSE:
         variant = GLUON_SPARSE[cfg]
         return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp.launch_sparse_prefill_gluon(

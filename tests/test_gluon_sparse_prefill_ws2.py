@@ -36,7 +36,9 @@ pytestmark = pytest.mark.skipif(not P.available(), reason=f"Gluon not importable
 # ------------------------------------------------------------------ compile tier (CPU cross-compile for sm90)
 @functools.lru_cache(maxsize=None)
 def _compiled(d_pe, has_len, has_sink):
-    k = P.compile_sm90_ws2(d_pe, has_len, has_sink)
+    # the session-17 build (1 row x 32 lanes NoPE gather), pinned by hash; the default since session 18 gathers
+    # 4 rows x 8 lanes (test_gather_rows4_plumbing_and_default_ptx)
+    k = P.compile_sm90_ws2(d_pe, has_len, has_sink, gather_rows4=False)
     return k.asm["ptx"], k.metadata.shared
 
 
@@ -155,7 +157,7 @@ def test_launch_args_on_cpu(monkeypatch):
     assert seen["fn"] is P._sparse_prefill_gluon_ws2_kernel
     assert seen["grid"] == (s_q * 2, )
     assert seen["meta"] == dict(D_PE=64, HAS_LEN=True, HAS_SINK=False, PRODUCER_REGS=P.WS2_PRODUCER_REGS,
-                                PV_REGS=P.WS2_PV_REGS, GATHER_ROWS4=False, num_warps=4,
+                                PV_REGS=P.WS2_PV_REGS, GATHER_ROWS4=True, num_warps=4,
                                 maxnreg=P.WS2_MAXNREG)
     a = seen["args"]
     assert a[0] is q and a[1] is kv and a[2] is ind and a[3] is tl and a[4] is lse and a[5] is out
@@ -339,17 +341,18 @@ def test_gpu_close_to_ws(d_qk):
 
 # ------------------------------------------------------------------ gather_rows4 (session 18, opt-in)
 def test_gather_rows4_plumbing_and_default_ptx():
-    """``gather_rows4``: keyword-only, default :data:`WS2_GATHER_ROWS4`; the last constexpr with a default, so the
-    default build is the pinned one (test_default_ptx_unchanged); on, the producer loop shrinks (4 row addresses per
-    thread instead of 16)."""
+    """``gather_rows4``: keyword-only, default :data:`WS2_GATHER_ROWS4` (on since session 18); the kernel's last
+    constexpr, with default False, so the build with it off is the pinned one (test_default_ptx_unchanged); on, the
+    producer loop shrinks (4 row addresses per thread instead of 16)."""
     import inspect
     sig = inspect.signature(P.launch_sparse_prefill_gluon_ws2).parameters
     assert sig["gather_rows4"].kind == inspect.Parameter.KEYWORD_ONLY and sig["gather_rows4"].default is None
-    assert P._CONSTEXPRS[-1] == "GATHER_ROWS4" and P.WS2_GATHER_ROWS4 is False
-    k0 = P.compile_sm90_ws2(64, True, True)
+    assert P._CONSTEXPRS[-1] == "GATHER_ROWS4" and P.WS2_GATHER_ROWS4 is True
+    k0 = P.compile_sm90_ws2(64, True, True, gather_rows4=False)
     k1 = P.compile_sm90_ws2(64, True, True, gather_rows4=True)
     assert k1.metadata.shared == k0.metadata.shared
     assert clean_ptx(k1.asm["ptx"]) != clean_ptx(k0.asm["ptx"])
+    assert clean_ptx(P.compile_sm90_ws2(64, True, True).asm["ptx"]) == clean_ptx(k1.asm["ptx"])
 
 
 _R4_CASES = [(64, 4096, 2048, 576, False, False), (37, 3000, 1000, 576, True, True), (16, 700, 576, 512, True, False)]
@@ -363,7 +366,7 @@ def test_gpu_gather_rows4_bit_identical(s_q, s_kv, topk, d_qk, sink, with_len):
     q, kv, ind, sk, tl = make_case(s_q, s_kv, topk, h_q=128, d_qk=d_qk, sink=sink, with_len=with_len,
                                    all_invalid=True, device="cuda")
     res = []
-    for kw in ({}, dict(gather_rows4=True)):
+    for kw in (dict(gather_rows4=False), dict(gather_rows4=True)):
         out = torch.full((s_q, 128, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
         ml = torch.full((s_q, 128), float("nan"), device="cuda")
         lse = torch.full((s_q, 128), float("nan"), device="cuda")

@@ -316,8 +316,8 @@ def _sparse_prefill_gluon_ws2_kernel(
 ):
     """The WS kernel's arguments (``NUM_SLOTS`` fixed at 2) + ``PV_REGS``, the PV warpgroup's ``setmaxnreg``.
     Partitions: softmax warpgroup (default, 4 warps), PV warpgroup (4), the WS producer (4). ``GATHER_ROWS4``
-    (opt-in, session 18): the producer's NoPE gather 4 rows x 8 lanes per warp instruction (``_g_ws_producer``'s
-    ``ROWS4``)."""
+    (session 18, the launcher's default :data:`WS2_GATHER_ROWS4`): the producer's NoPE gather 4 rows x 8 lanes per
+    warp instruction (``_g_ws_producer``'s ``ROWS4``)."""
     q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree = _p2_smem(D_PE)
     gl.warp_specialize([
         (_p2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree, q_ptr, idx_ptr,
@@ -333,8 +333,11 @@ def _sparse_prefill_gluon_ws2_kernel(
 # ----------------------------------------------------------------------------------------------- host code
 
 _CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "PV_REGS", "GATHER_ROWS4")   # parameter order
-# the NoPE gather 4 rows x 8 lanes per warp instruction (opt-in until measured; kernel docstring)
-WS2_GATHER_ROWS4 = False
+# the NoPE gather 4 rows x 8 lanes per warp instruction (kernel docstring), on since session 18: H200, git
+# 1462978aae98, s_q 4096 h_q 128 topk 2048, 6 rotated rounds paired against the 1 row x 32 lanes build: 0.960 at s_kv
+# 8K (466.7 -> 482.5 TFLOPS), 0.925 at 64K (406.1 -> 436.7), bit-identical (results/sparse_prefill_r4-h200-2026-11-30-
+# s18.json); producer loop 466 -> 206 SASS instructions
+WS2_GATHER_ROWS4 = True
 _LAUNCHERS: dict = {}   # (kernel, (names, constexprs, options, specialisation)) -> KernelLauncher
 _LAUNCHER_LIMIT = 1024
 
