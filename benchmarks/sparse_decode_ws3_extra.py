@@ -62,6 +62,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true", help="also V4.1 + FP4 at smaller batches / topk (SWEEP)")
     ap.add_argument("--idx", action="store_true",
                     help="also WS3-extra with idx_ahead (ws3x_ia; paired against ws3x; session 18)")
+    ap.add_argument("--q", action="store_true",
+                    help="also WS3-extra with q_async, reported in the ws3x_ia fields (paired against ws3x)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to time")
@@ -76,6 +78,8 @@ def main(argv=None) -> int:
     kernels = {"ws": W.launch_sparse_decode_gluon_ws, "ws3x": W3.launch_sparse_decode_gluon_ws3}
     if args.idx:
         kernels["ws3x_ia"] = lambda *a: W3.launch_sparse_decode_gluon_ws3(*a, idx_ahead=True)
+    if args.q:
+        kernels["ws3x_ia"] = lambda *a: W3.launch_sparse_decode_gluon_ws3(*a, q_async=True)
     shapes = SHAPES[2:3] if args.quick else SHAPES
     if args.all_pairs:
         shapes = shapes + MORE
@@ -100,7 +104,7 @@ def main(argv=None) -> int:
             row["max_abs_lse_diff"] = float((l3 - lw).abs().nan_to_num(float("inf")).max())
         times = time_rotated(fns, args.rounds, lambda f: do_bench(f, warmup=3, rep=15, return_mode="median"))
         pairs = [("ws3x_vs_ws", "ws3x", "ws")]
-        if args.idx:
+        if args.idx or args.q:
             pairs.append(("ws3x_ia_vs_ws3x", "ws3x_ia", "ws3x"))
             if "ws3x" in outs and "ws3x_ia" in outs:
                 row["ws3x_ia_bit"] = bit_identical(outs["ws3x"], outs["ws3x_ia"])
@@ -113,7 +117,7 @@ def main(argv=None) -> int:
                   row.get("bit_identical"), row.get("max_abs_out_diff"), row.get("max_abs_lse_diff"),
                   [k for k, v in row.items() if k.endswith("_nan") and v],
                   "".join("  %s: %s" % (k, v) for k, v in row.items() if k.endswith("_error"))), flush=True)
-        if args.idx:
+        if args.idx or args.q:
             print("SUMMARY-IA %s+%s b=%3d s_q=%d  t_ws3x_ia/t_ws3x %.4f  ws3x_ia %.1f TFLOPS  bit %s" % (
                 fmt, xfmt, b, s_q, row.get("ws3x_ia_vs_ws3x_paired_median", float("nan")),
                 row.get("ws3x_ia_tflops", float("nan")), row.get("ws3x_ia_bit")), flush=True)

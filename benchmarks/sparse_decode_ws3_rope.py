@@ -12,7 +12,7 @@ bit for bit (``<variant>_bit``; ``bit_identical``: all of them). Timing: R round
 round times every variant (``triton.testing.do_bench``, warmup 3, rep 15, median) in an order rotated by one per
 round; headline = the median over rounds of the PAIRED ratio t_variant / t_ws3 (< 1: the option is faster), so clock
 drift cancels. TFLOPS from the per-variant medians (FlashMLA counting). JSON with provenance after every shape.
-Usage (GPU): ``PYTHONPATH=src python benchmarks/sparse_decode_ws3_rope.py OUT.json [--rounds R] [--quick | --v41 | --sweep | --idx]``
+Usage (GPU): ``PYTHONPATH=src python benchmarks/sparse_decode_ws3_rope.py OUT.json [--rounds R] [--quick | --v41 | --sweep | --idx | --q]``
 """
 from __future__ import annotations
 
@@ -46,6 +46,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="the first 2 shapes only")
     ap.add_argument("--v41", action="store_true", help="V4.1 shapes only (SHAPES_V41)")
+    ap.add_argument("--q", action="store_true",
+                    help="instead of the options: q_async (Q by cp.async) at SHAPES_IDX")
     ap.add_argument("--idx", action="store_true",
                     help="instead of the options: idx_ahead / pf_lines / pf_l2 variants at SHAPES_IDX")
     ap.add_argument("--sweep", action="store_true",
@@ -63,6 +65,8 @@ def main(argv=None) -> int:
     from triton.testing import do_bench
 
     def variants_for(fmt):
+        if args.q:
+            return (("ws3", {}), ("ws3_aa", {}), ("ws3_qa", dict(q_async=True)))
         if args.idx:
             if fmt == "v32":     # default: bulk L2 prefetch on
                 return (("ws3", {}), ("ws3_aa", {}), ("ws3_ia", dict(idx_ahead=True)),
@@ -83,7 +87,7 @@ def main(argv=None) -> int:
             flips += [("ws3_deq", dict(deq_asm=False)), ("ws3_pr-16", dict(producer_regs=W3.WS3_PRODUCER_REGS[fmt] - 16))]
         return (("ws3", {}), ("ws3_aa", {}), *flips)
 
-    shapes = SHAPES_IDX if args.idx else SHAPES_SWEEP if args.sweep else SHAPES_V41 if args.v41 else SHAPES[:2] if args.quick else SHAPES
+    shapes = SHAPES_IDX if (args.idx or args.q) else SHAPES_SWEEP if args.sweep else SHAPES_V41 if args.v41 else SHAPES[:2] if args.quick else SHAPES
     rows = []
     B.warm_clocks()
     for fmt, b, s_q, topk in shapes:

@@ -273,9 +273,9 @@ def test_compile_rope_rows(page_shift, has_len, has_sink):
 def test_rope_rows_option_plumbing():
     """rope_rows: keyword-only, default from WS3_ROPE_ROWS; V3.2 only (V4.1 never compiles a second kernel)."""
     sig = inspect.signature(W3.launch_sparse_decode_gluon_ws3).parameters
-    assert list(sig)[-4] == "rope_rows" and sig["rope_rows"].kind == inspect.Parameter.KEYWORD_ONLY
+    assert list(sig)[-5] == "rope_rows" and sig["rope_rows"].kind == inspect.Parameter.KEYWORD_ONLY
     assert inspect.signature(W3.compile_sm90_ws3).parameters["rope_rows"].default is None
-    assert W3._CONSTEXPRS[-4] == "ROPE_ROWS" and W3.WS3_ROPE_ROWS == frozenset()
+    assert W3._CONSTEXPRS[-5] == "ROPE_ROWS" and W3.WS3_ROPE_ROWS == frozenset()
     assert not W3._rope_rows("v32", None) and W3._rope_rows("v32", True) and not W3._rope_rows("v41", True)
     assert not W3._rope_rows("v32", False)
 
@@ -346,14 +346,14 @@ def test_row_lanes_option_plumbing():
     session 17); both formats."""
     for f in (W3.launch_sparse_decode_gluon_ws3, W3.compile_sm90_ws3):
         sig = inspect.signature(f).parameters
-        assert list(sig)[-3] == "row_lanes" and sig["row_lanes"].default is None
+        assert list(sig)[-4] == "row_lanes" and sig["row_lanes"].default is None
     sig = inspect.signature(W3.launch_sparse_decode_gluon_ws3).parameters
     assert sig["row_lanes"].kind == inspect.Parameter.KEYWORD_ONLY
-    assert W3._CONSTEXPRS[-3] == "ROW_LANES" and W3.WS3_ROW_LANES == frozenset({"v41"})
+    assert W3._CONSTEXPRS[-4] == "ROW_LANES" and W3.WS3_ROW_LANES == frozenset({"v41"})
     assert not W3._row_lanes("v32", None) and W3._row_lanes("v41", None) and not W3._row_lanes("v41", False)
     assert W3._row_lanes("v32", True) and W3._row_lanes("v41", True) and not W3._row_lanes("v32", False)
     params = [p.name for p in W3._sparse_decode_gluon_ws3_kernel.params]
-    assert params[-4:] == ["ROPE_ROWS", "ROW_LANES", "IDX_AHEAD", "PF_LINES"]
+    assert params[-5:] == ["ROPE_ROWS", "ROW_LANES", "IDX_AHEAD", "PF_LINES", "Q_ASYNC"]
 
 
 def test_idx_ahead_pf_lines_option_plumbing():
@@ -362,12 +362,16 @@ def test_idx_ahead_pf_lines_option_plumbing():
     ``_CONSTEXPRS_X = _CONSTEXPRS + X`` still holds)."""
     for f in (W3.launch_sparse_decode_gluon_ws3, W3.compile_sm90_ws3, W3.compile_sm90_ws3_extra):
         sig = inspect.signature(f).parameters
-        assert list(sig)[-2:] == ["idx_ahead", "pf_lines"]
-        assert sig["idx_ahead"].default is None and sig["pf_lines"].default is None
-    assert W3._CONSTEXPRS[-2:] == ("IDX_AHEAD", "PF_LINES")
+        assert list(sig)[-3:] == ["idx_ahead", "pf_lines", "q_async"]
+        assert sig["idx_ahead"].default is None and sig["pf_lines"].default is None and sig["q_async"].default is None
+    assert W3._CONSTEXPRS[-3:] == ("IDX_AHEAD", "PF_LINES", "Q_ASYNC")
     for k in (W3._sparse_decode_gluon_ws3_kernel, W3._sparse_decode_gluon_ws3_x_kernel):
         sig = inspect.signature(k.fn).parameters
         assert sig["IDX_AHEAD"].default is False and sig["PF_LINES"].default is False
+        assert sig["Q_ASYNC"].default is False
+    for fmt in ("v32", "v41"):
+        assert W3._q_async(fmt, None) == (fmt in W3.WS3_Q_ASYNC) and W3._q_async(fmt, True)
+        assert not W3._q_async(fmt, False)
     for fmt in ("v32", "v41"):
         assert W3._idx_ahead(fmt, None) == (fmt in W3.WS3_IDX_AHEAD) and W3._idx_ahead(fmt, True)
         assert not W3._idx_ahead(fmt, False) and not W3._pf_lines(fmt, False) and W3._pf_lines(fmt, True)
@@ -715,6 +719,20 @@ def test_gpu_ws3_idx_ahead_v41_bit_identical(b, s_q, topk, s_k, page, with_len, 
     kw = make_case(b, s_q, 128, "v41", topk, s_k, page, with_len=with_len, sink=sink, device="cuda", **flags)
     o0, l0 = _direct(kw, "v41", **_S17["v41"])
     o1, l1 = _direct(kw, "v41", **{**_S17["v41"], **knobs})
+    assert not torch.isnan(o0).any() and not torch.isnan(l0).any()
+    assert torch.equal(o1, o0) and torch.equal(l1, l0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["v32", "v41"])
+@pytest.mark.parametrize("b,s_q,topk,s_k,page,with_len,sink,flags", [_ROPE_SHAPES[0], _ROPE_SHAPES[1],
+                                                                     _ROPE_SHAPES[4]])
+def test_gpu_ws3_q_async_bit_identical(b, s_q, topk, s_k, page, with_len, sink, flags, fmt, poison):
+    """q_async (session 18: Q by cp.async, all chunks in flight) lands the same Q bytes: out / lse bit-identical to the
+    default build (several requests per CTA, s_q 2 / 3, zero lengths, page 53)."""
+    kw = make_case(b, s_q, 128, fmt, topk, s_k, page, with_len=with_len, sink=sink, device="cuda", **flags)
+    o0, l0 = _direct(kw, fmt, q_async=False)
+    o1, l1 = _direct(kw, fmt, q_async=True)
     assert not torch.isnan(o0).any() and not torch.isnan(l0).any()
     assert torch.equal(o1, o0) and torch.equal(l1, l0)
 

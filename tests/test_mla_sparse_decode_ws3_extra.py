@@ -416,6 +416,27 @@ def test_gpu_ws3_extra_idx_ahead_bit_identical(fmt, xfmt, poison, monkeypatch):
     assert torch.equal(o1, o0) and torch.equal(l1, l0)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,xfmt", XPAIRS)
+def test_gpu_ws3_extra_q_async_bit_identical(fmt, xfmt, poison, monkeypatch):
+    """q_async (Q by cp.async) in the extra-cache entry: bit-identical to the default build."""
+    kw = _xcase(fmt, xfmt, 128, 16, 2, 576, 1024, 53, 192, 512, 64, True, True, True)
+    seen = []
+    launch = W3.launch_sparse_decode_gluon_ws3
+
+    def both(out, lse_buf, *args):
+        o1, l1 = torch.full_like(out, float("nan")), torch.full_like(lse_buf, float("nan"))
+        launch(out, lse_buf, *args, q_async=False)
+        launch(o1, l1, *args, q_async=True)
+        seen.append((out, lse_buf, o1, l1))
+    monkeypatch.setattr(W3, "launch_sparse_decode_gluon_ws3", both)
+    monkeypatch.setenv("DEEPKERNELS_SPARSE_WS3", "1")
+    _public(kw)
+    torch.cuda.synchronize()
+    o0, l0, o1, l1 = seen[0]
+    assert not torch.isnan(o0).any() and torch.equal(o1, o0) and torch.equal(l1, l0)
+
+
 def test_bench_extra_case_on_cpu():
     """benchmarks/sparse_decode_ws3_extra.py's case builder (CPU, tiny): the schedule counts the extra tokens, FLOPs
     FlashMLA-counted over main + extra tokens; the script does nothing without a GPU."""

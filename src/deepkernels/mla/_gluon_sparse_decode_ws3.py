@@ -360,6 +360,9 @@ WS3_ROW_LANES = frozenset({"v41"})
 # alone 1.04-1.05: 6 producer spills; PF_L2 + PF_LINES alone 0.941-0.947)
 WS3_IDX_AHEAD = frozenset({"v32", "v41"})
 WS3_PF_LINES = frozenset({"v41"})
+# formats whose softmax warpgroup loads each request's Q by cp.async, all chunks in flight (``_w2_softmax_wg``'s
+# ``Q_ASYNC``; session 18's second profile: ~7 us per request piece on 9 serial load -> store round trips; opt-in)
+WS3_Q_ASYNC = frozenset()
 # sparse_decode.py sends the calls WS / WS2 would take (no extra cache, h_q a multiple of 128) here for the formats in
 # DISPATCH_FMTS (DEEPKERNELS_SPARSE_WS3=0 / =1 override): both, since session 17 (H200, git 0b54eb4785ad, after the
 # softmax-loop spills were removed: 43/43 GPU tests, bit-identical to WS2, ws3 / ws2 1.16-1.25x at 6 shapes,
@@ -731,7 +734,7 @@ def _sparse_decode_gluon_ws3_kernel(
     PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PV_REGS: gl.constexpr,
     PF_L2: gl.constexpr, ROPE_ROWS: gl.constexpr, ROW_LANES: gl.constexpr, IDX_AHEAD: gl.constexpr = False,
-    PF_LINES: gl.constexpr = False,
+    PF_LINES: gl.constexpr = False, Q_ASYNC: gl.constexpr = False,
 ):
     """WS2's arguments + the shared offsets of the ring / ``ready`` / ``empty`` (:func:`smem_offsets`). Launched as
     2-CTA clusters only (:func:`launch_sparse_decode_gluon_ws3`)."""
@@ -741,7 +744,7 @@ def _sparse_decode_gluon_ws3_kernel(
         (_w2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr, len_ptr,
                           sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb,
                           stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN, HAS_SINK,
-                          SBLOCK, FMT, empty_off, True)),
+                          SBLOCK, FMT, empty_off, True, None, None, False, False, Q_ASYNC)),
         (_w2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
                      oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK, empty_off, True)),
         (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr, stride_kb,
@@ -764,8 +767,8 @@ def _sparse_decode_gluon_ws3_x_kernel(
     PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PV_REGS: gl.constexpr,
     PF_L2: gl.constexpr, ROPE_ROWS: gl.constexpr, ROW_LANES: gl.constexpr, IDX_AHEAD: gl.constexpr = False,
-    PF_LINES: gl.constexpr = False, XPAGE_SHIFT: gl.constexpr = 6, HAS_XLEN: gl.constexpr = False,
-    XFMT: gl.constexpr = 3,
+    PF_LINES: gl.constexpr = False, Q_ASYNC: gl.constexpr = False, XPAGE_SHIFT: gl.constexpr = 6,
+    HAS_XLEN: gl.constexpr = False, XFMT: gl.constexpr = 3,
 ):
     """With an extra cache (module docstring, "Extra cache"): the WS x kernel's runtime arguments
     (``_gluon_sparse_decode_ws._sparse_decode_gluon_ws_x_kernel``) + the shared offsets, the no-extra kernel's
@@ -777,7 +780,7 @@ def _sparse_decode_gluon_ws3_x_kernel(
         (_w2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr, len_ptr,
                           sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb,
                           stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN, HAS_SINK,
-                          SBLOCK, FMT, empty_off, True, xlen_ptr, xtopk, True, HAS_XLEN)),
+                          SBLOCK, FMT, empty_off, True, xlen_ptr, xtopk, True, HAS_XLEN, Q_ASYNC)),
         (_w2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
                      oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK, empty_off, True, xlen_ptr, xtopk, True,
                      HAS_XLEN)),
@@ -935,6 +938,11 @@ def _pf_lines(fmt: str, pf_lines) -> bool:
     return bool((fmt in WS3_PF_LINES) if pf_lines is None else pf_lines)
 
 
+def _q_async(fmt: str, q_async) -> bool:
+    """The Q_ASYNC constexpr: ``q_async`` (default :data:`WS3_Q_ASYNC` by format)."""
+    return bool((fmt in WS3_Q_ASYNC) if q_async is None else q_async)
+
+
 def _launch_device(q: torch.Tensor) -> int:
     """The device part of a cluster launcher's key: the CURRENT CUDA device (its ``warmup`` loads the compiled function
     into that device's context and every launch goes to that device's current stream, as Triton launches), never
@@ -945,7 +953,7 @@ def _launch_device(q: torch.Tensor) -> int:
 _LAUNCHERS: dict = {}
 _LAUNCHER_LIMIT = 256
 _CONSTEXPRS = ("PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS", "FMT", "DEQ_ASM", "PV_REGS", "PF_L2",
-               "ROPE_ROWS", "ROW_LANES", "IDX_AHEAD", "PF_LINES")
+               "ROPE_ROWS", "ROW_LANES", "IDX_AHEAD", "PF_LINES", "Q_ASYNC")
 _CONSTEXPRS_X = _CONSTEXPRS + ("XPAGE_SHIFT", "HAS_XLEN", "XFMT")
 
 
@@ -953,14 +961,15 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
                                    extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
                                    extra_topk_length=None, config=None, _spec=None, *, pv_regs=None,
                                    producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None,
-                                   row_lanes=None, idx_ahead=None, pf_lines=None):
+                                   row_lanes=None, idx_ahead=None, pf_lines=None, q_async=None):
     """Drop-in for ``launch_sparse_decode_gluon_ws2`` (same arguments and outputs; ``config`` ignored). ``h_q`` not
     a multiple of 128: the WS2 launcher runs the call. Keyword knobs (benchmarks): PV / producer ``setmaxnreg``,
     launch ``maxnreg``, ``deq_asm`` / ``pf_l2`` (default :data:`WS3_DEQ_ASM` / :data:`WS3_PF_L2` by format),
     ``rope_rows`` (V3.2 RoPE gather 4 tokens x 8 lanes per cp.async, default :data:`WS3_ROPE_ROWS`; module
     docstring, "RoPE rows"), ``row_lanes`` (producer lanes over token rows first, default :data:`WS3_ROW_LANES`;
     module docstring, "Row lanes"), ``idx_ahead`` / ``pf_lines`` (default :data:`WS3_IDX_AHEAD` /
-    :data:`WS3_PF_LINES`; module docstring, "Index loads ahead"). With an extra cache (dispatched for :data:`DISPATCH_EXTRA_PAIRS`; module
+    :data:`WS3_PF_LINES`; module docstring, "Index loads ahead"), ``q_async`` (default :data:`WS3_Q_ASYNC`: Q by
+    cp.async). With an extra cache (dispatched for :data:`DISPATCH_EXTRA_PAIRS`; module
     docstring, "Extra cache"):
     the pairs :data:`WS3_EXTRA_PAIRS` run on :func:`_sparse_decode_gluon_ws3_x_kernel` (h_q not a multiple of 128:
     on the WS kernel's extra-cache entry), any other pair raises ValueError."""
@@ -1002,7 +1011,8 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
                   producer_regs or WS3_PRODUCER_REGS[fmt], GLUON_FMTS[fmt],
                   bool((fmt in WS3_DEQ_ASM) if deq_asm is None else deq_asm), pv_regs or WS2_PV_REGS,
                   bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2), _rope_rows(fmt, rope_rows),
-                  _row_lanes(fmt, row_lanes), _idx_ahead(fmt, idx_ahead), _pf_lines(fmt, pf_lines))
+                  _row_lanes(fmt, row_lanes), _idx_ahead(fmt, idx_ahead), _pf_lines(fmt, pf_lines),
+                  _q_async(fmt, q_async))
     names, cls = _CONSTEXPRS, _ClusterLauncher
     if has_x:
         names, cls = _CONSTEXPRS_X, _ClusterLauncherX
@@ -1022,28 +1032,28 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
 
 def compile_sm90_ws3(fmt: str = "v32", page_shift: int = 6, has_len: bool = True, has_sink: bool = True,
                      pv_regs=None, producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None,
-                     row_lanes=None, idx_ahead=None, pf_lines=None):
+                     row_lanes=None, idx_ahead=None, pf_lines=None, q_async=None):
     """Cross-compile the kernel for sm90 (no GPU needed), the launch's divisibility facts. Returns the
     CompiledKernel (``.asm['ptx']``, ``.asm['ttgir']``, ``.metadata.shared``). With an extra cache:
     :func:`compile_sm90_ws3_extra`."""
     return _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, maxnreg, deq_asm, pf_l2,
-                        rope_rows, row_lanes, idx_ahead=idx_ahead, pf_lines=pf_lines)
+                        rope_rows, row_lanes, idx_ahead=idx_ahead, pf_lines=pf_lines, q_async=q_async)
 
 
 def compile_sm90_ws3_extra(fmt: str = "v41", xfmt: str = "fp4", page_shift: int = 6, has_len: bool = True,
                            has_sink: bool = True, xpage_shift: int = 6, has_xlen: bool = True, pv_regs=None,
                            producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None,
-                           row_lanes=None, idx_ahead=None, pf_lines=None):
+                           row_lanes=None, idx_ahead=None, pf_lines=None, q_async=None):
     """:func:`compile_sm90_ws3` of the extra-cache entry :func:`_sparse_decode_gluon_ws3_x_kernel` (a pair of
     :data:`WS3_EXTRA_PAIRS`, else ValueError), with the extra cache's page shift and lengths flag."""
     if xfmt not in WS3_EXTRA_PAIRS.get(fmt, ()):
         raise ValueError(f"no WS3 kernel for main cache {fmt!r} + extra cache {xfmt!r}")
     return _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, maxnreg, deq_asm, pf_l2,
-                        rope_rows, row_lanes, xfmt, xpage_shift, has_xlen, idx_ahead, pf_lines)
+                        rope_rows, row_lanes, xfmt, xpage_shift, has_xlen, idx_ahead, pf_lines, q_async)
 
 
 def _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, maxnreg, deq_asm, pf_l2, rope_rows,
-                 row_lanes, xfmt=None, xpage_shift=6, has_xlen=True, idx_ahead=None, pf_lines=None):
+                 row_lanes, xfmt=None, xpage_shift=6, has_xlen=True, idx_ahead=None, pf_lines=None, q_async=None):
     if xfmt is not None:
         fn = _sparse_decode_gluon_ws3_x_kernel
         sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", xkv_ptr="*u8", xidx_ptr="*i32",
@@ -1066,7 +1076,7 @@ def _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, max
                   DEQ_ASM=bool((fmt in WS3_DEQ_ASM) if deq_asm is None else deq_asm), PV_REGS=pv_regs or WS2_PV_REGS,
                   PF_L2=bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2), ROPE_ROWS=_rope_rows(fmt, rope_rows),
                   ROW_LANES=_row_lanes(fmt, row_lanes), IDX_AHEAD=_idx_ahead(fmt, idx_ahead),
-                  PF_LINES=_pf_lines(fmt, pf_lines))
+                  PF_LINES=_pf_lines(fmt, pf_lines), Q_ASYNC=_q_async(fmt, q_async))
     hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
                                                                   "stride_ib", "stride_is"]
     if xfmt is not None:
