@@ -199,9 +199,11 @@ def test_default_ptx_unchanged(fmt, page_shift, has_len, has_sink):
         assert _ptx_sha(k.asm["ptx"]) == _BASE_PTX_SHA[(fmt, page_shift, has_len, has_sink)]
 
 
+# cp.async per thread of the softmax warpgroup's Q load in the V3.2 default build (Q_ASYNC: 9 chunks x 4 x 16 B)
+_Q_CPASYNC = 36 if W3._q_async("v32", None) else 0
 # the session-17 producer per format (before IDX_AHEAD / PF_LINES / V4.1's PF_L2)
-_S17 = {"v32": dict(idx_ahead=False, pf_lines=False, pf_l2=True), "v41": dict(idx_ahead=False, pf_lines=False,
-                                                                              pf_l2=False)}
+_S17 = {"v32": dict(idx_ahead=False, pf_lines=False, pf_l2=True, q_async=False),
+        "v41": dict(idx_ahead=False, pf_lines=False, pf_l2=False, q_async=False)}
 
 
 def test_session18_defaults():
@@ -209,6 +211,7 @@ def test_session18_defaults():
     IDX_AHEAD + PF_L2 + PF_LINES."""
     assert W3.WS3_IDX_AHEAD == frozenset({"v32", "v41"}) and W3.WS3_PF_LINES == frozenset({"v41"})
     assert W3.WS3_PF_L2 == frozenset({"v32", "v41"})
+    assert W3.WS3_Q_ASYNC == frozenset({"v32"})
 
 
 @functools.lru_cache(maxsize=None)
@@ -241,7 +244,7 @@ def test_compile_rope_rows(page_shift, has_len, has_sink):
     ptx, ttgir, shared = _compiled_rope(page_shift, has_len, has_sink)
     ptx0 = _compiled("v32", page_shift, has_len, has_sink)[0]
     assert shared <= SM90_SMEM_LIMIT and shared <= _SMEM["v32"] + 256, shared       # + the convert's 240-B scratch
-    assert ptx.count("cp.async.cg.shared.global") == 4 and ", 0x10," in ptx
+    assert ptx.count("cp.async.cg.shared.global") == 4 + _Q_CPASYNC and ", 0x10," in ptx
     for needle in ("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
                    "mbarrier.expect_tx.relaxed.cta.shared::cta.b64", "mbarrier.arrive.shared::cluster.b64",
                    "barrier.cluster.arrive.release.aligned", "wgmma.mma_async.sync.aligned.m64n256k16"):
@@ -300,7 +303,7 @@ def test_compile_row_lanes(page_shift, has_len, has_sink, rope_rows):
     assert ("sizePerThread = [1, 16], threadsPerWarp = [16, 2], warpsPerCTA = [4, 1], order = [0, 1]" in ttgir)
     assert "order = [0, 1]" not in _compiled("v32", page_shift, has_len, has_sink)[1]
     assert shared <= SM90_SMEM_LIMIT and shared <= shared0 + (256 if rope_rows else 0), (shared, shared0)
-    assert ptx.count("cp.async.cg.shared.global") == 4 and ", 0x10," in ptx
+    assert ptx.count("cp.async.cg.shared.global") == 4 + _Q_CPASYNC and ", 0x10," in ptx
     for needle in ("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes",
                    "mbarrier.expect_tx.relaxed.cta.shared::cta.b64", "mbarrier.arrive.shared::cluster.b64",
                    "barrier.cluster.arrive.release.aligned", "wgmma.mma_async.sync.aligned.m64n256k16"):

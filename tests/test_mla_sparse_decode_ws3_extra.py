@@ -403,7 +403,7 @@ def test_gpu_ws3_extra_idx_ahead_bit_identical(fmt, xfmt, poison, monkeypatch):
 
     def both(out, lse_buf, *args):
         o1, l1 = torch.full_like(out, float("nan")), torch.full_like(lse_buf, float("nan"))
-        launch(out, lse_buf, *args, idx_ahead=False, pf_lines=False, pf_l2=fmt == "v32")     # the session-17 build
+        launch(out, lse_buf, *args, idx_ahead=False, pf_lines=False, pf_l2=fmt == "v32", q_async=False)   # session 17
         launch(o1, l1, *args)                                                               # the default
         seen.append((out, lse_buf, o1, l1))
     monkeypatch.setattr(W3, "launch_sparse_decode_gluon_ws3", both)

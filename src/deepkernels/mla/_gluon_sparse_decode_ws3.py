@@ -257,6 +257,14 @@ early); V4.1 IDX_AHEAD alone 1.038-1.052 (its 6 spills), PF_L2 + PF_LINES 0.941-
 Dispatched: V3.2 IDX_AHEAD, V4.1 IDX_AHEAD + PF_L2 + PF_LINES (the extra entry's main loop too; extra loops never
 prefetch).
 
+Q by cp.async (session 18, ``Q_ASYNC``: the softmax warpgroup's ``_w2_softmax_wg`` option, default
+:data:`WS3_Q_ASYNC`). A second profile after IDX_AHEAD (benchmarks/notes/profiling.md, "WS3 sparse decode after
+IDX_AHEAD") put ~7 us per request piece before the first block on the softmax warpgroup's Q load (9 chunks, each a
+global load -> shared store round trip in series) and found V3.2 balanced between producer and softmax warpgroup.
+With all 9 chunks as cp.async in flight: predicted 0.90-0.95 of the time; measured V3.2 0.966-0.974 (bit-identical,
+A/A 1.001-1.005) -> on for V3.2 (and so for V3.2 + V3.2 extra calls, not timed); V4.1 0.988 at b 128 (s_q 1 / 2),
+1.053 at b 64 where the A/A read 1.034, V4.1 + FP4 0.989-0.997 -> off.
+
 Extra cache (session 17 built, session 18 measured: :func:`launch_sparse_decode_gluon_ws3` with ``extra_k_cache`` /
 ``extra_indices`` / ``xfmt`` / ``extra_topk_length``, pairs :data:`WS3_EXTRA_PAIRS` = the WS kernel's V3.2 + V3.2,
 V4.1 + V4.1, V4.1 + FP4, any other pair ValueError; the public op sends the pairs :data:`DISPATCH_EXTRA_PAIRS` here
@@ -361,8 +369,11 @@ WS3_ROW_LANES = frozenset({"v41"})
 WS3_IDX_AHEAD = frozenset({"v32", "v41"})
 WS3_PF_LINES = frozenset({"v41"})
 # formats whose softmax warpgroup loads each request's Q by cp.async, all chunks in flight (``_w2_softmax_wg``'s
-# ``Q_ASYNC``; session 18's second profile: ~7 us per request piece on 9 serial load -> store round trips; opt-in)
-WS3_Q_ASYNC = frozenset()
+# ``Q_ASYNC``; session 18's second profile: ~7 us per request piece on 9 serial load -> store round trips). Measured
+# (H200, git 2e7f93585c7d, paired 5 rotated rounds, bit-identical; results/sparse_decode_ws3_qasync-h200-2026-11-30-
+# s18.json; predicted 0.90-0.95): V3.2 0.966-0.974 (A/A 1.001-1.005) -> on; V4.1 0.988 / 0.988 / 1.053 (that shape's
+# A/A 1.034: noise) and V4.1 + FP4 0.989-0.997 -> off
+WS3_Q_ASYNC = frozenset({"v32"})
 # sparse_decode.py sends the calls WS / WS2 would take (no extra cache, h_q a multiple of 128) here for the formats in
 # DISPATCH_FMTS (DEEPKERNELS_SPARSE_WS3=0 / =1 override): both, since session 17 (H200, git 0b54eb4785ad, after the
 # softmax-loop spills were removed: 43/43 GPU tests, bit-identical to WS2, ws3 / ws2 1.16-1.25x at 6 shapes,
