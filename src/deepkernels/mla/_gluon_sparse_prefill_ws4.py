@@ -1,6 +1,14 @@
 """Sparse top-k MLA prefill, "pair" kernel in FlashMLA's sm90 warpgroup order (WS4; opt-in, NOT dispatched:
 :data:`DISPATCH` False). Design from ``benchmarks/notes/sparse_prefill_design_study.md`` section 3.
 
+Measured (session 18, H200, paired rotated rounds against WS2; results/sparse_prefill_ws4-h200-2026-11-29-s18.json,
+results/sparse_prefill_r4-h200-2026-11-30-s18.json): the prediction below (0.85-0.93 of WS2's time) is falsified --
+1.13-1.19x slower (F1 hit), ablations within 0.975-1.025. ncu (the study's "Session 18: why WS4 lost"): the producer
+cannot feed both math warpgroups (they wait 42-47 % of their loop on data). With the 4-rows NoPE gather
+(``gather_rows4``) 0.990-0.997 of WS2 -- but WS2 with the same gather is 0.91-0.96 of its old time and dispatched,
+so WS4 stays behind. One random GPU case missed the absolute tolerance at 2 of 1,048,576 output elements (1.2e-3 vs
+8e-4, cosine within bounds; passed on rerun): its rescaled bf16 P (``P0 * c``) is rounded twice.
+
 Contract, arguments and outputs: exactly :func:`_gluon_sparse_prefill_ws2.launch_sparse_prefill_gluon_ws2`'s (one CTA
 per (query token, 64-head group), head group fastest; the token's top-k KV rows gathered 64 at a time, invalid indices
 (< 0, >= s_kv, position >= topk_length) zero-filled and never dereferenced; online softmax in base 2 with the running
