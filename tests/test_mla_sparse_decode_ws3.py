@@ -21,7 +21,8 @@ from deepkernels.mla import _gluon_sparse_decode_ws3 as W3
 
 from test_mla_sparse_kernels import poison, run_and_check, sms  # noqa: F401  (fixtures)
 from test_mla_sparse_reference import _public, make_case
-from deepkernels.testing.compile import n_hgmma as _n_hgmma, n_spill as _n_spill, sass_loops as _sass_loops
+from deepkernels.testing.compile import (n_hgmma as _n_hgmma, n_spill as _n_spill, sass_loops as _sass_loops,
+                                         ws_loop_roles as _ws_loop_roles)
 
 pytestmark = pytest.mark.skipif(not W3.available(), reason=f"Gluon not importable: {W3._IMPORT_ERROR!r}")
 
@@ -79,10 +80,7 @@ def test_compile_sm90_ws3(fmt, page_shift, has_len, has_sink):
     rep = _ptxas(ptx)
     if rep is None:
         pytest.skip("ptxas not available")
-    loops = _sass_loops(rep.sass)
-    soft = [lp for lp in loops if _n_hgmma(lp) > 4]
-    pv = [lp for lp in loops if _n_hgmma(lp) == 4]
-    prod = [lp for lp in loops if not _n_hgmma(lp) and sum(1 for t in lp if re.match(r"(@!?P\w+\s+)?LDG", t)) >= 8]
+    soft, pv, prod = _ws_loop_roles(rep.sass)
     assert len(soft) == 1 and len(pv) == 1 and len(prod) == 1
     assert _n_spill(pv[0]) == 0
     assert _n_spill(soft[0]) <= _SOFT_SPILLS[fmt], _n_spill(soft[0])
@@ -224,10 +222,7 @@ def _loops(ptx):
     rep = _ptxas(ptx)
     if rep is None:
         pytest.skip("ptxas not available")
-    loops = _sass_loops(rep.sass)
-    soft = [lp for lp in loops if _n_hgmma(lp) > 4]
-    pv = [lp for lp in loops if _n_hgmma(lp) == 4]
-    prod = [lp for lp in loops if not _n_hgmma(lp) and sum(1 for t in lp if re.match(r"(@!?P\w+\s+)?LDG", t)) >= 8]
+    soft, pv, prod = _ws_loop_roles(rep.sass)
     assert len(soft) == 1 and len(pv) == 1 and len(prod) == 1
     return rep, soft[0], pv[0], prod[0]
 
@@ -392,10 +387,7 @@ def test_compile_idx_ahead(fmt, knobs):
     rep = _ptxas(k.asm["ptx"])
     if rep is None:
         pytest.skip("ptxas not available")
-    loops = _sass_loops(rep.sass)
-    soft = [lp for lp in loops if _n_hgmma(lp) > 4]
-    pv = [lp for lp in loops if _n_hgmma(lp) == 4]
-    prod = [lp for lp in loops if not _n_hgmma(lp) and sum(1 for t in lp if re.match(r"(@!?P\w+\s+)?LDG", t)) >= 8]
+    soft, pv, prod = _ws_loop_roles(rep.sass)
     assert len(soft) == 1 and len(pv) == 1 and len(prod) == 1
     assert _n_spill(soft[0]) == 0 and _n_spill(pv[0]) == 0
     assert _n_spill(prod[0]) <= {"v32": 0, "v41": 0}[fmt], _n_spill(prod[0])

@@ -23,7 +23,7 @@ import deepkernels as dk
 from deepkernels.mla import _gluon_sparse_decode as G
 from deepkernels.mla import _gluon_sparse_decode_ws as W
 from deepkernels.mla import _gluon_sparse_decode_ws3 as W3
-from deepkernels.testing.compile import n_hgmma as _n_hgmma, n_spill as _n_spill, sass_loops as _sass_loops
+from deepkernels.testing.compile import n_spill as _n_spill, ws_loop_roles as _ws_loop_roles
 
 from test_mla_sparse_kernels import poison, run_and_check, sms  # noqa: F401  (fixtures)
 from test_mla_sparse_reference import _public, make_case
@@ -70,10 +70,7 @@ def test_compile_sm90_ws3_extra(fmt, xfmt, cfg):
     rep = ptxas_sm90(ptx, sass=True)
     if rep is None:
         pytest.skip("ptxas not available")
-    loops = _sass_loops(rep.sass)
-    soft = [lp for lp in loops if _n_hgmma(lp) > 4]
-    pv = [lp for lp in loops if _n_hgmma(lp) == 4]
-    prod = [lp for lp in loops if not _n_hgmma(lp) and sum(1 for t in lp if re.match(r"(@!?P\w+\s+)?LDG", t)) >= 8]
+    soft, pv, prod = _ws_loop_roles(rep.sass)
     assert len(soft) == 1 and len(pv) == 1 and len(prod) == 2, [len(lp) for lp in loops]
     assert _n_spill(soft[0]) == 0 and _n_spill(pv[0]) == 0
     # the consumers' loops are the no-extra build's (610 / 574 instructions, PV 190 / 186)

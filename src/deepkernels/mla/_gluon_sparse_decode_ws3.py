@@ -460,6 +460,18 @@ def _w3_prefetch_lines(kv_ptr, rec, valid, hb, RB: gl.constexpr, LPF: gl.constex
 
 
 @_jit
+def _w3_prefetch(kv_ptr, idx, valid, page, stride_kb, hb, RB: gl.constexpr, PAGE_SHIFT: gl.constexpr,
+                 PF_LINES: gl.constexpr, LPF: gl.constexpr):
+    """The L2 prefetch of one block's records (indices ``idx``, ``valid``): per thread (:func:`_w3_prefetch_lines`)
+    with ``PF_LINES``, else the bulk prefetch (:func:`_w3_prefetch_l2`)."""
+    rec = _g_rows(idx, valid, page, stride_kb, RB, PAGE_SHIFT)
+    if PF_LINES:
+        _w3_prefetch_lines(kv_ptr, rec, valid, hb, RB, LPF)
+    else:
+        _w3_prefetch_l2(kv_ptr, rec, valid, hb, RB)
+
+
+@_jit
 def _w3_idx_raw(idx_row, start, t_end, LAY: gl.constexpr):
     """Indices of positions [start, start + 64) in layout LAY, -1 past ``t_end`` (``IDX_AHEAD``: loaded an iteration
     before use; :func:`_w3_idx_valid` gives ``_g_load_idx``'s validity from them)."""
@@ -574,10 +586,7 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
             va = _w3_idx_valid(ia, num_tok)
         else:
             ia, va = _g_load_idx(idx_row, t_lo + 64, t_end, num_tok, LT)
-        if PF_LINES:
-            _w3_prefetch_lines(kv_ptr, _g_rows(ia, va, page, stride_kb, RB, PAGE_SHIFT), va, hb, RB, LPF)
-        else:
-            _w3_prefetch_l2(kv_ptr, _g_rows(ia, va, page, stride_kb, RB, PAGE_SHIFT), va, hb, RB)
+        _w3_prefetch(kv_ptr, ia, va, page, stride_kb, hb, RB, PAGE_SHIFT, PF_LINES, LPF)
     for j in range(nblocks):
         slot = it % 2
         t0 = t_lo + j * 64
@@ -588,10 +597,7 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
                 n3 = _w3_idx_raw(idx_row, t0 + 192, t_end, LT)
             else:
                 ia, va = _g_load_idx(idx_row, t0 + 128, t_end, num_tok, LT)
-            if PF_LINES:
-                _w3_prefetch_lines(kv_ptr, _g_rows(ia, va, page, stride_kb, RB, PAGE_SHIFT), va, hb, RB, LPF)
-            else:
-                _w3_prefetch_l2(kv_ptr, _g_rows(ia, va, page, stride_kb, RB, PAGE_SHIFT), va, hb, RB)
+            _w3_prefetch(kv_ptr, ia, va, page, stride_kb, hb, RB, PAGE_SHIFT, PF_LINES, LPF)
         if FMT == 0:
             if ROPE_ROWS:
                 # rec and v packed (rec >= 0 always; -16 marks an invalid token and keeps rec's known divisibility

@@ -190,6 +190,17 @@ def n_hgmma(loop) -> int:
     return sass_count(loop, "HGMMA")
 
 
+def ws_loop_roles(sass: str, min_loads: int = 8):
+    """The innermost loops of a warp-specialised MLA kernel's SASS (:func:`sass_loops`) by role: ``(soft, pv, prod)``
+    = loops with more than 4 ``HGMMA`` (the softmax warpgroup's S + its P V), exactly 4 (the PV warpgroup's), and none
+    but at least ``min_loads`` global loads (``LDG``, predicated or not: the producer's gather)."""
+    loops = sass_loops(sass)
+    soft = [lp for lp in loops if n_hgmma(lp) > 4]
+    pv = [lp for lp in loops if n_hgmma(lp) == 4]
+    prod = [lp for lp in loops if not n_hgmma(lp) and sass_count(lp, r"^(@!?P\w+\s+)?LDG") >= min_loads]
+    return soft, pv, prod
+
+
 def setmaxnreg_values(ptx: str, *, skip=(120, 256), keep=(), unique: bool = True) -> list[tuple[str, int]]:
     """``("inc" | "dec", registers)`` of every ``setmaxnreg`` in ``ptx``, leaving out register counts in ``skip``
     (default: Triton's 256 / 120 entry and exit dance) unless the pair is in ``keep`` (e.g. ``[("inc", 120)]`` where
