@@ -388,20 +388,28 @@ def test_gpu_ws3_extra_close_to_ws(fmt, xfmt, poison, monkeypatch):
     torch.testing.assert_close(l3, lw, rtol=1e-4, atol=1e-4)
 
 
+_S17 = dict(idx_ahead=False, pf_lines=False, q_async=False)     # + pf_l2 = (fmt == "v32"): the session-17 build
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,xfmt", XPAIRS)
-def test_gpu_ws3_extra_idx_ahead_bit_identical(fmt, xfmt, poison, monkeypatch):
-    """The session-18 default (idx_ahead: each block's indices loaded an iteration ahead, main and extra loops; V4.1's
-    main loop also the per-thread L2 prefetch) through the public op's extra-cache call (forced onto WS3): out / lse
-    bit-identical to the session-17 build, lengths, sink, page 53, NaN-poisoned outputs."""
+@pytest.mark.parametrize("base,variant", [("s17", "default"), ("default", "q_async")], ids=["s18_defaults", "q_async"])
+def test_gpu_ws3_extra_options_bit_identical(fmt, xfmt, base, variant, poison, monkeypatch):
+    """Session-18 producer / Q options through the public op's extra-cache call (forced onto WS3): the defaults
+    (idx_ahead, main and extra loops; V4.1's main loop also the per-thread L2 prefetch; V3.2 Q by cp.async) against
+    the session-17 build, and q_async on against off: out / lse bit-identical (lengths, sink, page 53, NaN-poisoned
+    outputs)."""
+    knobs = {"s17": dict(_S17, pf_l2=fmt == "v32"), "default": {}, "q_async": dict(q_async=True)}
+    if base == "default" and variant == "q_async":
+        knobs["default"] = dict(q_async=False)
     kw = _xcase(fmt, xfmt, 128, 16, 2, 576, 1024, 53, 192, 512, 64, True, True, True)
     seen = []
     launch = W3.launch_sparse_decode_gluon_ws3
 
     def both(out, lse_buf, *args):
         o1, l1 = torch.full_like(out, float("nan")), torch.full_like(lse_buf, float("nan"))
-        launch(out, lse_buf, *args, idx_ahead=False, pf_lines=False, pf_l2=fmt == "v32", q_async=False)   # session 17
-        launch(o1, l1, *args)                                                               # the default
+        launch(out, lse_buf, *args, **knobs[base])
+        launch(o1, l1, *args, **knobs[variant])
         seen.append((out, lse_buf, o1, l1))
     monkeypatch.setattr(W3, "launch_sparse_decode_gluon_ws3", both)
     monkeypatch.setenv("DEEPKERNELS_SPARSE_WS3", "1")
@@ -411,27 +419,6 @@ def test_gpu_ws3_extra_idx_ahead_bit_identical(fmt, xfmt, poison, monkeypatch):
     o0, l0, o1, l1 = seen[0]
     assert not torch.isnan(o0).any() and not torch.isnan(l0).any()
     assert torch.equal(o1, o0) and torch.equal(l1, l0)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt,xfmt", XPAIRS)
-def test_gpu_ws3_extra_q_async_bit_identical(fmt, xfmt, poison, monkeypatch):
-    """q_async (Q by cp.async) in the extra-cache entry: bit-identical to the default build."""
-    kw = _xcase(fmt, xfmt, 128, 16, 2, 576, 1024, 53, 192, 512, 64, True, True, True)
-    seen = []
-    launch = W3.launch_sparse_decode_gluon_ws3
-
-    def both(out, lse_buf, *args):
-        o1, l1 = torch.full_like(out, float("nan")), torch.full_like(lse_buf, float("nan"))
-        launch(out, lse_buf, *args, q_async=False)
-        launch(o1, l1, *args, q_async=True)
-        seen.append((out, lse_buf, o1, l1))
-    monkeypatch.setattr(W3, "launch_sparse_decode_gluon_ws3", both)
-    monkeypatch.setenv("DEEPKERNELS_SPARSE_WS3", "1")
-    _public(kw)
-    torch.cuda.synchronize()
-    o0, l0, o1, l1 = seen[0]
-    assert not torch.isnan(o0).any() and torch.equal(o1, o0) and torch.equal(l1, l0)
 
 
 def test_bench_extra_case_on_cpu():
