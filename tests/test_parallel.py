@@ -135,7 +135,10 @@ def test_ep_moe_two_ranks_equal_single_process():
     for case in res[0]:
         assert "error" not in case, case
         assert case["dead_expert_rows"] == [0] * len(case["dead_experts"]), case
-        assert case["vs_1rank"]["rel_l2"] < 1e-6, case                    # same expert math, rows moved around
+        # same expert math, rows moved around: bit-identical but for rare bf16 rounding flips (torch's CPU matmul
+        # blocking depends on the row count; CI at 87ef13e saw one flip: rel_l2 1.6e-4, seed 121045181994560)
+        vs1 = case["vs_1rank"]
+        assert vs1["rel_l2"] < 1e-3 and checks.within_bf16_ulp(vs1) and vs1["identical_frac"] > 0.99, case
         assert case["vs_reference"]["rel_l2"] < (0.12 if case["backend"] == "fp8" else 1e-3), case
         stats = case["stats"]
         assert sum(sum(s["sent"]) for s in stats) == sum(case["tokens"]) * SMALL_MOE.num_experts_per_tok

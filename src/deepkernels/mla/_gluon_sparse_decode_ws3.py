@@ -955,9 +955,16 @@ def _pf_lines(fmt: str, pf_lines) -> bool:
     return bool((fmt in WS3_PF_LINES) if pf_lines is None else pf_lines)
 
 
-def _q_async(fmt: str, q_async) -> bool:
-    """The Q_ASYNC constexpr: ``q_async`` (default :data:`WS3_Q_ASYNC` by format)."""
-    return bool((fmt in WS3_Q_ASYNC) if q_async is None else q_async)
+def _q_async(fmt: str, q_async, q: torch.Tensor | None = None) -> bool:
+    """The Q_ASYNC constexpr: ``q_async`` (default :data:`WS3_Q_ASYNC` by format), and, given ``q``, only when its
+    base is 16-byte aligned and its batch / position / head strides are multiples of 16 elements: the 16-byte
+    cp.async needs the divisibility Triton only derives for multiples of 16 (a head stride of 584 elements has
+    16-byte rows, but the kernel would compile 2-byte cp.async, which does not exist: such q keep the plain loads;
+    tests/test_review_s18.py)."""
+    on = bool((fmt in WS3_Q_ASYNC) if q_async is None else q_async)
+    if on and q is not None:
+        on = q.data_ptr() % 16 == 0 and all(st % 16 == 0 for st in q.stride()[:3])
+    return on
 
 
 def _launch_device(q: torch.Tensor) -> int:
@@ -1029,7 +1036,7 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
                   bool((fmt in WS3_DEQ_ASM) if deq_asm is None else deq_asm), pv_regs or WS2_PV_REGS,
                   bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2), _rope_rows(fmt, rope_rows),
                   _row_lanes(fmt, row_lanes), _idx_ahead(fmt, idx_ahead), _pf_lines(fmt, pf_lines),
-                  _q_async(fmt, q_async))
+                  _q_async(fmt, q_async, q))
     names, cls = _CONSTEXPRS, _ClusterLauncher
     if has_x:
         names, cls = _CONSTEXPRS_X, _ClusterLauncherX

@@ -353,15 +353,17 @@ def _sparse_prefill_gluon_ws_kernel(
 
 def supported(q: torch.Tensor, kv: torch.Tensor) -> bool:
     """Whether the Gluon path takes this call: CUDA tensors on sm90, Gluon importable, h_q a multiple of 64,
-    d_qk 576 or 512, rows of q and kv 16-byte aligned (the gather copies 16-byte vectors), no interpreter,
-    and ``DEEPKERNELS_DISABLE_GLUON`` unset."""
+    d_qk 576 or 512, q and kv 16-byte aligned with every stride but the last a multiple of 16 elements (the gather
+    copies 16-byte vectors by cp.async, which needs the divisibility Triton derives only for multiples of 16: a row
+    stride of 584 elements has 16-byte rows but would compile 2-byte copies; tests/test_review_s18.py), no
+    interpreter, and ``DEEPKERNELS_DISABLE_GLUON`` unset."""
     if not available() or gluon_disabled("sparse_prefill"):
         return False
     if interpret_mode() or not q.is_cuda:
         return False
     if torch.cuda.get_device_capability(q.device)[0] != 9:
         return False
-    aligned = all(t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all(st % 8 == 0 for st in t.stride()[:-1])
+    aligned = all(t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all(st % 16 == 0 for st in t.stride()[:-1])
                   for t in (q, kv))
     return aligned and q.shape[1] % BLOCK_H == 0 and q.shape[2] in (576, 512)
 
