@@ -110,8 +110,8 @@ def main(argv=None) -> int:
                 row["ws3x_ia_bit"] = bit_identical(outs["ws3x"], outs["ws3x_ia"])
         record_rounds(row, times, c.flop, pairs)
         rows.append(row)
-        print("SUMMARY %s+%s b=%3d s_q=%d topk=%d+%d parts=%3d blocks/CTA %5.1f  ws %.1f  ws3x %.1f TFLOPS  t_ws3x/t_ws %.3f  "
-              "bit %s  max|dout| %s  max|dlse| %s  nan %s%s" % (
+        print("SUMMARY %s+%s b=%3d s_q=%d topk=%d+%d parts=%3d blocks/CTA %5.1f  ws %.1f  ws3x %.1f TFLOPS  "
+              "t_ws3x/t_ws %.3f  bit %s  max|dout| %s  max|dlse| %s  nan %s%s" % (
                   fmt, xfmt, b, s_q, topk, xtopk, c.parts, row["blocks_per_cta"], row.get("ws_tflops", float("nan")),
                   row.get("ws3x_tflops", float("nan")), row.get("ws3x_vs_ws_paired_median", float("nan")),
                   row.get("bit_identical"), row.get("max_abs_out_diff"), row.get("max_abs_lse_diff"),

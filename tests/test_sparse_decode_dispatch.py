@@ -1,8 +1,8 @@
 """Which sparse decode kernel the public op (``flash_mla_with_kvcache`` with ``indices``) takes, CPU with the launches
 stubbed: since session 17 the 2-CTA cluster kernel (``_gluon_sparse_decode_ws3``) for h_q a multiple of 128 without
 an extra cache (V3.2 and V4.1), since session 18 also with an extra cache (``DISPATCH_EXTRA_PAIRS``: V4.1 + FP4,
-V4.1 + V4.1, V3.2 + V3.2), WS / WS2 otherwise; ``DEEPKERNELS_SPARSE_WS3=0`` / ``=1`` override it; another Triton version than the one its launcher was
-written against never takes it."""
+V4.1 + V4.1, V3.2 + V3.2), WS / WS2 otherwise; ``DEEPKERNELS_SPARSE_WS3=0`` / ``=1`` override it; another Triton
+version than the one its launcher was written against never takes it."""
 from __future__ import annotations
 
 import pytest

@@ -187,7 +187,7 @@ def _w2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pr
     ``CLUSTER`` (the 2-CTA cluster kernel, ``_gluon_sparse_decode_ws3``): cluster barriers at the partition's start
     and end and, after each local ``empty`` arrive, one on the peer CTA's ``empty`` (shared offset ``empty_off``);
     ``HAS_EXTRA``: a request's extra-cache blocks follow its main ones in the same token loop (only the count
-    changes). ``Q_ASYNC`` (session 18, the cluster kernel's opt-in): each request's Q rows by cp.async, all 9 chunks
+    changes). ``Q_ASYNC`` (session 18, a cluster-kernel option, on for V3.2): each request's Q rows by cp.async, all 9 chunks
     in flight at once, instead of 9 load -> store round trips in series (~7 us per request piece in the profile)."""
     D_V: gl.constexpr = 512
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])

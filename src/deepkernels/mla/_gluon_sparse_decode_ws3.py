@@ -237,8 +237,8 @@ Measured (session 17, H200; git c1ff888 ``device_sparse_ws3_rope.sh`` and git b4
   V4.1 (:data:`WS3_ROW_LANES`).
 
 Index loads ahead (session 18: launcher / compile keywords ``idx_ahead`` / ``pf_lines``, defaults
-:data:`WS3_IDX_AHEAD` / :data:`WS3_PF_LINES`; the session-17 build's PTX stays pinned with the options off). The ncu profile of the
-dispatched V3.2 kernel (benchmarks/notes/profiling.md, "WS3 sparse decode, V3.2 (session 18)") found the producer
+:data:`WS3_IDX_AHEAD` / :data:`WS3_PF_LINES`; the session-17 build's PTX stays pinned with the options off). The ncu
+profile of the dispatched V3.2 kernel (benchmarks/notes/profiling.md, "WS3 sparse decode, V3.2 (session 18)") found the producer
 busy ~89 % of each block (~5,200 of ~5,660 cycles) and both consumers waiting on its ``ready`` barrier, the producer
 itself mostly not issuing: ~1,100 cycles on the two index loads it uses right after issuing them (block j + 2's for
 the L2 prefetch, block j + 1's for the next chunk loads) and ~950 on the bulk prefetch, whose

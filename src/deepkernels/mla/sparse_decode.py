@@ -426,8 +426,8 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
             # the 2-CTA cluster kernel (WS2's consumers, each CTA's producer gathers half the NoPE columns and pushes
             # them to its peer) for h_q a multiple of 128: without an extra cache for _gsdw3.DISPATCH_FMTS (V3.2 and
             # V4.1, 1.12-1.25x WS / WS2 with >= 31 blocks per CTA, bit-identical to WS2), with one for
-            # _gsdw3.DISPATCH_EXTRA_PAIRS (all three WS pairs, 1.26-1.49x WS), when the schedule gives each CTA enough blocks
-            # (_gsdw3.enough_work, checked below once the schedule is known)
+            # _gsdw3.DISPATCH_EXTRA_PAIRS (all three WS pairs, 1.26-1.49x WS), when the schedule gives each CTA enough
+            # blocks (_gsdw3.enough_work, checked below once the schedule is known)
             if (_gsdw3.dispatch_on(plan.fmt, plan.xfmt if has_x else None)
                     and _gsdw3.supported_ws3(q, k_cache, plan.fmt, extra_k_cache)):
                 launch, below_ws3 = _gsdw3.launch_sparse_decode_gluon_ws3, launch
