@@ -864,3 +864,13 @@ def test_gpu_dense_decode_descriptor_cache(monkeypatch):
     torch.cuda.synchronize()
     torch.testing.assert_close(go, out[0], rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(gl_, out[1], rtol=0, atol=0, equal_nan=True)
+
+
+def test_triton_aligned_is_spec_keys_divisibility_fact():
+    """triton_aligned: every tensor 16-B aligned and every int a multiple of 16 -- the divisibility facts spec_key
+    records (a stride of 584 bf16 elements has 16-byte rows but is not such a fact)."""
+    t = torch.zeros(64, dtype=torch.bfloat16)
+    assert _launch.triton_aligned(t, 576, 0, 1024) and _launch.triton_aligned()
+    assert not _launch.triton_aligned(t, 584) and not _launch.triton_aligned(t[1:], 576)
+    for x in (t, t[1:], 576, 584, 16, 8):
+        assert _launch.spec_key(x)[0][1] == _launch.triton_aligned(x)

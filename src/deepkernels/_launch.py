@@ -53,7 +53,8 @@ from collections import OrderedDict
 
 import torch
 
-__all__ = ["KernelLauncher", "spec_key", "cached_launcher", "set_descriptor_cache", "descriptor_cache_enabled"]
+__all__ = ["KernelLauncher", "spec_key", "triton_aligned", "cached_launcher", "set_descriptor_cache",
+           "descriptor_cache_enabled"]
 
 # Global switch of the descriptor cache (read on every fast launch): benchmarks and tests compare on/off with it.
 # ON by default since its first GPU run (session 15); DEEPKERNELS_DESC_CACHE=0 or set_descriptor_cache(False) turns
@@ -84,6 +85,20 @@ def _stream_getter():
     return driver.active.get_current_stream
 
 
+def _aligned16(x) -> bool:
+    """Triton's divisibility fact for one argument: a tensor's (anything with ``data_ptr``) base 16-byte aligned, an
+    int a multiple of 16."""
+    return x.data_ptr() & 15 == 0 if hasattr(x, "data_ptr") else x % 16 == 0
+
+
+def triton_aligned(*args) -> bool:
+    """Whether Triton marks every argument (tensors, ints) aligned / divisible by 16 -- the facts :func:`spec_key`
+    records, under which a kernel's 16-byte vector copies of rows at these strides compile (e.g. cp.async: without
+    them Triton emits element-sized copies, and a 2-byte cp.async does not exist). A stride that is a multiple of 8
+    bf16 elements has 16-byte rows but is NOT such a fact."""
+    return all(_aligned16(x) for x in args)
+
+
 def spec_key(*args) -> tuple:
     """Triton's specialisation facts for ``args``: tensors -> (dtype, 16-B aligned), ints -> (==1, %16==0, i32 /
     i64 / u64), floats -> their type only (Triton passes every float as fp32, never specialised), host tensor
@@ -92,11 +107,11 @@ def spec_key(*args) -> tuple:
     out = []
     for x in args:
         if isinstance(x, torch.Tensor):
-            out.append((x.dtype, x.data_ptr() & 15 == 0))
+            out.append((x.dtype, _aligned16(x)))
         elif isinstance(x, bool) or x is None:
             out.append(x)
         elif isinstance(x, int):
-            out.append((x == 1, x % 16 == 0, 0 if -2 ** 31 <= x < 2 ** 31 else (2 if x >= 2 ** 63 else 1)))
+            out.append((x == 1, _aligned16(x), 0 if -2 ** 31 <= x < 2 ** 31 else (2 if x >= 2 ** 63 else 1)))
         elif isinstance(x, float):
             out.append(float)
         elif hasattr(x, "block_shape") and hasattr(x, "base"):

@@ -331,6 +331,7 @@ import torch
 from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy, fence_async_shared,  # noqa: F401
                       mbarrier, warpgroup_mma, warpgroup_mma_wait)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
+from .._launch import triton_aligned
 from ._gluon_sparse_decode import (GLUON_FMTS, _XFMT_CODES, _g_load_idx, _g_part, _g_req_range, _g_rows, _page_shift,
                                    _xfmt)
 from . import _gluon_sparse_decode_ws as _ws
@@ -962,9 +963,7 @@ def _q_async(fmt: str, q_async, q: torch.Tensor | None = None) -> bool:
     16-byte rows, but the kernel would compile 2-byte cp.async, which does not exist: such q keep the plain loads;
     tests/test_review_s18.py)."""
     on = bool((fmt in WS3_Q_ASYNC) if q_async is None else q_async)
-    if on and q is not None:
-        on = q.data_ptr() % 16 == 0 and all(st % 16 == 0 for st in q.stride()[:3])
-    return on
+    return on and (q is None or triton_aligned(q, *q.stride()[:3]))
 
 
 def _launch_device(q: torch.Tensor) -> int:

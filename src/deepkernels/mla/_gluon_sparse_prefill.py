@@ -44,7 +44,7 @@ from __future__ import annotations
 import torch
 
 from .._backend import gluon_disabled, interpret_mode
-from .._launch import cached_launcher, spec_key
+from .._launch import cached_launcher, spec_key, triton_aligned
 from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy, fence_async_shared, mbarrier,
                       warpgroup_mma, warpgroup_mma_wait)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
@@ -363,8 +363,7 @@ def supported(q: torch.Tensor, kv: torch.Tensor) -> bool:
         return False
     if torch.cuda.get_device_capability(q.device)[0] != 9:
         return False
-    aligned = all(t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and all(st % 16 == 0 for st in t.stride()[:-1])
-                  for t in (q, kv))
+    aligned = all(t.stride(-1) == 1 and triton_aligned(t, *t.stride()[:-1]) for t in (q, kv))
     return aligned and q.shape[1] % BLOCK_H == 0 and q.shape[2] in (576, 512)
 
 
