@@ -405,11 +405,7 @@ def launch_sparse_prefill_gluon(out, max_logits, lse, q, kv, indices, sm_scale, 
                                                  topk_length)
             return
     fn, consts, opts = _variant(variant)
-    dummy = lse
-    args = (q, kv, indices, topk_length if topk_length is not None else dummy,
-            attn_sink if attn_sink is not None else dummy, out, max_logits, lse,
-            kv.shape[0], indices.shape[-1])
-    ints = (q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), h_q)
+    args, ints = launch_args(out, max_logits, lse, q, kv, indices, attn_sink, topk_length)
     flags = (d_qk - D_V, topk_length is not None, attn_sink is not None)
     key = (flags, tuple(consts.items()), tuple(opts.items()), spec_key(*args, *ints))
     launcher = cached_launcher(_LAUNCHERS, fn, key, lambda: dict(
@@ -420,17 +416,28 @@ def launch_sparse_prefill_gluon(out, max_logits, lse, q, kv, indices, sm_scale, 
 # (kernel, (flags, variant constexprs/options, specialisation)) -> KernelLauncher (deepkernels._launch.cached_launcher)
 _LAUNCHERS: dict = {}
 
+# the runtime arguments of every sparse prefill Gluon kernel (single, WS, WS2, WS4; WS3 moves scale_log2 behind H_Q),
+# in order, for the sm90 cross-compiles, and the ones an aligned launch marks 16-divisible
+SIG = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "len_ptr": "*i32", "sink_ptr": "*fp32",
+       "out_ptr": "*bf16", "ml_ptr": "*fp32", "lse_ptr": "*fp32",
+       "s_kv": "i32", "topk": "i32", "sm_scale": "fp32", "scale_log2": "fp32",
+       "stride_qs": "i32", "stride_qh": "i32", "stride_kvs": "i32", "stride_is": "i32", "stride_os": "i32",
+       "stride_oh": "i32", "H_Q": "i32"}
+HINTED = ("q_ptr", "kv_ptr", "idx_ptr", "out_ptr", "stride_qs", "stride_qh", "stride_kvs", "stride_os", "stride_oh")
+
+
+def launch_args(out, max_logits, lse, q, kv, indices, attn_sink, topk_length):
+    """The launch arguments of :data:`SIG` around its two float scales: ``(args, ints)`` = the pointers (an absent
+    length / sink tensor replaced by ``lse``, never read), s_kv, topk; then the strides and H_Q."""
+    args = (q, kv, indices, topk_length if topk_length is not None else lse,
+            attn_sink if attn_sink is not None else lse, out, max_logits, lse, kv.shape[0], indices.shape[-1])
+    ints = (q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), q.shape[1])
+    return args, ints
+
 
 def compile_sm90(d_pe: int = 64, has_len: bool = False, has_sink: bool = False, variant=None):
     """Cross-compile the kernel (``variant`` as in :func:`launch_sparse_prefill_gluon`) for sm90 (no GPU needed).
     Returns the CompiledKernel."""
     fn, extra, opts = _variant(variant)
-    sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "len_ptr": "*i32", "sink_ptr": "*fp32",
-           "out_ptr": "*bf16", "ml_ptr": "*fp32", "lse_ptr": "*fp32",
-           "s_kv": "i32", "topk": "i32", "sm_scale": "fp32", "scale_log2": "fp32",
-           "stride_qs": "i32", "stride_qh": "i32", "stride_kvs": "i32", "stride_is": "i32", "stride_os": "i32",
-           "stride_oh": "i32", "H_Q": "i32"}
     consts = {"D_PE": d_pe, "HAS_LEN": has_len, "HAS_SINK": has_sink, **extra}
-    hinted = ("q_ptr", "kv_ptr", "idx_ptr", "out_ptr", "stride_qs", "stride_qh", "stride_kvs", "stride_os",
-              "stride_oh")
-    return _compile_sm90_gluon(fn, sig, consts, hinted, **opts)
+    return _compile_sm90_gluon(fn, SIG, consts, HINTED, **opts)

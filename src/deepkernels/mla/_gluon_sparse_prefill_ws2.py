@@ -96,6 +96,7 @@ from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl,  # noqa: F40
                       fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 from .._launch import cached_launcher, spec_key
+from . import _gluon_sparse_prefill as _gsp
 from ._gluon_sparse_prefill import BLOCK_H, D_V, WS_MAXNREG, _g_ws_producer, _g_ws_rows, supported
 
 __all__ = ["available", "supported_ws2", "dispatch_on", "launch_sparse_prefill_gluon_ws2", "compile_sm90_ws2",
@@ -353,11 +354,7 @@ def launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_sca
     s_q, h_q, d_qk = q.shape
     if s_q == 0:
         return
-    dummy = lse
-    args = (q, kv, indices, topk_length if topk_length is not None else dummy,
-            attn_sink if attn_sink is not None else dummy, out, max_logits, lse,
-            kv.shape[0], indices.shape[-1])
-    ints = (q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), h_q)
+    args, ints = _gsp.launch_args(out, max_logits, lse, q, kv, indices, attn_sink, topk_length)
     names = _CONSTEXPRS
     constexprs = (d_qk - D_V, topk_length is not None, attn_sink is not None,
                   producer_regs or WS2_PRODUCER_REGS, pv_regs or WS2_PV_REGS,
@@ -374,16 +371,10 @@ def compile_sm90_ws2(d_pe: int = 64, has_len: bool = False, has_sink: bool = Fal
                      producer_regs=None, maxnreg=None, gather_rows4=None):
     """Cross-compile the kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch. Returns
     the CompiledKernel (``.asm['ptx']``, ``.metadata.shared``)."""
-    sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "len_ptr": "*i32", "sink_ptr": "*fp32",
-           "out_ptr": "*bf16", "ml_ptr": "*fp32", "lse_ptr": "*fp32",
-           "s_kv": "i32", "topk": "i32", "sm_scale": "fp32", "scale_log2": "fp32",
-           "stride_qs": "i32", "stride_qh": "i32", "stride_kvs": "i32", "stride_is": "i32", "stride_os": "i32",
-           "stride_oh": "i32", "H_Q": "i32"}
     # every constexpr, in parameter order (the cross-compile binds constexprs by position)
     consts = dict(zip(_CONSTEXPRS, (d_pe, has_len, has_sink, producer_regs or WS2_PRODUCER_REGS,
                                     pv_regs or WS2_PV_REGS,
                                     bool(WS2_GATHER_ROWS4 if gather_rows4 is None else gather_rows4))))
-    hinted = ("q_ptr", "kv_ptr", "idx_ptr", "out_ptr", "stride_qs", "stride_qh", "stride_kvs", "stride_os",
-              "stride_oh")
-    return _compile_sm90_gluon(_sparse_prefill_gluon_ws2_kernel, sig, consts, hinted, num_warps=WS2_NUM_WARPS,
+    return _compile_sm90_gluon(_sparse_prefill_gluon_ws2_kernel, _gsp.SIG, consts, _gsp.HINTED,
+                               num_warps=WS2_NUM_WARPS,
                                maxnreg=maxnreg or WS2_MAXNREG)

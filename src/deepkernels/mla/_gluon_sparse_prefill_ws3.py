@@ -142,6 +142,7 @@ from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy, 
                       mbarrier, warpgroup_mma, warpgroup_mma_wait)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 from .._launch import spec_key
+from . import _gluon_sparse_prefill as _gsp
 from . import _gluon_sparse_prefill_ws2 as _ws2
 from ._gluon_sparse_prefill import BLOCK_H, D_V, _g_ws_rows, supported
 from ._gluon_sparse_prefill_ws2 import (WS2_MAXNREG, _LOG2E, _p2_prologue,
@@ -415,11 +416,8 @@ class _PrefillClusterLauncher(_ClusterLauncher):
 
 def _args(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink, topk_length) -> tuple:
     """The kernel's runtime arguments before ``scale_log2`` (WS2's order, ``scale_log2`` taken out)."""
-    dummy = lse
-    return (q, kv, indices, topk_length if topk_length is not None else dummy,
-            attn_sink if attn_sink is not None else dummy, out, max_logits, lse,
-            kv.shape[0], indices.shape[-1], float(sm_scale),
-            q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1), q.shape[1])
+    args, ints = _gsp.launch_args(out, max_logits, lse, q, kv, indices, attn_sink, topk_length)
+    return (*args, float(sm_scale), *ints)
 
 
 def launch_sparse_prefill_gluon_ws3(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None,
@@ -456,16 +454,10 @@ def compile_sm90_ws3(d_pe: int = 64, has_len: bool = False, has_sink: bool = Fal
                      producer_regs=None, maxnreg=None, pf_idx: bool = True):
     """Cross-compile the kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch. Returns
     the CompiledKernel (``.asm['ptx']``, ``.asm['ttgir']``, ``.metadata.shared``)."""
-    sig = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "len_ptr": "*i32", "sink_ptr": "*fp32",
-           "out_ptr": "*bf16", "ml_ptr": "*fp32", "lse_ptr": "*fp32",
-           "s_kv": "i32", "topk": "i32", "sm_scale": "fp32",
-           "stride_qs": "i32", "stride_qh": "i32", "stride_kvs": "i32", "stride_is": "i32", "stride_os": "i32",
-           "stride_oh": "i32", "H_Q": "i32", "scale_log2": "fp32", "ring_off": "i32", "ready_off": "i32",
-           "empty_off": "i32"}
+    sig = {k: v for k, v in _gsp.SIG.items() if k != "scale_log2"}      # WS2's, scale_log2 moved behind H_Q
+    sig.update(scale_log2="fp32", ring_off="i32", ready_off="i32", empty_off="i32")
     # every constexpr, in parameter order (the cross-compile binds constexprs by position)
     consts = dict(zip(_CONSTEXPRS, (d_pe, has_len, has_sink, producer_regs or WS3_PRODUCER_REGS,
                                     pv_regs or WS3_PV_REGS, bool(pf_idx))))
-    hinted = ("q_ptr", "kv_ptr", "idx_ptr", "out_ptr", "stride_qs", "stride_qh", "stride_kvs", "stride_os",
-              "stride_oh")
-    return _compile_sm90_gluon(_sparse_prefill_gluon_ws3_kernel, sig, consts, hinted, num_warps=WS3_NUM_WARPS,
+    return _compile_sm90_gluon(_sparse_prefill_gluon_ws3_kernel, sig, consts, _gsp.HINTED, num_warps=WS3_NUM_WARPS,
                                maxnreg=maxnreg or WS3_MAXNREG)
