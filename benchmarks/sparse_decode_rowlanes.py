@@ -13,7 +13,6 @@ Usage (GPU): ``PYTHONPATH=src python benchmarks/sparse_decode_rowlanes.py OUT.js
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -33,8 +32,8 @@ def main(argv=None) -> int:
     import mla_sparse_decode as B
     from deepkernels.mla import _gluon_sparse_decode_ws as W
     from deepkernels.mla import _gluon_sparse_decode_ws2 as W2
-    from deepkernels.bench.paired import bit_identical, first_runs, record_rounds, time_rotated
-    from deepkernels.bench.runner import provenance
+    from deepkernels.bench.paired import (bit_identical, errors_text, first_runs, nan_variants, record_rounds,
+                                          save_rows, time_rotated)
     from triton.testing import do_bench
 
     variants = [("ws", W.launch_sparse_decode_gluon_ws, False, "ws"),
@@ -65,9 +64,9 @@ def main(argv=None) -> int:
                       row.get("ws_rl_paired_median", float("nan")), row.get("ws_rl_bit_identical"),
                       row.get("ws2_tflops", float("nan")), row.get("ws2_rl_tflops", float("nan")),
                       row.get("ws2_rl_paired_median", float("nan")), row.get("ws2_rl_bit_identical"),
-                      [k for k, v in row.items() if k.endswith("_nan") and v],
-                      "".join("  %s: %s" % (k, v) for k, v in row.items() if k.endswith("_error"))), flush=True)
-            json.dump(dict(provenance=provenance(), rounds=args.rounds, rows=rows), open(args.out, "w"), indent=1)
+                      nan_variants(row),
+                      errors_text(row)), flush=True)
+            save_rows(args.out, rows, rounds=args.rounds)
             del c, outs, fns
             torch.cuda.empty_cache()
     return 0

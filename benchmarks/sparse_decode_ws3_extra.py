@@ -8,13 +8,16 @@ WS2's) and the max |out_ws3 - out_ws| and |lse_ws3 - lse_ws|. Timing: R rounds (
 timing both kernels (``triton.testing.do_bench``, warmup 3, rep 15, median) in an order rotated by one per round;
 headline = the median over rounds of the PAIRED ratio t_ws3x / t_ws (< 1: WS3 faster). TFLOPS from the medians
 (FlashMLA counting, extra tokens included). JSON with provenance.
+``--idx`` / ``--q``: also the WS3-extra build with the option (``idx_ahead`` / ``q_async``) explicitly off and on,
+``ws3x_<tag>0`` / ``ws3x_<tag>1`` (tag ``ia`` / ``qa``), paired on / off as ``ws3x_<tag>_paired_*`` with their bit
+identity (session 18's runs, before this form, paired the option on against the then-default build under
+``ws3x_ia_*``: results/sparse_decode_ws3_extra_idx-* and _qasync-*).
 Usage (GPU): ``PYTHONPATH=src python benchmarks/sparse_decode_ws3_extra.py OUT.json [--rounds R] [--quick]
-[--all-pairs] [--sweep] [--idx]``
+[--all-pairs] [--sweep] [--idx] [--q]``
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -60,10 +63,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="b 128 s_q 1 only")
     ap.add_argument("--all-pairs", action="store_true", help="also V4.1 + V4.1 and V3.2 + V3.2 at b 128 s_q 1")
     ap.add_argument("--sweep", action="store_true", help="also V4.1 + FP4 at smaller batches / topk (SWEEP)")
-    ap.add_argument("--idx", action="store_true",
-                    help="also WS3-extra with idx_ahead (ws3x_ia; paired against ws3x; session 18)")
-    ap.add_argument("--q", action="store_true",
-                    help="also WS3-extra with q_async, reported in the ws3x_ia fields (paired against ws3x)")
+    ap.add_argument("--idx", action="store_true", help="also WS3-extra with idx_ahead off / on (ws3x_ia0 / 1)")
+    ap.add_argument("--q", action="store_true", help="also WS3-extra with q_async off / on (ws3x_qa0 / 1)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to time")
@@ -71,15 +72,16 @@ def main(argv=None) -> int:
     import mla_sparse_decode as B
     from deepkernels.mla import _gluon_sparse_decode_ws as W
     from deepkernels.mla import _gluon_sparse_decode_ws3 as W3
-    from deepkernels.bench.paired import bit_identical, first_runs, record_rounds, time_rotated
-    from deepkernels.bench.runner import provenance
+    from deepkernels.bench.paired import (bit_identical, errors_text, first_runs, nan_variants, record_rounds,
+                                          save_rows, time_rotated)
     from triton.testing import do_bench
 
     kernels = {"ws": W.launch_sparse_decode_gluon_ws, "ws3x": W3.launch_sparse_decode_gluon_ws3}
-    if args.idx:
-        kernels["ws3x_ia"] = lambda *a: W3.launch_sparse_decode_gluon_ws3(*a, idx_ahead=True)
-    if args.q:
-        kernels["ws3x_ia"] = lambda *a: W3.launch_sparse_decode_gluon_ws3(*a, q_async=True)
+    options = [(tag, kw) for flag, tag, kw in (("idx", "ia", "idx_ahead"), ("q", "qa", "q_async"))
+               if getattr(args, flag)]
+    for tag, kw in options:
+        for on in (0, 1):
+            kernels[f"ws3x_{tag}{on}"] = (lambda *a, _kw={kw: bool(on)}: W3.launch_sparse_decode_gluon_ws3(*a, **_kw))
     shapes = SHAPES[2:3] if args.quick else SHAPES
     if args.all_pairs:
         shapes = shapes + MORE
@@ -104,10 +106,11 @@ def main(argv=None) -> int:
             row["max_abs_lse_diff"] = float((l3 - lw).abs().nan_to_num(float("inf")).max())
         times = time_rotated(fns, args.rounds, lambda f: do_bench(f, warmup=3, rep=15, return_mode="median"))
         pairs = [("ws3x_vs_ws", "ws3x", "ws")]
-        if args.idx or args.q:
-            pairs.append(("ws3x_ia_vs_ws3x", "ws3x_ia", "ws3x"))
-            if "ws3x" in outs and "ws3x_ia" in outs:
-                row["ws3x_ia_bit"] = bit_identical(outs["ws3x"], outs["ws3x_ia"])
+        for tag, _ in options:
+            off, on = f"ws3x_{tag}0", f"ws3x_{tag}1"
+            pairs.append((f"ws3x_{tag}", on, off))
+            if off in outs and on in outs:
+                row[f"ws3x_{tag}_bit"] = bit_identical(outs[off], outs[on])
         record_rounds(row, times, c.flop, pairs)
         rows.append(row)
         print("SUMMARY %s+%s b=%3d s_q=%d topk=%d+%d parts=%3d blocks/CTA %5.1f  ws %.1f  ws3x %.1f TFLOPS  "
@@ -115,13 +118,13 @@ def main(argv=None) -> int:
                   fmt, xfmt, b, s_q, topk, xtopk, c.parts, row["blocks_per_cta"], row.get("ws_tflops", float("nan")),
                   row.get("ws3x_tflops", float("nan")), row.get("ws3x_vs_ws_paired_median", float("nan")),
                   row.get("bit_identical"), row.get("max_abs_out_diff"), row.get("max_abs_lse_diff"),
-                  [k for k, v in row.items() if k.endswith("_nan") and v],
-                  "".join("  %s: %s" % (k, v) for k, v in row.items() if k.endswith("_error"))), flush=True)
-        if args.idx or args.q:
-            print("SUMMARY-IA %s+%s b=%3d s_q=%d  t_ws3x_ia/t_ws3x %.4f  ws3x_ia %.1f TFLOPS  bit %s" % (
-                fmt, xfmt, b, s_q, row.get("ws3x_ia_vs_ws3x_paired_median", float("nan")),
-                row.get("ws3x_ia_tflops", float("nan")), row.get("ws3x_ia_bit")), flush=True)
-        json.dump(dict(provenance=provenance(), rounds=args.rounds, rows=rows), open(args.out, "w"), indent=1)
+                  nan_variants(row),
+                  errors_text(row)), flush=True)
+        for tag, kw in options:
+            print("SUMMARY-%s %s+%s b=%3d s_q=%d  t_on/t_off %.4f  on %.1f TFLOPS  bit %s" % (
+                kw, fmt, xfmt, b, s_q, row.get(f"ws3x_{tag}_paired_median", float("nan")),
+                row.get(f"ws3x_{tag}1_tflops", float("nan")), row.get(f"ws3x_{tag}_bit")), flush=True)
+        save_rows(args.out, rows, rounds=args.rounds)
         del c, outs, fns
         torch.cuda.empty_cache()
     return 0

@@ -12,7 +12,6 @@ Usage (GPU): ``PYTHONPATH=src python benchmarks/sparse_decode_ws3_paired.py OUT.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -37,8 +36,8 @@ def main(argv=None) -> int:
     from deepkernels.mla import _gluon_sparse_decode_ws as W
     from deepkernels.mla import _gluon_sparse_decode_ws2 as W2
     from deepkernels.mla import _gluon_sparse_decode_ws3 as W3
-    from deepkernels.bench.paired import bit_identical, first_runs, record_rounds, time_rotated
-    from deepkernels.bench.runner import provenance
+    from deepkernels.bench.paired import (bit_identical, errors_text, first_runs, nan_variants, record_rounds,
+                                          save_rows, time_rotated)
     from triton.testing import do_bench
 
     kernels = {"ws": W.launch_sparse_decode_gluon_ws, "ws2": W2.launch_sparse_decode_gluon_ws2,
@@ -66,9 +65,9 @@ def main(argv=None) -> int:
                       fmt, b, s_q, topk, c.parts, row.get("ws_tflops", float("nan")),
                       row.get("ws2_tflops", float("nan")), row.get("ws3_tflops", float("nan")),
                       row.get("ws3_vs_ws_paired_median", float("nan")), row.get("ws3_vs_ws2_paired_median", float("nan")),
-                      row.get("bit_identical"), [k for k, v in row.items() if k.endswith("_nan") and v],
-                      "".join("  %s: %s" % (k, v) for k, v in row.items() if k.endswith("_error"))), flush=True)
-            json.dump(dict(provenance=provenance(), rounds=args.rounds, rows=rows), open(args.out, "w"), indent=1)
+                      row.get("bit_identical"), nan_variants(row),
+                      errors_text(row)), flush=True)
+            save_rows(args.out, rows, rounds=args.rounds)
             del c, outs, fns
             torch.cuda.empty_cache()
     return 0

@@ -17,7 +17,6 @@ Usage (GPU): ``PYTHONPATH=src python benchmarks/sparse_decode_ws3_rope.py OUT.js
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -60,8 +59,8 @@ def main(argv=None) -> int:
         return 0
     import mla_sparse_decode as B
     from deepkernels.mla import _gluon_sparse_decode_ws3 as W3
-    from deepkernels.bench.paired import bit_identical, first_runs, record_rounds, time_rotated
-    from deepkernels.bench.runner import provenance
+    from deepkernels.bench.paired import (bit_identical, errors_text, first_runs, nan_variants, record_rounds,
+                                          save_rows, time_rotated)
     from triton.testing import do_bench
 
     def variants_for(fmt):
@@ -115,9 +114,9 @@ def main(argv=None) -> int:
                             for v in options),
                   row.get("ws3_aa_paired_median", nan),
                   "".join("%s=%s " % (v[4:], row.get(v + "_bit")) for v in options).strip(),
-                  [k for k, v in row.items() if k.endswith("_nan") and v],
-                  "".join("  %s: %s" % (k, v) for k, v in row.items() if k.endswith("_error"))), flush=True)
-        json.dump(dict(provenance=provenance(), rounds=args.rounds, rows=rows), open(args.out, "w"), indent=1)
+                  nan_variants(row),
+                  errors_text(row)), flush=True)
+        save_rows(args.out, rows, rounds=args.rounds)
         del c, outs, fns
         torch.cuda.empty_cache()
     return 0

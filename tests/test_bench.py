@@ -122,3 +122,15 @@ def test_roofline_bad_argument_is_a_usage_error():
     with pytest.raises(SystemExit) as e:
         main(["roofline", "--heads", "0"])
     assert e.value.code == 2
+
+
+def test_paired_row_helpers(tmp_path):
+    """deepkernels.bench.paired: nan_variants / errors_text read first_runs' fields, save_rows writes provenance +
+    meta + rows (the A/B scripts' shared tail)."""
+    import json
+    from deepkernels.bench.paired import errors_text, nan_variants, save_rows
+    row = {"a_nan": True, "b_nan": False, "c_error": "boom", "x": 1}
+    assert nan_variants(row) == ["a_nan"] and errors_text(row) == "  c_error: boom"
+    save_rows(str(tmp_path / "r.json"), [row], rounds=3)
+    d = json.load(open(tmp_path / "r.json"))
+    assert d["rounds"] == 3 and d["rows"] == [row] and "git_sha" in d["provenance"]

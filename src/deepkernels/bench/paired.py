@@ -15,7 +15,8 @@ import math
 import statistics
 from typing import Callable
 
-__all__ = ["rotation", "time_rotated", "round_stats", "record_rounds", "first_runs", "bit_identical"]
+__all__ = ["rotation", "time_rotated", "round_stats", "record_rounds", "first_runs", "bit_identical",
+           "nan_variants", "errors_text", "save_rows"]
 
 
 def record_rounds(row: dict, times: dict, flop: float, pairs=()) -> None:
@@ -59,6 +60,24 @@ def first_runs(launches: dict, alloc: Callable, row: dict) -> tuple:
         except Exception as e:  # noqa: BLE001
             row[name + "_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     return fns, outs
+
+
+def nan_variants(row: dict) -> list:
+    """The ``<name>_nan`` fields of a bench row (:func:`first_runs`) that are true: variants that left NaN."""
+    return [k for k, v in row.items() if k.endswith("_nan") and v]
+
+
+def errors_text(row: dict) -> str:
+    """The ``<name>_error`` fields of a bench row (:func:`first_runs`) as ``"  name_error: message"`` pieces."""
+    return "".join("  %s: %s" % (k, v) for k, v in row.items() if k.endswith("_error"))
+
+
+def save_rows(path: str, rows: list, **meta) -> None:
+    """Write a bench's rows as JSON with :func:`deepkernels.bench.runner.provenance` and ``meta`` (e.g. rounds)."""
+    import json
+    from .runner import provenance
+    with open(path, "w") as f:
+        json.dump(dict(provenance=provenance(), **meta, rows=rows), f, indent=1)
 
 
 def bit_identical(a: tuple, b: tuple) -> bool:

@@ -90,8 +90,6 @@ from __future__ import annotations
 
 import os
 
-import torch
-
 from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl,  # noqa: F401
                       fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit

@@ -167,8 +167,6 @@ Risks (none of this ran on a GPU)
 """
 from __future__ import annotations
 
-import torch
-
 from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy,  # noqa: F401
                       fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
