@@ -12,7 +12,8 @@ bit for bit (``<variant>_bit``; ``bit_identical``: all of them). Timing: R round
 round times every variant (``triton.testing.do_bench``, warmup 3, rep 15, median) in an order rotated by one per
 round; headline = the median over rounds of the PAIRED ratio t_variant / t_ws3 (< 1: the option is faster), so clock
 drift cancels. TFLOPS from the per-variant medians (FlashMLA counting). JSON with provenance after every shape.
-Usage (GPU): ``PYTHONPATH=src python benchmarks/sparse_decode_ws3_rope.py OUT.json [--rounds R] [--quick | --v41 | --sweep | --idx | --q]``
+Usage (GPU): ``PYTHONPATH=src python benchmarks/sparse_decode_ws3_rope.py OUT.json [--rounds R]
+[--quick | --v41 | --sweep | --idx | --q]`` (``--idx`` / ``--q``: against the option-off build)
 """
 from __future__ import annotations
 
@@ -64,34 +65,42 @@ def main(argv=None) -> int:
     from triton.testing import do_bench
 
     def variants_for(fmt):
+        """(name, knobs) per variant: the base build twice ("ws3", "ws3_aa": the A/A control), then the options, each
+        the base with its overrides. --idx / --q time against their option OFF (the session-17 producer / Q by plain
+        loads), not against the current defaults, which include them."""
+        base = {}
         if args.q:
-            return (("ws3", {}), ("ws3_aa", {}), ("ws3_qa", dict(q_async=True)))
-        if args.idx:
-            if fmt == "v32":     # default: bulk L2 prefetch on
-                return (("ws3", {}), ("ws3_aa", {}), ("ws3_ia", dict(idx_ahead=True)),
-                        ("ws3_ia_pfl", dict(idx_ahead=True, pf_lines=True)),
-                        ("ws3_ia_nopf", dict(idx_ahead=True, pf_l2=False)), ("ws3_pfl", dict(pf_lines=True)))
-            # V4.1's default: no L2 prefetch (the bulk one measured 1.05-1.07x slower)
-            return (("ws3", {}), ("ws3_aa", {}), ("ws3_ia", dict(idx_ahead=True)),
-                    ("ws3_ia_pfl", dict(idx_ahead=True, pf_l2=True, pf_lines=True)),
-                    ("ws3_pfl", dict(pf_l2=True, pf_lines=True)))
-        if not args.sweep:
-            return (("ws3", {}), ("ws3_aa", {}), ("ws3_rope", dict(rope_rows=True)), ("ws3_rl", dict(row_lanes=True)),
-                    ("ws3_rl_rope", dict(row_lanes=True, rope_rows=True)))
-        # cross-compiled first (sm90 ptxas, page shift 6 + lengths + sink): left out are V4.1 deq_asm (87 spill
-        # instructions in the producer loop), V3.2 producer +16 (5 in the softmax loop), V4.1 producer -16 (same SASS)
-        # and +16 (2 producer spills)
-        flips = [("ws3_pfl2", dict(pf_l2=fmt not in W3.WS3_PF_L2))]
-        if fmt == "v32":
-            flips += [("ws3_deq", dict(deq_asm=False)), ("ws3_pr-16", dict(producer_regs=W3.WS3_PRODUCER_REGS[fmt] - 16))]
-        return (("ws3", {}), ("ws3_aa", {}), *flips)
+            opts = [("ws3_qa", dict(q_async=True))]
+            base = dict(q_async=False)
+        elif args.idx:
+            base = dict(idx_ahead=False, pf_lines=False, pf_l2=fmt == "v32")
+            if fmt == "v32":     # session 17: bulk L2 prefetch on
+                opts = [("ws3_ia", dict(idx_ahead=True)), ("ws3_ia_pfl", dict(idx_ahead=True, pf_lines=True)),
+                        ("ws3_ia_nopf", dict(idx_ahead=True, pf_l2=False)), ("ws3_pfl", dict(pf_lines=True))]
+            else:                # V4.1, session 17: no L2 prefetch (the bulk one measured 1.05-1.07x slower)
+                opts = [("ws3_ia", dict(idx_ahead=True)),
+                        ("ws3_ia_pfl", dict(idx_ahead=True, pf_l2=True, pf_lines=True)),
+                        ("ws3_pfl", dict(pf_l2=True, pf_lines=True))]
+        elif not args.sweep:
+            opts = [("ws3_rope", dict(rope_rows=True)), ("ws3_rl", dict(row_lanes=True)),
+                    ("ws3_rl_rope", dict(row_lanes=True, rope_rows=True))]
+        else:
+            # cross-compiled first (sm90 ptxas, page shift 6 + lengths + sink): left out are V4.1 deq_asm (87 spill
+            # instructions in the producer loop), V3.2 producer +16 (5 in the softmax loop), V4.1 producer -16 (same
+            # SASS) and +16 (2 producer spills)
+            opts = [("ws3_pfl2", dict(pf_l2=fmt not in W3.WS3_PF_L2))]
+            if fmt == "v32":
+                opts += [("ws3_deq", dict(deq_asm=False)),
+                         ("ws3_pr-16", dict(producer_regs=W3.WS3_PRODUCER_REGS[fmt] - 16))]
+        return (("ws3", base), ("ws3_aa", base), *((n, {**base, **k}) for n, k in opts))
 
-    shapes = SHAPES_IDX if (args.idx or args.q) else SHAPES_SWEEP if args.sweep else SHAPES_V41 if args.v41 else SHAPES[:2] if args.quick else SHAPES
+    shapes = (SHAPES_IDX if (args.idx or args.q) else SHAPES_SWEEP if args.sweep else SHAPES_V41 if args.v41
+              else SHAPES[:2] if args.quick else SHAPES)
     rows = []
     B.warm_clocks()
     for fmt, b, s_q, topk in shapes:
         variants = variants_for(fmt)
-        options = [n for n, kn in variants if kn]
+        options = [n for n, _ in variants[2:]]
         h_q = 128
         c = B.kernel_case(fmt, b, s_q, h_q, topk, 8192)
         row = dict(fmt=fmt, b=b, s_q=s_q, h_q=h_q, topk=topk, s_k=8192, parts=c.parts, flop=c.flop)
