@@ -302,6 +302,13 @@ def _w4_s_half(q_n, q_p, kv_n, kv_p, z, b, acc, HALF: gl.constexpr, FIRST: gl.co
 
 
 @_jit
+def _w4_bars(bars):
+    """The 7 handoff mbarriers of ``bars`` by name: MX0 MX1 P0R P1R Q FIN0 FIN1 (kernel allocation order)."""
+    return (bars.index(0), bars.index(1), bars.index(2), bars.index(3), bars.index(4), bars.index(5),
+            bars.index(6))
+
+
+@_jit
 def _w4_wg0(q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, q_ptr, idx_ptr, len_ptr, sink_ptr,
             out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_qs, stride_qh, stride_is, stride_os,
             stride_oh, H_Q, D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
@@ -314,13 +321,7 @@ def _w4_wg0(q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, q_ptr,
     L_PA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     LS: gl.constexpr = gl.SliceLayout(0, S_L)
     LR: gl.constexpr = gl.SliceLayout(1, S_L)
-    mx0 = bars.index(0)
-    mx1 = bars.index(1)
-    p0r = bars.index(2)
-    p1r = bars.index(3)
-    qbar = bars.index(4)
-    fin0 = bars.index(5)
-    fin1 = bars.index(6)
+    mx0, mx1, p0r, p1r, qbar, fin0, fin1 = _w4_bars(bars)
     tok, hb, n, num_blocks, idx_row = _p2_prologue(q_n.index(0), q_p.index(0), q_ptr, idx_ptr, len_ptr, topk, stride_qs, stride_qh,
                                                    stride_is, H_Q, D_PE, HAS_LEN)
     mbarrier.arrive(qbar)           # Q stored, fenced and barrier'd by the prologue
@@ -430,13 +431,7 @@ def _w4_wg1(q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, idx_pt
     L_PA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
     LS: gl.constexpr = gl.SliceLayout(0, S_L)
     LR: gl.constexpr = gl.SliceLayout(1, S_L)
-    mx0 = bars.index(0)
-    mx1 = bars.index(1)
-    p0r = bars.index(2)
-    p1r = bars.index(3)
-    qbar = bars.index(4)
-    fin0 = bars.index(5)
-    fin1 = bars.index(6)
+    mx0, mx1, p0r, p1r, qbar, fin0, fin1 = _w4_bars(bars)
     pid = gl.program_id(0)
     tok = (pid // (H_Q // 64)).to(gl.int64)
     hb = pid % (H_Q // 64)
