@@ -414,9 +414,13 @@ def test_supported_ws3_gate_on_cpu(monkeypatch):
     q64 = torch.zeros(2, 1, 64, 576, dtype=torch.bfloat16)
     c = torch.zeros(4, 64, 1, 656, dtype=torch.uint8)
     assert not W3.supported_ws3(q128, c, "v32")                       # CPU tensors
-    monkeypatch.setattr(W2, "supported", lambda *a, **k: True)
+    monkeypatch.setattr(W, "supported", lambda *a, **k: True)         # the WS gate it builds on (supported_ws)
     assert W3.supported_ws3(q128, c, "v32") and not W3.supported_ws3(q64, c, "v32")
-    assert not W3.supported_ws3(q128, c, "v32", extra_k_cache=c)
+    assert W3.supported_ws3(q128, c, "v32", extra_k_cache=c)         # V3.2 + V3.2 (since session 18)
+    c41 = torch.zeros(4, 64, 1, 528, dtype=torch.uint8)
+    assert not W3.supported_ws3(q128, c, "v32", extra_k_cache=c41)   # not a pair
+    assert W3.extends_ws(q128, "v41", "fp4") and not W3.extends_ws(q64, "v41", None)
+    assert not W3.extends_ws(q128, "v32", "fp4")
     with pytest.raises(ValueError):
         W3.launch_sparse_decode_gluon_ws3(None, None, q128, c, None, None, None, 1.0, "fp4")
 

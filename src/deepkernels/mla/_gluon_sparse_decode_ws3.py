@@ -344,7 +344,7 @@ from ._gluon_cluster import (_c_expect_tx, _c_init_fence, _c_lane, _c_peer_rank,
 
 __all__ = ["available", "supported_ws3", "launch_sparse_decode_gluon_ws3", "compile_sm90_ws3", "smem_offsets",
            "WS3_PRODUCER_REGS", "WS3_NUM_WARPS", "DISPATCH", "DISPATCH_FMTS", "DISPATCH_MIN_BLOCKS",
-           "DISPATCH_EXTRA_PAIRS", "dispatch_on", "enough_work", "WS3_EXTRA_PAIRS", "compile_sm90_ws3_extra"]
+           "DISPATCH_EXTRA_PAIRS", "dispatch_on", "enough_work", "extends_ws", "WS3_EXTRA_PAIRS", "compile_sm90_ws3_extra"]
 
 BLOCK_H = 64
 WS3_NUM_WARPS = 4
@@ -877,15 +877,18 @@ def enough_work(b: int, topk: int, parts: int, extra_topk: int = 0) -> bool:
     return b * (-(-topk // 64) + -(-extra_topk // 64)) >= DISPATCH_MIN_BLOCKS * parts
 
 
+def extends_ws(q: torch.Tensor, fmt: str, xfmt=None) -> bool:
+    """What this kernel needs beyond the WS kernel's gate (``_gluon_sparse_decode_ws.supported_ws``): h_q a multiple
+    of 128 (two 64-head blocks per cluster) and, with an extra cache of format ``xfmt``, a pair of
+    :data:`WS3_EXTRA_PAIRS` (sparse_decode.py asks only this once the WS gate passed)."""
+    return q.shape[2] % 128 == 0 and (xfmt is None or xfmt in WS3_EXTRA_PAIRS.get(fmt, ()))
+
+
 def supported_ws3(q: torch.Tensor, k_cache: torch.Tensor, fmt: str, extra_k_cache=None, config=None) -> bool:
-    """h_q a multiple of 128 (two 64-head blocks per cluster) and, without an extra cache, ``supported_ws2``; with
-    one, ``_gluon_sparse_decode_ws.supported_ws`` and a pair of :data:`WS3_EXTRA_PAIRS`."""
-    if q.shape[2] % 128:
-        return False
-    if extra_k_cache is None:
-        return _ws2.supported_ws2(q, k_cache, fmt, None, config)
-    return (fmt in WS3_EXTRA_PAIRS and _xfmt(extra_k_cache) in WS3_EXTRA_PAIRS[fmt]
-            and _ws.supported_ws(q, k_cache, fmt, extra_k_cache, config))
+    """:func:`extends_ws` and the WS kernel's gate (``supported_ws``; without an extra cache that is
+    ``supported_ws2``)."""
+    xfmt = None if extra_k_cache is None else _xfmt(extra_k_cache)
+    return extends_ws(q, fmt, xfmt) and _ws.supported_ws(q, k_cache, fmt, extra_k_cache, config)
 
 
 class _ClusterLauncher:

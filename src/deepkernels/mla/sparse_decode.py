@@ -421,15 +421,16 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
                 and _gsdw.supported_ws(q, k_cache, plan.fmt, extra_k_cache)):
             launch = _gsdw.launch_sparse_decode_gluon_ws
             # the split-consumer WS kernel in its place (no extra cache) for _gsdw2.DISPATCH_FMTS (V4.1: 1.04-1.05x)
-            if not has_x and _gsdw2.dispatch_on(plan.fmt) and _gsdw2.supported_ws2(q, k_cache, plan.fmt):
+            # (supported_ws2 is the WS gate just passed, without an extra cache: not asked again)
+            if not has_x and _gsdw2.dispatch_on(plan.fmt):
                 launch = _gsdw2.launch_sparse_decode_gluon_ws2
             # the 2-CTA cluster kernel (WS2's consumers, each CTA's producer gathers half the NoPE columns and pushes
             # them to its peer) for h_q a multiple of 128: without an extra cache for _gsdw3.DISPATCH_FMTS (V3.2 and
             # V4.1, 1.12-1.25x WS / WS2 with >= 31 blocks per CTA, bit-identical to WS2), with one for
             # _gsdw3.DISPATCH_EXTRA_PAIRS (all three WS pairs, 1.26-1.49x WS), when the schedule gives each CTA enough
             # blocks (_gsdw3.enough_work, checked below once the schedule is known)
-            if (_gsdw3.dispatch_on(plan.fmt, plan.xfmt if has_x else None)
-                    and _gsdw3.supported_ws3(q, k_cache, plan.fmt, extra_k_cache)):
+            xf = plan.xfmt if has_x else None
+            if _gsdw3.dispatch_on(plan.fmt, xf) and _gsdw3.extends_ws(q, plan.fmt, xf):
                 launch, below_ws3 = _gsdw3.launch_sparse_decode_gluon_ws3, launch
         elif plan.fmt in _gsd.DISPATCH_FMTS and _gsd.supported(q, k_cache, plan.fmt, extra_k_cache):
             launch = _gsd.launch_sparse_decode_gluon
