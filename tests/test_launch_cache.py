@@ -350,8 +350,10 @@ def test_gluon_sparse_decode_ws_public_op_takes_the_fast_path(bind_on_cpu, monke
     launcher = next(iter(gsdw._LAUNCHERS.values()))
     assert launcher.fast_calls == 2 and launcher.meta["maxnreg"] == gsdw.WS_MAXNREG
     assert launcher.meta["FMT"] == 0 and launcher.meta["PRODUCER_REGS"] == gsdw.WS_PRODUCER_REGS
-    # V4.1 (main cache only) is dispatched to the WS kernel too: a second WS launcher (FMT constexpr, V4.1 producer
-    # registers); with the WS dispatch closed for it and the single-partition one opened, that kernel takes it
+    # V4.1 (main cache only) on the WS kernel too (with WS2's dispatch -- V4.1's default since session 15, sharing
+    # the WS gate stubbed here -- closed): a second WS launcher (FMT constexpr, V4.1 producer registers); with the WS
+    # dispatch closed for it and the single-partition one opened, that kernel takes it
+    monkeypatch.setenv("DEEPKERNELS_SPARSE_WS2", "0")
     assert gsdw.supported_ws(kw["q"], kw["k_cache"], "v41") and "v41" in gsdw.DISPATCH_FMTS
     kw41 = make_case(2, 1, 64, "v41", 64, 80, 16, with_len=True, sink=True)
     for _ in range(2):
