@@ -46,7 +46,7 @@ def _time(fn):
     return out
 
 
-def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None, ms=None):
+def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None, ms=None, sa=False):
     """Drift-robust A/B at the K >= 7168 shapes (``all_shapes``: all 6): the Triton table config, the Gluon configs
     the dispatch may pick and cuBLAS, each checked once (poisoned d, calc_diff < 1e-3 vs the dequantized product),
     then timed once per round in every one of ``rounds`` rounds (whole call, do_bench median); per-variant median
@@ -56,7 +56,10 @@ def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None, ms=No
     whole process; the direct Gluon launches ignore it), the Gluon side the register-epilogue WS configs s4/s6 and
     the TMA-store-epilogue configs ``G.GLUON_EPI``; no prefetch configs; the shapes with the fewest K blocks first
     (where the epilogue is the largest share of a tile). ``budget_s``: shapes not started by then are skipped.
-    ``ms``: run the six (N, K) at these M instead of 4096 (e.g. 1024, 2048: where the dispatch envelope ends)."""
+    ``ms``: run the six (N, K) at these M instead of 4096 (e.g. 1024, 2048: where the dispatch envelope ends).
+    ``sa`` (session 19): the S4 EPI config (the M >= 1024 dispatch) twice (``..._epi`` and ``..._epi_aa``: the A/A
+    control) against ``G.GLUON_SA`` (scales two blocks ahead, 1 / 2), every round in a rotated order, plus cuBLAS;
+    prints per shape the median over rounds of the PAIRED ratio t_variant / t_s4_epi (< 1: faster)."""
     t0 = time.time()
     import triton
     import triton.testing
@@ -75,8 +78,11 @@ def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None, ms=No
            "env_DEEPKERNELS_DISABLE_GLUON": os.environ.get("DEEPKERNELS_DISABLE_GLUON", ""),
            "timing": "us = median over rounds of do_bench median (whole call, L2 flushed); graph_us = "
                      "do_bench_cudagraph (replay)", "rows": []}
-    gluon_cfgs = ([G.GLUON_WS_128_S4, G.GLUON_WS_128_S6] + list(G.GLUON_EPI) if epi else
+    gluon_cfgs = ([G.GLUON_WS_128_S4_EPI] + list(G.GLUON_SA) if sa else
+                  [G.GLUON_WS_128_S4, G.GLUON_WS_128_S6] + list(G.GLUON_EPI) if epi else
                   [G.GLUON_WS_128_S4, G.GLUON_WS_128_S6, G.GLUON_WS_128_S4_PF, G.GLUON_WS_128_S6_PF])
+    if sa:
+        res["mode"] = "ab_scale_ahead"
     shapes = [s for s in SHAPES if all_shapes or s[2] >= 7168]
     if ms:
         shapes = [(m, n, k) for m in ms for (_, n, k) in shapes]
@@ -92,7 +98,9 @@ def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None, ms=No
         ref = (A[0].float() * sa) @ (B[0].float() * sb).T
         del sa, sb
         d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        if epi:
+        if sa:
+            impls = {}
+        elif epi:
             impls = {"triton_public_disable_gluon": lambda: dk.fp8_gemm_nt(A, B, d)}
         else:
             tcfg = select_fp8_config(m, n, k, dense.get_num_sms())
@@ -106,6 +114,9 @@ def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None, ms=No
                 A[0], B[0].T, scale_a=sfa_c, scale_b=sfb_c, out_dtype=torch.bfloat16))
         for cfg in gluon_cfgs:
             impls[cfg.name()] = (lambda c=cfg: G._launch_fp8_gluon(A[0], A[1], B[0], B[1], d, c))
+        if sa:
+            base = G.GLUON_WS_128_S4_EPI.name()
+            impls[base + "_aa"] = impls[base]
         row = {"shape": [m, n, k], "flops": 2 * m * n * k, "impls": {}}
         ok = []
         for name, fn in impls.items():
@@ -122,8 +133,9 @@ def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None, ms=No
                     e["error"] = "failed its check: not timed"
             except Exception as ex:
                 e["error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
-        for _ in range(rounds):
-            for name in ok:
+        for r in range(rounds):
+            order = ok[r % len(ok):] + ok[:r % len(ok)] if (sa and ok) else ok   # rotated (sa), fixed otherwise
+            for name in order:
                 row["impls"][name]["us_rounds"].append(
                     triton.testing.do_bench(impls[name], warmup=5, rep=40, return_mode="median") * 1e3)
         for name in ok:
@@ -134,6 +146,15 @@ def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None, ms=No
                 e["graph_us"] = triton.testing.do_bench_cudagraph(impls[name], rep=30) * 1e3
             except Exception as ex:
                 e["graph_error"] = str(ex)[:200]
+        if sa and base in ok:
+            for name in ok:
+                if name != base:
+                    ratios = sorted(x / y for x, y in zip(row["impls"][name]["us_rounds"],
+                                                          row["impls"][base]["us_rounds"]))
+                    row["impls"][name]["paired_median_vs_s4_epi"] = ratios[len(ratios) // 2]
+            print(f"SUMMARY {m}x{n}x{k} s4_epi {row['impls'][base]['tflops']:.0f} TFLOPS  t/t_s4_epi: " + "  ".join(
+                f"{nm.replace(base, '') or nm} {e['paired_median_vs_s4_epi']:.4f} ({e['tflops']:.0f})"
+                for nm, e in row["impls"].items() if "paired_median_vs_s4_epi" in e), flush=True)
         res["rows"].append(row)
         print(f"{m}x{n}x{k}: " + "  ".join(f"{nm} {e.get('us', float('nan')):.1f}/{e.get('graph_us') or float('nan'):.1f}"
                                            for nm, e in row["impls"].items()), flush=True)
@@ -180,11 +201,12 @@ def main():
     ap.add_argument("--all-shapes", action="store_true", help="with --ab: all 6 M = 4096 shapes")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ms", default="", help="with --ab: comma-separated M values instead of 4096")
+    ap.add_argument("--sa", action="store_true", help="with --ab: S4 EPI (+ A/A) vs the scale-ahead configs, rotated")
     args = ap.parse_args()
     if args.ab:
         return run_ab(args.out, rounds=args.rounds, epi=args.epi, all_shapes=args.all_shapes,
-                      budget_s=args.budget_s if args.epi else None,
-                      ms=[int(x) for x in args.ms.split(",") if x] or None)
+                      budget_s=args.budget_s if (args.epi or args.sa) else None,
+                      ms=[int(x) for x in args.ms.split(",") if x] or None, sa=args.sa)
     t0 = time.time()
     from deepkernels.gemm import _gluon_fp8 as G
     from deepkernels.gemm import dense

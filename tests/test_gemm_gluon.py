@@ -8,6 +8,9 @@
 Everything skips cleanly on a CPU box, under the interpreter, or when Gluon is not importable.
 """
 
+import dataclasses
+import os
+
 import pytest
 import torch
 
@@ -367,4 +370,68 @@ def test_gluon_epi_small_grid_persistent(shape, cfg):
     """3 programs for 64 / 64 tiles: every warpgroup's epilogue buffer is rewritten ~21 times, the store_wait(0)
     before each rewrite is what keeps the previous tile's TMA store from reading a half-written buffer (K 256: only
     two K blocks between consecutive stores, the tightest case)."""
+    _run_and_check(*shape, cfg, num_sms=3)
+
+
+# ------------------------------------------------------------------ session 19: scales two blocks ahead (opt-in)
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg", G.GLUON_SA + [dataclasses.replace(G.GLUON_WS_128_S4, scale_ahead=1)], ids=lambda c: c.name())
+def test_scale_ahead_compiles_without_spills(cfg):
+    """scale_ahead 1 / 2 (module docstring, "Scales ahead"): the K loop unrolled by two (8 QGMMA per innermost loop of
+    each math warpgroup), no spills (ptxas), the shared memory of the same config without it."""
+    from deepkernels.testing.compile import ptxas_sm90, sass_count, sass_loops
+    k = G._compile_sm90(cfg)
+    assert k.metadata.shared == G._compile_sm90(dataclasses.replace(cfg, scale_ahead=0)).metadata.shared
+    rep = ptxas_sm90(k.asm["ptx"], sass=True)
+    if rep is None:
+        pytest.skip("ptxas not available")
+    assert rep.spills == (0, 0), rep.spills
+    loops = [lp for lp in sass_loops(rep.sass) if sass_count(lp, "QGMMA")]
+    assert len(loops) == 2 and all(sass_count(lp, "QGMMA") == 8 for lp in loops)
+
+
+def test_scale_ahead_launch_rules():
+    """scale_ahead is an opt-in of the plain WS loop (not with overlap / prefetch, values 1 or 2 only), passed to the
+    kernel only when set (the existing configs' launches and constexprs stay as they were)."""
+    assert "SCALE_AHEAD" not in G.ws_meta(G.GLUON_WS_128_S4_EPI)
+    assert G.ws_meta(G.GLUON_WS_128_S4_EPI_SA2)["SCALE_AHEAD"] == 2
+    assert G.GLUON_WS_128_S4_EPI_SA1.name().endswith("_epi_sa1")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or not G.available():
+        pytest.skip("the launcher refuses before its config checks under the interpreter / without Gluon")
+    a = torch.zeros(1, 128, dtype=torch.float8_e4m3fn)
+    for bad in (dataclasses.replace(G.GLUON_WS_128_S4, scale_ahead=3), dataclasses.replace(G.GLUON_WS_128_S4_PF, scale_ahead=1)):
+        with pytest.raises(ValueError, match="scale_ahead"):
+            G._launch_fp8_gluon(a, torch.ones(1, 1), a, torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.bfloat16),
+                                bad)
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("cfg", G.GLUON_SA, ids=lambda c: c.name())
+@pytest.mark.parametrize("shape", SHAPES_4096 + [(300, 1000, 576), (1, 128, 128), (129, 200, 256), (64, 64, 384),
+                                                 (300, 1001, 576), (1000, 1000, 640)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gluon_scale_ahead_bit_identical(shape, cfg):
+    """scale_ahead 1 / 2 change only when scales are loaded and when the ready barrier is waited for: D bit-identical
+    to the S4 EPI build (poisoned outputs, 1-5 K blocks incl. odd counts and a masked K tail, partial tiles, N 1001
+    on the register-epilogue fallback), and within the FP8 calc_diff bound of the float64 product."""
+    m, n, k = shape
+    _run_and_check(m, n, k, cfg, sfa_mn_major=True)
+    A, B = _inputs(m, n, k)
+    d0 = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    d1 = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    G._launch_fp8_gluon(A[0], A[1], B[0], B[1], d0, G.GLUON_WS_128_S4_EPI)
+    G._launch_fp8_gluon(A[0], A[1], B[0], B[1], d1, cfg)
+    torch.cuda.synchronize()
+    assert torch.equal(d0, d1), float((d0.float() - d1.float()).abs().max())
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("cfg", G.GLUON_SA, ids=lambda c: c.name())
+@pytest.mark.parametrize("shape", [(1024, 1024, 1280), (1000, 1000, 256), (1000, 1000, 384)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gluon_scale_ahead_small_grid_persistent(shape, cfg):
+    """3 programs for 64 tiles: the ring phase and the two register sets carry across tiles (K 256 / 384: 2 / 3 K
+    blocks per tile, the even / odd tails)."""
     _run_and_check(*shape, cfg, num_sms=3)

@@ -50,6 +50,21 @@ per-call argument binding.
 v3 candidates that did *not* pay (2026-11-29 15:07 UTC sweep): scale prefetch (``prefetch=True``: within the
 run-to-run drift of the plain configs) and 128x256 tiles (0.70x of 128x128: two serial half-wgmmas per K block
 plus ~416 B of spills).
+
+Scales ahead (session 19, ``GluonConfig.scale_ahead`` / constexpr ``SCALE_AHEAD``, configs :data:`GLUON_SA`, opt-in
+until measured). An ncu profile of the dispatched S4 EPI config at 4096x7168x16384 (benchmarks/notes/profiling.md,
+"Gluon FP8 GEMM, 4096x7168x16384 (session 19)"): 777 cycles per 128-wide K block against 512 of tensor work; each
+math warpgroup's serial chain per block spends ~133 cycles with its first wgmma waiting on the block's three scale
+loads (ptxas put ``FMUL sa*sb`` between ``WARPGROUP.ARRIVE`` and the first ``QGMMA``; the v3 ``prefetch`` build only
+moved that wait between QGMMA 1 and 2 through its loop-carried ``sa = sa_n`` copy). ``scale_ahead=1``: block kb's
+scales are loaded right after block kb - 2's wgmma issue into one of two alternating register sets, the K loop
+unrolled by two (no register copy in front of a wgmma); ptxas then also schedules one block's promotion under the
+next block's wgmma. ``scale_ahead=2``: + every block's ``ready`` wait in the previous block's wgmma shadow. Both:
+0 spills (sm90 ptxas), same shared memory, D bit-identical to S4 EPI (same products, same FMA order). Prediction
+(H200, K >= 7168 at M 4096): 0.78-0.88 of S4 EPI's time (~590-670 cycles per K block; the smaller gain if the TMA fill
+shares the 128 B/clk shared-memory bandwidth with the wgmma operand reads: a 640-cycle floor); 2 within +-3 % of 1;
+small K (512-2048) less (the epilogue and per-tile costs weigh more). Falsifier: >= 0.95 at 4096x7168x16384 (the
+chain was not the limiter). Paired bench: ``benchmarks/gemm_gluon.py --ab --sa`` (``device_gemm_sa.sh``).
 """
 from __future__ import annotations
 
@@ -80,11 +95,13 @@ class GluonConfig:
     producer_regs: int = 40     # registers left to the default (TMA producer) partition (WS only)
     prefetch: bool = False      # load block kb+1's scales during block kb (non-overlap WS path)
     epi_tma: bool = False       # epilogue through shared memory + TMA store, not waited for (WS only)
+    scale_ahead: int = 0        # 1: scales two blocks ahead, K loop x2 (session 19); 2: + early ready waits
 
     def name(self) -> str:
         kind = "ws" if self.warp_spec else "pipe"
         return (f"gluon_{kind}_{self.block_m}x{self.block_n}x128_s{self.num_stages}"
-                f"{'_ov' if self.overlap else ''}{'_pf' if self.prefetch else ''}{'_epi' if self.epi_tma else ''}")
+                f"{'_ov' if self.overlap else ''}{'_pf' if self.prefetch else ''}{'_epi' if self.epi_tma else ''}"
+                f"{f'_sa{self.scale_ahead}' if self.scale_ahead else ''}")
 
     def num_warps(self) -> int:
         return 4 if self.warp_spec else self.block_m // 16
@@ -128,6 +145,11 @@ GLUON_DEFAULT = GLUON_CANDIDATES[0]
 GLUON_WS_128_S4_EPI = GluonConfig(128, 128, 4, overlap=False, epi_tma=True)
 GLUON_WS_128_S6_EPI = GluonConfig(128, 128, 6, overlap=False, epi_tma=True)
 GLUON_EPI = [GLUON_WS_128_S4_EPI, GLUON_WS_128_S6_EPI]
+# session 19 (module docstring, "Scales ahead"), opt-in until measured: the S4 EPI loop with each block's scales
+# loaded two blocks ahead (1) and also every block's ``ready`` wait in the previous block's wgmma shadow (2)
+GLUON_WS_128_S4_EPI_SA1 = GluonConfig(128, 128, 4, overlap=False, epi_tma=True, scale_ahead=1)
+GLUON_WS_128_S4_EPI_SA2 = GluonConfig(128, 128, 4, overlap=False, epi_tma=True, scale_ahead=2)
+GLUON_SA = [GLUON_WS_128_S4_EPI_SA1, GLUON_WS_128_S4_EPI_SA2]
 
 
 # ----------------------------------------------------------------------------------------------- device code
@@ -207,8 +229,14 @@ def _g_retire(tok, NUM_OUT: gl.constexpr, acc, empty, it, sfa_rows, m_mask, sfa_
 def _g_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
             sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
             ROW0: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-            NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr, PREFETCH: gl.constexpr, EPI_TMA: gl.constexpr = False):
+            NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr, PREFETCH: gl.constexpr, EPI_TMA: gl.constexpr = False,
+            SCALE_AHEAD: gl.constexpr = 0):
     """One math warpgroup: rows [ROW0, ROW0 + 64) of every BLOCK_M tile.
+
+    ``SCALE_AHEAD`` (module docstring, "Scales ahead"): 1 = block kb's scales are loaded two blocks earlier, right
+    after block kb - 2's wgmma issue, the K loop unrolled by two so no loop-carried register copy sits in front of a
+    wgmma (two alternating register sets); 2 = the same + every block's ``ready`` wait issued in the previous
+    block's wgmma shadow (predicated on the block being in this tile).
 
     ``EPI_TMA``: ``d_ptr`` is the tuple ``(d_desc, epi_buf)`` — D's TensorDescriptor (bf16, block [64, BLOCK_N]) and
     this warpgroup's own shared [64, BLOCK_N] bf16 buffer; the tile goes registers -> buffer -> TMA store (rows and
@@ -255,6 +283,60 @@ def _g_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stri
             else:
                 acc = _g_retire(tok_a, 0, acc, empty, it, sfa_rows, m_mask, sfa_sk, sfb_base, sfb_sk,
                                 num_kb - 1, NUM_STAGES)
+                it += 1
+        elif SCALE_AHEAD > 0:
+            EARLY: gl.constexpr = SCALE_AHEAD == 2
+            kb1 = gl.minimum(num_kb - 1, 1)
+            sa0 = gl.load(sfa_rows, mask=m_mask, other=0.0)
+            sb0 = gl.load(sfb_base)
+            sa1 = gl.load(sfa_rows + kb1 * sfa_sk, mask=m_mask, other=0.0)
+            sb1 = gl.load(sfb_base + kb1 * sfb_sk)
+            if EARLY:
+                mbarrier.wait(ready.index(it % NUM_STAGES), (it // NUM_STAGES) & 1)
+            for kb in range(0, num_kb - 1, 2):
+                # block kb (register set 0)
+                slot = it % NUM_STAGES
+                if not EARLY:
+                    mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
+                tok = warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)),
+                                    zero, use_acc=False, is_async=True)
+                s0 = sa0 * sb0
+                kn = gl.minimum(kb + 2, num_kb - 1)
+                sa0 = gl.load(sfa_rows + kn * sfa_sk, mask=m_mask, other=0.0)
+                sb0 = gl.load(sfb_base + kn * sfb_sk)
+                if EARLY:
+                    mbarrier.wait(ready.index((it + 1) % NUM_STAGES), ((it + 1) // NUM_STAGES) & 1)
+                part = warpgroup_mma_wait(0, deps=(tok, ))
+                mbarrier.arrive(empty.index(slot))
+                acc += part * s0[:, None]
+                it += 1
+                # block kb + 1 (register set 1)
+                slot = it % NUM_STAGES
+                if not EARLY:
+                    mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
+                tok = warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)),
+                                    zero, use_acc=False, is_async=True)
+                s1 = sa1 * sb1
+                kn = gl.minimum(kb + 3, num_kb - 1)
+                sa1 = gl.load(sfa_rows + kn * sfa_sk, mask=m_mask, other=0.0)
+                sb1 = gl.load(sfb_base + kn * sfb_sk)
+                if EARLY:
+                    mbarrier.wait(ready.index((it + 1) % NUM_STAGES), ((it + 1) // NUM_STAGES) & 1,
+                                  pred=kb + 2 < num_kb)
+                part = warpgroup_mma_wait(0, deps=(tok, ))
+                mbarrier.arrive(empty.index(slot))
+                acc += part * s1[:, None]
+                it += 1
+            if num_kb % 2 == 1:      # the last block (set 0: loaded by the last pair, or before the loop)
+                slot = it % NUM_STAGES
+                if not EARLY:
+                    mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
+                tok = warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)),
+                                    zero, use_acc=False, is_async=True)
+                s0 = sa0 * sb0
+                part = warpgroup_mma_wait(0, deps=(tok, ))
+                mbarrier.arrive(empty.index(slot))
+                acc += part * s0[:, None]
                 it += 1
         elif PREFETCH:
             # scales of block kb+1 are loaded while block kb's wgmma runs (global-load latency off the path
@@ -305,7 +387,8 @@ def _fp8_gluon_ws_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, strid
                          sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
                          NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr, MATH_REGS: gl.constexpr,
-                         PREFETCH: gl.constexpr = False, EPI_TMA: gl.constexpr = False):
+                         PREFETCH: gl.constexpr = False, EPI_TMA: gl.constexpr = False,
+                         SCALE_AHEAD: gl.constexpr = 0):
     """Persistent warp-specialised FP8 1D2D GEMM: TMA producer (default partition) + BLOCK_M//64 math
     warpgroups (worker partitions, 4 warps each). ``EPI_TMA``: ``d_ptr`` is a TensorDescriptor of D (bf16, block
     [64, BLOCK_N]) instead of a pointer, and each math warpgroup stores through its own shared buffer + TMA."""
@@ -332,10 +415,10 @@ def _fp8_gluon_ws_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, strid
                            BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
             (_g_math, (a_bufs, b_bufs, ready, empty, d_0, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
                        sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES,
-                       OVERLAP, PREFETCH, EPI_TMA)),
+                       OVERLAP, PREFETCH, EPI_TMA, SCALE_AHEAD)),
             (_g_math, (a_bufs, b_bufs, ready, empty, d_1, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
                        sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs, 64, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES,
-                       OVERLAP, PREFETCH, EPI_TMA)),
+                       OVERLAP, PREFETCH, EPI_TMA, SCALE_AHEAD)),
         ], [4, 4], [MATH_REGS, MATH_REGS])
     else:
         gl.warp_specialize([
@@ -343,7 +426,7 @@ def _fp8_gluon_ws_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, strid
                            BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
             (_g_math, (a_bufs, b_bufs, ready, empty, d_0, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
                        sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES,
-                       OVERLAP, PREFETCH, EPI_TMA)),
+                       OVERLAP, PREFETCH, EPI_TMA, SCALE_AHEAD)),
         ], [4], [MATH_REGS])
 
 
@@ -893,6 +976,8 @@ def _launch_fp8_gluon(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: 
     cfg = config or GLUON_DEFAULT
     if cfg.epi_tma and (not cfg.warp_spec or cfg.overlap or cfg.prefetch):
         raise ValueError(f"the TMA-store epilogue exists for the plain (non-overlap, non-prefetch) WS loop only: {cfg}")
+    if cfg.scale_ahead and (not cfg.warp_spec or cfg.overlap or cfg.prefetch or cfg.scale_ahead not in (1, 2)):
+        raise ValueError(f"scale_ahead (1 or 2) exists for the plain (non-overlap, non-prefetch) WS loop only: {cfg}")
     for name, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("d", d)):
         if not t.is_cuda:
             raise ValueError(f"{name} must be a CUDA tensor")
@@ -961,8 +1046,7 @@ def _compile_sm90(cfg: GluonConfig):
         sig["num_progs"] = "i32"
         consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
                       OVERLAP=cfg.overlap, MATH_REGS=cfg.math_regs, PREFETCH=cfg.prefetch)
-        if cfg.epi_tma:
-            consts["EPI_TMA"] = True
+        consts.update(EPI_TMA=cfg.epi_tma, SCALE_AHEAD=cfg.scale_ahead)   # in parameter order, defaults included
         opts = {"num_warps": 4, "maxnreg": cfg.maxnreg()}
     else:
         fn = _fp8_gluon_pipe_kernel
@@ -1039,6 +1123,8 @@ def ws_meta(cfg: GluonConfig) -> dict:
                 maxnreg=cfg.maxnreg())
     if cfg.epi_tma:  # only then: the existing configs' launches stay exactly as they were
         meta["EPI_TMA"] = True
+    if cfg.scale_ahead:
+        meta["SCALE_AHEAD"] = cfg.scale_ahead
     return meta
 
 
