@@ -46,7 +46,7 @@ def _time(fn):
     return out
 
 
-def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None, ms=None, sa=False):
+def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None, ms=None, scale_ahead=False):
     """Drift-robust A/B at the K >= 7168 shapes (``all_shapes``: all 6): the Triton table config, the Gluon configs
     the dispatch may pick and cuBLAS, each checked once (poisoned d, calc_diff < 1e-3 vs the dequantized product),
     then timed once per round in every one of ``rounds`` rounds (whole call, do_bench median); per-variant median
@@ -57,7 +57,7 @@ def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None, ms=No
     the TMA-store-epilogue configs ``G.GLUON_EPI``; no prefetch configs; the shapes with the fewest K blocks first
     (where the epilogue is the largest share of a tile). ``budget_s``: shapes not started by then are skipped.
     ``ms``: run the six (N, K) at these M instead of 4096 (e.g. 1024, 2048: where the dispatch envelope ends).
-    ``sa`` (session 19): the S4 EPI config (the M >= 1024 dispatch) twice (``..._epi`` and ``..._epi_aa``: the A/A
+    ``scale_ahead`` (session 19): the S4 EPI config (the M >= 1024 dispatch) twice (``..._epi`` and ``..._epi_aa``: the A/A
     control) against ``G.GLUON_SA`` (scales two blocks ahead, 1 / 2), every round in a rotated order, plus cuBLAS;
     prints per shape the median over rounds of the PAIRED ratio t_variant / t_s4_epi (< 1: faster)."""
     t0 = time.time()
@@ -78,10 +78,10 @@ def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None, ms=No
            "env_DEEPKERNELS_DISABLE_GLUON": os.environ.get("DEEPKERNELS_DISABLE_GLUON", ""),
            "timing": "us = median over rounds of do_bench median (whole call, L2 flushed); graph_us = "
                      "do_bench_cudagraph (replay)", "rows": []}
-    gluon_cfgs = ([G.GLUON_WS_128_S4_EPI] + list(G.GLUON_SA) if sa else
+    gluon_cfgs = ([G.GLUON_WS_128_S4_EPI] + list(G.GLUON_SA) if scale_ahead else
                   [G.GLUON_WS_128_S4, G.GLUON_WS_128_S6] + list(G.GLUON_EPI) if epi else
                   [G.GLUON_WS_128_S4, G.GLUON_WS_128_S6, G.GLUON_WS_128_S4_PF, G.GLUON_WS_128_S6_PF])
-    if sa:
+    if scale_ahead:
         res["mode"] = "ab_scale_ahead"
     shapes = [s for s in SHAPES if all_shapes or s[2] >= 7168]
     if ms:
@@ -98,7 +98,7 @@ def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None, ms=No
         ref = (A[0].float() * sa) @ (B[0].float() * sb).T
         del sa, sb
         d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        if sa:
+        if scale_ahead:
             impls = {}
         elif epi:
             impls = {"triton_public_disable_gluon": lambda: dk.fp8_gemm_nt(A, B, d)}
@@ -114,7 +114,7 @@ def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None, ms=No
                 A[0], B[0].T, scale_a=sfa_c, scale_b=sfb_c, out_dtype=torch.bfloat16))
         for cfg in gluon_cfgs:
             impls[cfg.name()] = (lambda c=cfg: G._launch_fp8_gluon(A[0], A[1], B[0], B[1], d, c))
-        if sa:
+        if scale_ahead:
             base = G.GLUON_WS_128_S4_EPI.name()
             impls[base + "_aa"] = impls[base]
         row = {"shape": [m, n, k], "flops": 2 * m * n * k, "impls": {}}
@@ -134,7 +134,7 @@ def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None, ms=No
             except Exception as ex:
                 e["error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
         for r in range(rounds):
-            order = ok[r % len(ok):] + ok[:r % len(ok)] if (sa and ok) else ok   # rotated (sa), fixed otherwise
+            order = ok[r % len(ok):] + ok[:r % len(ok)] if (scale_ahead and ok) else ok   # rotated (sa), fixed otherwise
             for name in order:
                 row["impls"][name]["us_rounds"].append(
                     triton.testing.do_bench(impls[name], warmup=5, rep=40, return_mode="median") * 1e3)
@@ -146,7 +146,7 @@ def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None, ms=No
                 e["graph_us"] = triton.testing.do_bench_cudagraph(impls[name], rep=30) * 1e3
             except Exception as ex:
                 e["graph_error"] = str(ex)[:200]
-        if sa and base in ok:
+        if scale_ahead and base in ok:
             for name in ok:
                 if name != base:
                     ratios = sorted(x / y for x, y in zip(row["impls"][name]["us_rounds"],
@@ -206,7 +206,7 @@ def main():
     if args.ab:
         return run_ab(args.out, rounds=args.rounds, epi=args.epi, all_shapes=args.all_shapes,
                       budget_s=args.budget_s if (args.epi or args.sa) else None,
-                      ms=[int(x) for x in args.ms.split(",") if x] or None, sa=args.sa)
+                      ms=[int(x) for x in args.ms.split(",") if x] or None, scale_ahead=args.sa)
     t0 = time.time()
     from deepkernels.gemm import _gluon_fp8 as G
     from deepkernels.gemm import dense
