@@ -149,9 +149,16 @@ def test_dense_gluon_dispatch_rule(monkeypatch):
     monkeypatch.setattr(G, "available", lambda: True)
     monkeypatch.delenv("DEEPKERNELS_DISABLE_GLUON", raising=False)
     rule = dense._use_gluon
-    for m, n, k in ((4096, 32768, 512), (1024, 24576, 1536), (2048, 7168, 2048), (4096, 2112, 7168),
+    monkeypatch.setattr(dense, "get_num_sms", lambda: 132)
+    for m, n, k in ((4096, 32768, 512), (1024, 24576, 1536), (2048, 7168, 2048), (2048, 2112, 7168),
                     (1024, 7168, 16384), (1024, 4096, 7168), (8192, 576, 128)):
         assert rule(m, n, k, dd(n), None, False) is G.GLUON_WS_128_S4_EPI, (m, n, k)
+    # session 19: K >= 7168 with >= 3 waves of tiles (396 at 132 SMs): the scales-ahead twin
+    for m, n, k in ((4096, 2112, 7168), (4096, 7168, 16384), (2048, 4096, 7168), (2048, 7168, 16384)):
+        assert rule(m, n, k, dd(n), None, False) is G.GLUON_WS_128_S4_EPI_SA1, (m, n, k)
+    monkeypatch.setattr(dense, "get_num_sms", lambda: 200)          # set_num_sms: the wave count follows it
+    assert rule(2048, 4096, 7168, dd(4096), None, False) is G.GLUON_WS_128_S4_EPI
+    monkeypatch.setattr(dense, "get_num_sms", lambda: 132)
     # D not TMA-able (N % 8 != 0, or a base offset of 2 bytes): register epilogue at K >= 7168, else Triton
     assert rule(4096, 1030, 7168, dd(1030), None, False) is G.GLUON_WS_128_S4
     assert rule(4096, 4100, 7168, dd(4100), None, False) is G.GLUON_WS_128_S6

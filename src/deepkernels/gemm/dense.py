@@ -397,7 +397,12 @@ def _use_gluon(m: int, n: int, k: int, d, c, sfb_per_row: bool):
     measured; M <= 128 has its own table configs), any K.
     A D that TMA cannot address (``_gluon_fp8.d_tma_ok``: row stride or base not 16-byte aligned -- part of the
     cached plan's signature) gets the register-epilogue config where that one beat the Triton table (K >= 7168,
-    results/gemm_gluon-h200-2026-11-29.json: S4 for N <= 2112, S6 above) and the Triton table elsewhere."""
+    results/gemm_gluon-h200-2026-11-29.json: S4 for N <= 2112, S6 above) and the Triton table elsewhere.
+    Session 19: at M >= 2048 (measured there only), K >= 7168 with >= 3 waves of 128x128 tiles (``3 * get_num_sms()``) the same config with the scales
+    loaded two blocks ahead (``GLUON_WS_128_S4_EPI_SA1``, bit-identical): paired rotated rounds with an A/A control
+    (H200, git 3a72eb4f3309, results/gemm_sa-h200-2026-11-30-s19.json), t / t_S4_EPI at M 4096: (7168, 16384) 0.923,
+    (4096, 7168) 0.946, (2112, 7168) 0.946; M 2048: 0.942 / 0.949 (A/A 0.943 / 0.979 there), but (2112, 7168) at
+    M 2048 (272 tiles, ~2 waves) 1.138 (A/A 1.023); K <= 2048: 0.98-1.09 (no gain) -> not there."""
     if m < 1024 or sfb_per_row or c is not None or d.dtype != torch.bfloat16 or not d.is_cuda:
         return None
     if interpret_mode() or gluon_disabled("gemm"):
@@ -407,6 +412,9 @@ def _use_gluon(m: int, n: int, k: int, d, c, sfb_per_row: bool):
     if not _gluon_fp8.available():
         return None
     if _gluon_fp8.d_tma_ok(d):
+        tiles = -(-m // 128) * -(-n // 128)
+        if m >= 2048 and k >= 7168 and tiles >= 3 * get_num_sms():
+            return _gluon_fp8.GLUON_WS_128_S4_EPI_SA1
         return _gluon_fp8.GLUON_WS_128_S4_EPI
     if k < 7168:
         return None
