@@ -65,7 +65,6 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true", help="also V4.1 + FP4 at smaller batches / topk (SWEEP)")
     ap.add_argument("--idx", action="store_true", help="also WS3-extra with idx_ahead off / on (ws3x_ia0 / 1)")
     ap.add_argument("--q", action="store_true", help="also WS3-extra with q_async off / on (ws3x_qa0 / 1)")
-    ap.add_argument("--ring", action="store_true", help="also WS3-extra with idx_smem off / on (ws3x_ir0 / 1)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to time")
@@ -78,8 +77,7 @@ def main(argv=None) -> int:
     from triton.testing import do_bench
 
     kernels = {"ws": W.launch_sparse_decode_gluon_ws, "ws3x": W3.launch_sparse_decode_gluon_ws3}
-    options = [(tag, kw) for flag, tag, kw in (("idx", "ia", "idx_ahead"), ("q", "qa", "q_async"),
-                                                         ("ring", "ir", "idx_smem"))
+    options = [(tag, kw) for flag, tag, kw in (("idx", "ia", "idx_ahead"), ("q", "qa", "q_async"))
                if getattr(args, flag)]
     for tag, kw in options:
         for on in (0, 1):

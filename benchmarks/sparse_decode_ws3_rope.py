@@ -13,8 +13,7 @@ round times every variant (``triton.testing.do_bench``, warmup 3, rep 15, median
 round; headline = the median over rounds of the PAIRED ratio t_variant / t_ws3 (< 1: the option is faster), so clock
 drift cancels. TFLOPS from the per-variant medians (FlashMLA counting). JSON with provenance after every shape.
 Usage (GPU): ``PYTHONPATH=src python benchmarks/sparse_decode_ws3_rope.py OUT.json [--rounds R]
-[--quick | --v41 | --sweep | --idx | --q | --ring]`` (``--idx`` / ``--q`` / ``--ring``: against the option-off
-build; ``--ring``: the index ring IDX_SMEM, session 19)
+[--quick | --v41 | --sweep | --idx | --q]`` (``--idx`` / ``--q``: against the option-off build)
 """
 from __future__ import annotations
 
@@ -49,9 +48,6 @@ def main(argv=None) -> int:
     ap.add_argument("--v41", action="store_true", help="V4.1 shapes only (SHAPES_V41)")
     ap.add_argument("--q", action="store_true",
                     help="instead of the options: q_async (Q by cp.async) at SHAPES_IDX")
-    ap.add_argument("--ring", action="store_true",
-                    help="instead of the options: idx_smem (indices through a shared ring) at SHAPES_IDX; V3.2 also "
-                         "with pf_lines")
     ap.add_argument("--idx", action="store_true",
                     help="instead of the options: idx_ahead / pf_lines / pf_l2 variants at SHAPES_IDX")
     ap.add_argument("--sweep", action="store_true",
@@ -76,11 +72,6 @@ def main(argv=None) -> int:
         if args.q:
             opts = [("ws3_qa", dict(q_async=True))]
             base = dict(q_async=False)
-        elif args.ring:
-            opts = [("ws3_ir", dict(idx_smem=True))]
-            if fmt == "v32":
-                opts.append(("ws3_ir_pfl", dict(idx_smem=True, pf_lines=True)))
-            base = dict(idx_smem=False)
         elif args.idx:
             base = dict(idx_ahead=False, pf_lines=False, pf_l2=fmt == "v32")
             if fmt == "v32":     # session 17: bulk L2 prefetch on
@@ -103,7 +94,7 @@ def main(argv=None) -> int:
                          ("ws3_pr-16", dict(producer_regs=W3.WS3_PRODUCER_REGS[fmt] - 16))]
         return (("ws3", base), ("ws3_aa", base), *((n, {**base, **k}) for n, k in opts))
 
-    shapes = (SHAPES_IDX if (args.idx or args.q or args.ring) else SHAPES_SWEEP if args.sweep else SHAPES_V41 if args.v41
+    shapes = (SHAPES_IDX if (args.idx or args.q) else SHAPES_SWEEP if args.sweep else SHAPES_V41 if args.v41
               else SHAPES[:2] if args.quick else SHAPES)
     rows = []
     B.warm_clocks()

@@ -271,9 +271,9 @@ def test_compile_rope_rows(page_shift, has_len, has_sink):
 def test_rope_rows_option_plumbing():
     """rope_rows: keyword-only, default from WS3_ROPE_ROWS; V3.2 only (V4.1 never compiles a second kernel)."""
     sig = inspect.signature(W3.launch_sparse_decode_gluon_ws3).parameters
-    assert list(sig)[-6] == "rope_rows" and sig["rope_rows"].kind == inspect.Parameter.KEYWORD_ONLY
+    assert list(sig)[-5] == "rope_rows" and sig["rope_rows"].kind == inspect.Parameter.KEYWORD_ONLY
     assert inspect.signature(W3.compile_sm90_ws3).parameters["rope_rows"].default is None
-    assert W3._CONSTEXPRS[-6] == "ROPE_ROWS" and W3.WS3_ROPE_ROWS == frozenset()
+    assert W3._CONSTEXPRS[-5] == "ROPE_ROWS" and W3.WS3_ROPE_ROWS == frozenset()
     assert not W3._rope_rows("v32", None) and W3._rope_rows("v32", True) and not W3._rope_rows("v41", True)
     assert not W3._rope_rows("v32", False)
 
@@ -344,14 +344,14 @@ def test_row_lanes_option_plumbing():
     session 17); both formats."""
     for f in (W3.launch_sparse_decode_gluon_ws3, W3.compile_sm90_ws3):
         sig = inspect.signature(f).parameters
-        assert list(sig)[-5] == "row_lanes" and sig["row_lanes"].default is None
+        assert list(sig)[-4] == "row_lanes" and sig["row_lanes"].default is None
     sig = inspect.signature(W3.launch_sparse_decode_gluon_ws3).parameters
     assert sig["row_lanes"].kind == inspect.Parameter.KEYWORD_ONLY
-    assert W3._CONSTEXPRS[-5] == "ROW_LANES" and W3.WS3_ROW_LANES == frozenset({"v41"})
+    assert W3._CONSTEXPRS[-4] == "ROW_LANES" and W3.WS3_ROW_LANES == frozenset({"v41"})
     assert not W3._row_lanes("v32", None) and W3._row_lanes("v41", None) and not W3._row_lanes("v41", False)
     assert W3._row_lanes("v32", True) and W3._row_lanes("v41", True) and not W3._row_lanes("v32", False)
     params = [p.name for p in W3._sparse_decode_gluon_ws3_kernel.params]
-    assert params[-6:] == ["ROPE_ROWS", "ROW_LANES", "IDX_AHEAD", "PF_LINES", "Q_ASYNC", "IDX_SMEM"]
+    assert params[-5:] == ["ROPE_ROWS", "ROW_LANES", "IDX_AHEAD", "PF_LINES", "Q_ASYNC"]
 
 
 def test_idx_ahead_pf_lines_option_plumbing():
@@ -360,14 +360,13 @@ def test_idx_ahead_pf_lines_option_plumbing():
     ``_CONSTEXPRS_X = _CONSTEXPRS + X`` still holds)."""
     for f in (W3.launch_sparse_decode_gluon_ws3, W3.compile_sm90_ws3, W3.compile_sm90_ws3_extra):
         sig = inspect.signature(f).parameters
-        assert list(sig)[-4:] == ["idx_ahead", "pf_lines", "q_async", "idx_smem"]
+        assert list(sig)[-3:] == ["idx_ahead", "pf_lines", "q_async"]
         assert sig["idx_ahead"].default is None and sig["pf_lines"].default is None and sig["q_async"].default is None
-        assert sig["idx_smem"].default is None
-    assert W3._CONSTEXPRS[-4:] == ("IDX_AHEAD", "PF_LINES", "Q_ASYNC", "IDX_SMEM")
+    assert W3._CONSTEXPRS[-3:] == ("IDX_AHEAD", "PF_LINES", "Q_ASYNC")
     for k in (W3._sparse_decode_gluon_ws3_kernel, W3._sparse_decode_gluon_ws3_x_kernel):
         sig = inspect.signature(k.fn).parameters
         assert sig["IDX_AHEAD"].default is False and sig["PF_LINES"].default is False
-        assert sig["Q_ASYNC"].default is False and sig["IDX_SMEM"].default is False
+        assert sig["Q_ASYNC"].default is False
     for fmt in ("v32", "v41"):
         assert W3._q_async(fmt, None) == (fmt in W3.WS3_Q_ASYNC) and W3._q_async(fmt, True)
         assert not W3._q_async(fmt, False)
@@ -394,27 +393,6 @@ def test_compile_idx_ahead(fmt, knobs):
     assert _n_spill(prod[0]) <= {"v32": 0, "v41": 0}[fmt], _n_spill(prod[0])
     if knobs.get("pf_lines"):
         assert not any("UBLKPF" in t for t in prod[0]) and sum("CCTL.E.PF2" in t for t in prod[0]) == 2
-
-
-@pytest.mark.parametrize("fmt", ["v32", "v41"])
-def test_compile_idx_smem(fmt):
-    """The index ring (session 19, ``idx_smem``; module docstring "Index ring") compiles for sm90 with ~1 KB more
-    shared memory than the default build (4 x 64 int32 + alignment), no spills in any loop, and a producer loop that reads the
-    indices from shared memory (no index register carried from a global load): one cp.async (``LDGSTS``) of the
-    next indices + its group commit per block, and the ``wait_group 0`` (``DEPBAR.LE SB0``)."""
-    k = W3.compile_sm90_ws3(fmt, 6, True, True, idx_smem=True)
-    from deepkernels.testing.compile import SM90_SMEM_LIMIT
-    assert _SMEM[fmt] + 1024 <= k.metadata.shared <= min(_SMEM[fmt] + 1024 + 64, SM90_SMEM_LIMIT)   # + alignment
-    assert len(re.findall(r"cp\.async\.wait_group\s+0;", k.asm["ptx"])) >= 2
-    rep = _ptxas(k.asm["ptx"])
-    if rep is None:
-        pytest.skip("ptxas not available")
-    soft, pv, prod = _ws_loop_roles(rep.sass)
-    assert len(soft) == 1 and len(pv) == 1 and len(prod) == 1
-    assert _n_spill(soft[0]) == 0 and _n_spill(pv[0]) == 0 and _n_spill(prod[0]) == 0
-    assert sum("LDGDEPBAR" in t for t in prod[0]) == 1
-    assert sum("DEPBAR.LE SB0, 0x0" in t for t in prod[0]) >= 1
-    assert sum(t.startswith("LDSM") or t.startswith("LDS") for t in prod[0]) >= 2
 
 
 # ------------------------------------------------------------------ CPU: launcher contract
@@ -763,18 +741,7 @@ def test_gpu_ws3_q_async_bit_identical(b, s_q, topk, s_k, page, with_len, sink, 
 def test_gpu_ws3_idx_ahead_indices_minus_one_and_junk(fmt, poison):
     """Every index -1, then junk (1 << 30) / -1 indices, with the indices loaded ahead (+ the per-thread prefetch,
     whose addresses come from junk indices masked off): as the default."""
-    _junk_indices(fmt, dict(idx_ahead=True, pf_l2=True, pf_lines=True))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["v32", "v41"])
-def test_gpu_ws3_idx_smem_indices_minus_one_and_junk(fmt, poison):
-    """Every index -1, then junk (1 << 30) / -1 indices through the index ring (session 19): as the default."""
-    _junk_indices(fmt, dict(idx_smem=True, pf_l2=True, pf_lines=True))
-
-
-def _junk_indices(fmt, knobs):
-    """All -1 indices (out 0, lse +inf), then junk / -1 indices against the session-17 build, with ``knobs``."""
+    knobs = dict(idx_ahead=True, pf_l2=True, pf_lines=True)
     kw = make_case(8, 2, 128, fmt, 448, 512, 64, sink=True, device="cuda")
     ind = kw["indices"]
     kw["indices"] = torch.full_like(ind, -1)
@@ -787,26 +754,6 @@ def _junk_indices(fmt, knobs):
     o0, l0 = _direct(kw, fmt, **_S17[fmt])
     o1, l1 = _direct(kw, fmt, **knobs)
     assert torch.equal(o1, o0) and torch.equal(l1, l0)
-
-
-_IR_KNOBS = [dict(idx_smem=True), dict(idx_smem=True, pf_l2=False)]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["v32", "v41"])
-@pytest.mark.parametrize("knobs", _IR_KNOBS, ids=["ir", "ir_nopf"])
-@pytest.mark.parametrize("b,s_q,topk,s_k,page,with_len,sink,flags", _ROPE_SHAPES)
-def test_gpu_ws3_idx_smem_bit_identical(b, s_q, topk, s_k, page, with_len, sink, flags, knobs, fmt, poison):
-    """idx_smem (session 19: the indices through a 4-row shared ring, cp.async in / LDS out, ring reused across the
-    requests of a CTA) changes only how indices reach the producer: out / lse bit-identical to the build without it
-    (NaN in every unreferenced token, NaN-poisoned outputs, all-invalid rows, zero lengths, page 53, several requests
-    per CTA)."""
-    kw = make_case(b, s_q, 128, fmt, topk, s_k, page, with_len=with_len, sink=sink, device="cuda", **flags)
-    o0, l0 = _direct(kw, fmt, idx_smem=False)
-    o1, l1 = _direct(kw, fmt, **knobs)
-    assert not torch.isnan(o0).any() and not torch.isnan(l0).any()
-    assert torch.equal(o1, o0) and torch.equal(l1, l0), ((o1.float() - o0.float()).abs().max(),
-                                                          (l1 - l0).abs().max())
 
 
 @pytest.mark.gpu

@@ -393,17 +393,15 @@ _S17 = dict(idx_ahead=False, pf_lines=False, q_async=False)     # + pf_l2 = (fmt
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,xfmt", XPAIRS)
-@pytest.mark.parametrize("base,variant", [("s17", "default"), ("default", "q_async"), ("default", "idx_smem")],
-                         ids=["s18_defaults", "q_async", "idx_smem"])
+@pytest.mark.parametrize("base,variant", [("s17", "default"), ("default", "q_async")], ids=["s18_defaults", "q_async"])
 def test_gpu_ws3_extra_options_bit_identical(fmt, xfmt, base, variant, poison, monkeypatch):
     """Session-18 producer / Q options through the public op's extra-cache call (forced onto WS3): the defaults
     (idx_ahead, main and extra loops; V4.1's main loop also the per-thread L2 prefetch; V3.2 Q by cp.async) against
-    the session-17 build, q_async on against off, and (session 19) idx_smem on against off (the index ring, main and
-    extra loops): out / lse bit-identical (lengths, sink, page 53, NaN-poisoned outputs)."""
-    knobs = {"s17": dict(_S17, pf_l2=fmt == "v32"), "default": {}, "q_async": dict(q_async=True),
-             "idx_smem": dict(idx_smem=True)}
-    if base == "default" and variant in ("q_async", "idx_smem"):
-        knobs["default"] = {variant: False}
+    the session-17 build, and q_async on against off: out / lse bit-identical (lengths, sink, page 53, NaN-poisoned
+    outputs)."""
+    knobs = {"s17": dict(_S17, pf_l2=fmt == "v32"), "default": {}, "q_async": dict(q_async=True)}
+    if base == "default" and variant == "q_async":
+        knobs["default"] = dict(q_async=False)
     kw = _xcase(fmt, xfmt, 128, 16, 2, 576, 1024, 53, 192, 512, 64, True, True, True)
     seen = []
     launch = W3.launch_sparse_decode_gluon_ws3

@@ -265,24 +265,6 @@ With all 9 chunks as cp.async in flight: predicted 0.90-0.95 of the time; measur
 A/A 1.001-1.005) -> on for V3.2 (and so for V3.2 + V3.2 extra calls, not timed); V4.1 0.988 at b 128 (s_q 1 / 2),
 1.053 at b 64 where the A/A read 1.034, V4.1 + FP4 0.989-0.997 -> off.
 
-Index ring (session 19, ``IDX_SMEM``: launcher / compile keyword ``idx_smem``, default :data:`WS3_IDX_SMEM`). The
-second session-18 profile (benchmarks/notes/profiling.md, "WS3 sparse decode after IDX_AHEAD") found IDX_AHEAD's
-carried index register on the same scoreboard as the chunk gathers: its first reader at the loop top drains every
-outstanding gather, 458 (V4.1) / 502 (V3.2) cycles per block, and V4.1 producer-bound inside a request. With
-``IDX_SMEM`` no index lives in a register across iterations: the producer copies each block's 64 indices by
-cp.async into a ring of 4 shared rows (block j + 4's at the end of iteration j, into the slot block j's indices left
-in iteration j - 1), waits ``cp.async.wait_group 0`` before iteration j's second thread barrier (block j + 3's,
-issued an iteration earlier), and reads indices with ``LDSM`` (positions past ``t_end`` are zero-filled by the copy
-and masked by position). Per request a prologue copies blocks 0-3 and waits; the loop ends with ``wait_group 0`` so no
-copy outlives it (the extra-cache loop reuses the ring). Compiled (sm90 ptxas, page shift 6, no lengths / sink):
-producer loop V4.1 808 instructions (IDX_AHEAD's 782), V3.2 649 (630), 0 spills in every loop, 1 KB (+16 B) more
-shared memory; Triton's barrier pass adds 3 producer-warpgroup ``BAR.SYNC`` per block (loop top, after the wait, before
-the copy) to the 2 there were. Prediction (H200, h_q 128, topk 2048, paired against the same build without it): V4.1
-0.92-0.96 of the time (250-450 of the 458 drained cycles back, minus ~3 x 20-40 for the barriers); V3.2 0.98-1.00 (the
-softmax warpgroup co-limits; the drain hides under the lane loops). Out / lse bit-identical. Falsifier: V4.1 >= 0.98
-(the drain was not on the critical path, or the barriers cost what it saved). Paired bench: ``sparse_decode_ws3_rope.py
---ring`` and ``sparse_decode_ws3_extra.py --ring``.
-
 Extra cache (session 17 built, session 18 measured: :func:`launch_sparse_decode_gluon_ws3` with ``extra_k_cache`` /
 ``extra_indices`` / ``xfmt`` / ``extra_topk_length``, pairs :data:`WS3_EXTRA_PAIRS` = the WS kernel's V3.2 + V3.2,
 V4.1 + V4.1, V4.1 + FP4, any other pair ValueError; the public op sends the pairs :data:`DISPATCH_EXTRA_PAIRS` here
@@ -393,9 +375,6 @@ WS3_PF_LINES = frozenset({"v41"})
 # s18.json; predicted 0.90-0.95): V3.2 0.966-0.974 (A/A 1.001-1.005) -> on; V4.1 0.988 / 0.988 / 1.053 (that shape's
 # A/A 1.034: noise) and V4.1 + FP4 0.989-0.997 -> off
 WS3_Q_ASYNC = frozenset({"v32"})
-# formats whose producer passes the indices through a 4-row shared ring (cp.async in, LDS out) instead of carrying
-# them in registers from global loads (``IDX_SMEM``, module docstring "Index ring"; session 19, opt-in until measured)
-WS3_IDX_SMEM = frozenset()
 # sparse_decode.py sends the calls WS / WS2 would take (no extra cache, h_q a multiple of 128) here for the formats in
 # DISPATCH_FMTS (DEEPKERNELS_SPARSE_WS3=0 / =1 override): both, since session 17 (H200, git 0b54eb4785ad, after the
 # softmax-loop spills were removed: 43/43 GPU tests, bit-identical to WS2, ws3 / ws2 1.16-1.25x at 6 shapes,
@@ -506,23 +485,6 @@ def _w3_idx_valid(idx, num_tok):
     return (idx >= 0) & (idx < num_tok)
 
 
-@_jit
-def _w3_idx_copy(dst, idx_row, start, t_end, LAY: gl.constexpr):
-    """``IDX_SMEM``: cp.async of the indices of positions [start, start + 64) into the 256-B shared row ``dst``
-    (positions past ``t_end`` are zero-filled; :func:`_w3_idx_smem` masks them by position)."""
-    offs = start + gl.arange(0, 64, LAY)
-    async_copy.async_copy_global_to_shared(dst, idx_row + offs, mask=offs < t_end)
-
-
-@_jit
-def _w3_idx_smem(src, start, t_end, num_tok, LAY: gl.constexpr):
-    """``IDX_SMEM``: the indices of positions [start, start + 64) read back from the shared row ``src`` (an LDS, off
-    the chunk gathers' scoreboard) and their validity (``_g_load_idx``'s, plus ``position < t_end``)."""
-    idx = src.load(LAY)
-    offs = start + gl.arange(0, 64, LAY)
-    return idx, (idx >= 0) & (idx < num_tok) & (offs < t_end)
-
-
 # ----------------------------------------------------------------------------------------------- producer
 
 @_jit
@@ -569,7 +531,7 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
                num_tok, page, stride_kb, it, dr, hb, ring_off, ready_off, lane, gs, peer,
                PAGE_SHIFT: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PF_L2: gl.constexpr,
                ROPE_ROWS: gl.constexpr = False, ROW_LANES: gl.constexpr = False, IDX_AHEAD: gl.constexpr = False,
-               PF_LINES: gl.constexpr = False, IDX_SMEM: gl.constexpr = False, idx_s=None):
+               PF_LINES: gl.constexpr = False):
     """The producer's block loop over positions [t_lo, t_end) (ring counter ``it`` in and out): per block the
     validity mask, (V3.2) the 64 RoPE rows by cp.async, and this CTA's half of the NoPE columns -- chunks
     ``2 r, 2 r + 1`` (``r = hb & 1``) of 128 columns, dequantised into ``kv8[4 slot + 2 r + c]`` (the ring viewed as
@@ -580,12 +542,7 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
     the e2m1 pairs + their 8 e4m3 scales, WS's dequantisation; no RoPE tile, as V4.1). ``IDX_AHEAD`` (module
     docstring, "Index loads ahead"): each block's indices are loaded one iteration before they are used (block j + 2
     in iteration j, and with ``PF_L2`` block j + 3 for the prefetch of iteration j + 1), carried in registers.
-    ``PF_LINES``: the L2 prefetch per thread (:func:`_w3_prefetch_lines`) instead of the bulk prefetch.
-    ``IDX_SMEM`` (module docstring, "Index ring"; replaces ``IDX_AHEAD``): the indices go through ``idx_s``, a ring of
-    4 shared rows of 64 int32 -- block j + 4's by cp.async at the end of iteration j (slot ``j % 4``, last read in
-    iteration j - 1), ``cp.async.wait_group 0`` before iteration j's second thread barrier (block j + 3's, issued an
-    iteration earlier), and every read an ``LDS``, so no register is carried from a global load across the chunk
-    gathers (their scoreboard is no longer drained at the loop top)."""
+    ``PF_LINES``: the L2 prefetch per thread (:func:`_w3_prefetch_lines`) instead of the bulk prefetch."""
     LPF: gl.constexpr = gl.BlockedLayout([1, 2], [16, 2], [4, 1], [0, 1] if ROW_LANES else [1, 0])
     if FMT == 0:
         RB: gl.constexpr = 656
@@ -609,16 +566,8 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
     g0 = 2 * r
     nblocks = gl.maximum(t_end - t_lo + 63, 0) // 64
     idx_row = idx_ptr + req.to(gl.int64) * stride_ib + si64 * stride_is
-    if IDX_SMEM:
-        for k in gl.static_range(4):
-            _w3_idx_copy(idx_s.index(k), idx_row, t_lo + 64 * k, t_end, LT)
-        async_copy.commit_group()
-        async_copy.wait_group(0)
-        gl.thread_barrier()
-        i0, v = _w3_idx_smem(idx_s.index(0), t_lo, t_end, num_tok, LT)
-    else:
-        i0, v = _g_load_idx(idx_row, t_lo, t_end, num_tok, LT)
-    if IDX_AHEAD and not IDX_SMEM:
+    i0, v = _g_load_idx(idx_row, t_lo, t_end, num_tok, LT)
+    if IDX_AHEAD:
         n1 = _w3_idx_raw(idx_row, t_lo + 64, t_end, LT)
         if PF_L2:
             n2 = _w3_idx_raw(idx_row, t_lo + 128, t_end, LT)
@@ -633,9 +582,7 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
         r0, s0 = _w3_load_chunk_fp4(kv_ptr, rec, v, g0, L)
         r1, s1 = _w3_load_chunk_fp4(kv_ptr, rec, v, g0 + 1, L)
     if PF_L2:
-        if IDX_SMEM:
-            ia, va = _w3_idx_smem(idx_s.index(1), t_lo + 64, t_end, num_tok, LT)
-        elif IDX_AHEAD:
+        if IDX_AHEAD:
             ia = n1
             va = _w3_idx_valid(ia, num_tok)
         else:
@@ -645,9 +592,7 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
         slot = it % 2
         t0 = t_lo + j * 64
         if PF_L2:
-            if IDX_SMEM:
-                ia, va = _w3_idx_smem(idx_s.index((j + 2) % 4), t0 + 128, t_end, num_tok, LT)
-            elif IDX_AHEAD:
+            if IDX_AHEAD:
                 ia = n2
                 va = _w3_idx_valid(ia, num_tok)
                 n3 = _w3_idx_raw(idx_row, t0 + 192, t_end, LT)
@@ -666,9 +611,7 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
                 vr = vp
         else:
             vp = v
-        if IDX_SMEM:
-            i1, v = _w3_idx_smem(idx_s.index((j + 1) % 4), t0 + 64, t_end, num_tok, LT)
-        elif IDX_AHEAD:
+        if IDX_AHEAD:
             i1 = n1
             v = _w3_idx_valid(i1, num_tok)
             if PF_L2:
@@ -713,20 +656,13 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
         else:
             _w_dequant_store_fp4(r1, s1, kv8.index(q0 + 1))
             r1, s1 = _w3_load_chunk_fp4(kv_ptr, rec, v, g0 + 1, L)
-        if IDX_SMEM:
-            async_copy.wait_group(0)        # block j + 3's indices (issued at the end of iteration j - 1)
         fence_async_shared()
         gl.thread_barrier()
         _c_push(lane, gs + ring_off + (q0 + 1) * 16384, bar, peer)
         if FMT == 0:
             async_copy.mbarrier_arrive(ready.index(slot))
         mbarrier.arrive(ready.index(slot))
-        if IDX_SMEM:
-            _w3_idx_copy(idx_s.index(j % 4), idx_row, t0 + 256, t_end, LT)
-            async_copy.commit_group()
         it += 1
-    if IDX_SMEM:
-        async_copy.wait_group(0)            # no copy into the ring outlives the loop (the next loop's prologue)
     return it
 
 
@@ -738,8 +674,7 @@ def _w3_producer(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
                  ROW_LANES: gl.constexpr = False, xkv_ptr=None, xidx_ptr=None, xlen_ptr=None, stride_xkb=None,
                  xpage=None, xnum_tok=None, stride_xib=None, stride_xis=None, xtopk=None,
                  HAS_EXTRA: gl.constexpr = False, HAS_XLEN: gl.constexpr = False, XPAGE_SHIFT: gl.constexpr = 0,
-                 XFMT: gl.constexpr = 0, IDX_AHEAD: gl.constexpr = False, PF_LINES: gl.constexpr = False,
-                 IDX_SMEM: gl.constexpr = False, idx_s=None):
+                 XFMT: gl.constexpr = 0, IDX_AHEAD: gl.constexpr = False, PF_LINES: gl.constexpr = False):
     """Worker partition (4 warps): this CTA's half of every block of its (request, block) line (:func:`_w3_blocks`).
     ``HAS_EXTRA`` (the ``x*`` arguments; their defaults without): after a request's main blocks its extra-cache blocks
     (:func:`_gluon_sparse_decode_ws._w_xrange`) of format ``XFMT`` through the same helper, the ring counter running
@@ -762,13 +697,12 @@ def _w3_producer(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
                                                                SBLOCK)
         it = _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo,
                         t_end, num_tok, page, stride_kb, it, dr, hb, ring_off, ready_off, lane, gs, peer, PAGE_SHIFT,
-                        FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, IDX_AHEAD, PF_LINES, IDX_SMEM, idx_s)
+                        FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, IDX_AHEAD, PF_LINES)
         if HAS_EXTRA:
             x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
             it = _w3_blocks(kv8, kv_p, vmask, ready, empty, xkv_ptr, xidx_ptr, req, si64, stride_xib, stride_xis, x_lo,
                             x_end, xnum_tok, xpage, stride_xkb, it, dr, hb, ring_off, ready_off, lane, gs, peer,
-                            XPAGE_SHIFT, XFMT, DEQ_ASM, False, ROPE_ROWS, ROW_LANES, IDX_AHEAD, False, IDX_SMEM,
-                            idx_s)
+                            XPAGE_SHIFT, XFMT, DEQ_ASM, False, ROPE_ROWS, ROW_LANES, IDX_AHEAD)
     _c_sync()
 
 
@@ -818,15 +752,11 @@ def _sparse_decode_gluon_ws3_kernel(
     PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PV_REGS: gl.constexpr,
     PF_L2: gl.constexpr, ROPE_ROWS: gl.constexpr, ROW_LANES: gl.constexpr, IDX_AHEAD: gl.constexpr = False,
-    PF_LINES: gl.constexpr = False, Q_ASYNC: gl.constexpr = False, IDX_SMEM: gl.constexpr = False,
+    PF_LINES: gl.constexpr = False, Q_ASYNC: gl.constexpr = False,
 ):
     """WS2's arguments + the shared offsets of the ring / ``ready`` / ``empty`` (:func:`smem_offsets`). Launched as
     2-CTA clusters only (:func:`launch_sparse_decode_gluon_ws3`)."""
     q_n, q_p, kv_n, kv8, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree = _w3_smem(FMT)
-    if IDX_SMEM:
-        idx_s = gl.allocate_shared_memory(gl.int32, [4, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    else:
-        idx_s = vmask       # unused placeholder (warp_specialize arguments cannot be None)
     _c_init_fence(h_q)
     gl.warp_specialize([
         (_w2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr, len_ptr,
@@ -838,7 +768,7 @@ def _sparse_decode_gluon_ws3_kernel(
         (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr, stride_kb,
                         page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off, PAGE_SHIFT,
                         HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, None, None, None, None, None, None,
-                        None, None, None, False, False, 0, 0, IDX_AHEAD, PF_LINES, IDX_SMEM, idx_s)),
+                        None, None, None, False, False, 0, 0, IDX_AHEAD, PF_LINES)),
     ], [4, 4], [PV_REGS, PRODUCER_REGS])
 
 
@@ -855,8 +785,7 @@ def _sparse_decode_gluon_ws3_x_kernel(
     PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PV_REGS: gl.constexpr,
     PF_L2: gl.constexpr, ROPE_ROWS: gl.constexpr, ROW_LANES: gl.constexpr, IDX_AHEAD: gl.constexpr = False,
-    PF_LINES: gl.constexpr = False, Q_ASYNC: gl.constexpr = False, IDX_SMEM: gl.constexpr = False,
-    XPAGE_SHIFT: gl.constexpr = 6,
+    PF_LINES: gl.constexpr = False, Q_ASYNC: gl.constexpr = False, XPAGE_SHIFT: gl.constexpr = 6,
     HAS_XLEN: gl.constexpr = False, XFMT: gl.constexpr = 3,
 ):
     """With an extra cache (module docstring, "Extra cache"): the WS x kernel's runtime arguments
@@ -864,10 +793,6 @@ def _sparse_decode_gluon_ws3_x_kernel(
     constexprs, then the extra ones. A separate entry, so the no-extra kernel's parameters and PTX are untouched.
     Pairs :data:`WS3_EXTRA_PAIRS`: V3.2 + V3.2 (FMT 0, XFMT 0), V4.1 + V4.1 (2, 2), V4.1 + FP4 (2, 3)."""
     q_n, q_p, kv_n, kv8, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree = _w3_smem(FMT)
-    if IDX_SMEM:
-        idx_s = gl.allocate_shared_memory(gl.int32, [4, 64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    else:
-        idx_s = vmask       # unused placeholder (warp_specialize arguments cannot be None)
     _c_init_fence(h_q)
     gl.warp_specialize([
         (_w2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr, len_ptr,
@@ -881,7 +806,7 @@ def _sparse_decode_gluon_ws3_x_kernel(
                         page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off, PAGE_SHIFT,
                         HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, xkv_ptr, xidx_ptr, xlen_ptr,
                         stride_xkb, xpage, xnum_tok, stride_xib, stride_xis, xtopk, True, HAS_XLEN, XPAGE_SHIFT,
-                        XFMT, IDX_AHEAD, PF_LINES, IDX_SMEM, idx_s)),
+                        XFMT, IDX_AHEAD, PF_LINES)),
     ], [4, 4], [PV_REGS, PRODUCER_REGS])
 
 
@@ -1029,11 +954,6 @@ def _idx_ahead(fmt: str, idx_ahead) -> bool:
     return bool((fmt in WS3_IDX_AHEAD) if idx_ahead is None else idx_ahead)
 
 
-def _idx_smem(fmt: str, idx_smem) -> bool:
-    """The IDX_SMEM constexpr: ``idx_smem`` (default :data:`WS3_IDX_SMEM` by format)."""
-    return bool((fmt in WS3_IDX_SMEM) if idx_smem is None else idx_smem)
-
-
 def _pf_lines(fmt: str, pf_lines) -> bool:
     """The PF_LINES constexpr: ``pf_lines`` (default :data:`WS3_PF_LINES` by format); only read with PF_L2."""
     return bool((fmt in WS3_PF_LINES) if pf_lines is None else pf_lines)
@@ -1059,7 +979,7 @@ def _launch_device(q: torch.Tensor) -> int:
 _LAUNCHERS: dict = {}
 _LAUNCHER_LIMIT = 256
 _CONSTEXPRS = ("PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS", "FMT", "DEQ_ASM", "PV_REGS", "PF_L2",
-               "ROPE_ROWS", "ROW_LANES", "IDX_AHEAD", "PF_LINES", "Q_ASYNC", "IDX_SMEM")
+               "ROPE_ROWS", "ROW_LANES", "IDX_AHEAD", "PF_LINES", "Q_ASYNC")
 _CONSTEXPRS_X = _CONSTEXPRS + ("XPAGE_SHIFT", "HAS_XLEN", "XFMT")
 
 
@@ -1067,7 +987,7 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
                                    extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
                                    extra_topk_length=None, config=None, _spec=None, *, pv_regs=None,
                                    producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None,
-                                   row_lanes=None, idx_ahead=None, pf_lines=None, q_async=None, idx_smem=None):
+                                   row_lanes=None, idx_ahead=None, pf_lines=None, q_async=None):
     """Drop-in for ``launch_sparse_decode_gluon_ws2`` (same arguments and outputs; ``config`` ignored). ``h_q`` not
     a multiple of 128: the WS2 launcher runs the call. Keyword knobs (benchmarks): PV / producer ``setmaxnreg``,
     launch ``maxnreg``, ``deq_asm`` / ``pf_l2`` (default :data:`WS3_DEQ_ASM` / :data:`WS3_PF_L2` by format),
@@ -1075,8 +995,7 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
     docstring, "RoPE rows"), ``row_lanes`` (producer lanes over token rows first, default :data:`WS3_ROW_LANES`;
     module docstring, "Row lanes"), ``idx_ahead`` / ``pf_lines`` (default :data:`WS3_IDX_AHEAD` /
     :data:`WS3_PF_LINES`; module docstring, "Index loads ahead"), ``q_async`` (default :data:`WS3_Q_ASYNC`: Q by
-    cp.async), ``idx_smem`` (default :data:`WS3_IDX_SMEM`: indices through a shared ring; module docstring, "Index
-    ring"). With an extra cache (dispatched for :data:`DISPATCH_EXTRA_PAIRS`; module
+    cp.async). With an extra cache (dispatched for :data:`DISPATCH_EXTRA_PAIRS`; module
     docstring, "Extra cache"):
     the pairs :data:`WS3_EXTRA_PAIRS` run on :func:`_sparse_decode_gluon_ws3_x_kernel` (h_q not a multiple of 128:
     on the WS kernel's extra-cache entry), any other pair raises ValueError."""
@@ -1119,7 +1038,7 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
                   bool((fmt in WS3_DEQ_ASM) if deq_asm is None else deq_asm), pv_regs or WS2_PV_REGS,
                   bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2), _rope_rows(fmt, rope_rows),
                   _row_lanes(fmt, row_lanes), _idx_ahead(fmt, idx_ahead), _pf_lines(fmt, pf_lines),
-                  _q_async(fmt, q_async, q), _idx_smem(fmt, idx_smem))
+                  _q_async(fmt, q_async, q))
     names, cls = _CONSTEXPRS, _ClusterLauncher
     if has_x:
         names, cls = _CONSTEXPRS_X, _ClusterLauncherX
@@ -1139,30 +1058,28 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
 
 def compile_sm90_ws3(fmt: str = "v32", page_shift: int = 6, has_len: bool = True, has_sink: bool = True,
                      pv_regs=None, producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None,
-                     row_lanes=None, idx_ahead=None, pf_lines=None, q_async=None, idx_smem=None):
+                     row_lanes=None, idx_ahead=None, pf_lines=None, q_async=None):
     """Cross-compile the kernel for sm90 (no GPU needed), the launch's divisibility facts. Returns the
     CompiledKernel (``.asm['ptx']``, ``.asm['ttgir']``, ``.metadata.shared``). With an extra cache:
     :func:`compile_sm90_ws3_extra`."""
     return _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, maxnreg, deq_asm, pf_l2,
-                        rope_rows, row_lanes, idx_ahead=idx_ahead, pf_lines=pf_lines, q_async=q_async,
-                        idx_smem=idx_smem)
+                        rope_rows, row_lanes, idx_ahead=idx_ahead, pf_lines=pf_lines, q_async=q_async)
 
 
 def compile_sm90_ws3_extra(fmt: str = "v41", xfmt: str = "fp4", page_shift: int = 6, has_len: bool = True,
                            has_sink: bool = True, xpage_shift: int = 6, has_xlen: bool = True, pv_regs=None,
                            producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None,
-                           row_lanes=None, idx_ahead=None, pf_lines=None, q_async=None, idx_smem=None):
+                           row_lanes=None, idx_ahead=None, pf_lines=None, q_async=None):
     """:func:`compile_sm90_ws3` of the extra-cache entry :func:`_sparse_decode_gluon_ws3_x_kernel` (a pair of
     :data:`WS3_EXTRA_PAIRS`, else ValueError), with the extra cache's page shift and lengths flag."""
     if xfmt not in WS3_EXTRA_PAIRS.get(fmt, ()):
         raise ValueError(f"no WS3 kernel for main cache {fmt!r} + extra cache {xfmt!r}")
     return _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, maxnreg, deq_asm, pf_l2,
-                        rope_rows, row_lanes, xfmt, xpage_shift, has_xlen, idx_ahead, pf_lines, q_async, idx_smem)
+                        rope_rows, row_lanes, xfmt, xpage_shift, has_xlen, idx_ahead, pf_lines, q_async)
 
 
 def _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, maxnreg, deq_asm, pf_l2, rope_rows,
-                 row_lanes, xfmt=None, xpage_shift=6, has_xlen=True, idx_ahead=None, pf_lines=None, q_async=None,
-                 idx_smem=None):
+                 row_lanes, xfmt=None, xpage_shift=6, has_xlen=True, idx_ahead=None, pf_lines=None, q_async=None):
     if xfmt is not None:
         fn = _sparse_decode_gluon_ws3_x_kernel
         sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", xkv_ptr="*u8", xidx_ptr="*i32",
@@ -1185,8 +1102,7 @@ def _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, max
                   DEQ_ASM=bool((fmt in WS3_DEQ_ASM) if deq_asm is None else deq_asm), PV_REGS=pv_regs or WS2_PV_REGS,
                   PF_L2=bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2), ROPE_ROWS=_rope_rows(fmt, rope_rows),
                   ROW_LANES=_row_lanes(fmt, row_lanes), IDX_AHEAD=_idx_ahead(fmt, idx_ahead),
-                  PF_LINES=_pf_lines(fmt, pf_lines), Q_ASYNC=_q_async(fmt, q_async),
-                  IDX_SMEM=_idx_smem(fmt, idx_smem))
+                  PF_LINES=_pf_lines(fmt, pf_lines), Q_ASYNC=_q_async(fmt, q_async))
     hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
                                                                   "stride_ib", "stride_is"]
     if xfmt is not None:
