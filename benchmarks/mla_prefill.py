@@ -111,10 +111,16 @@ def sparse_inputs(s_q, s_kv, topk, h_q, d_qk, sink):
 # cb51b03); --gluon-skip / --gluon-add ignore labels that are not here, so older device scripts still run.
 GLUON_SPARSE = {"gluon": None, "gluon-ws": "ws", "gluon-ws2": "ws2", "gluon-ws3": "ws3", "gluon-ws3-nopf": "ws3-nopf",
                 "gluon-ws4": "ws4", "gluon-ws4-sym": "ws4-sym", "gluon-ws4-whole": "ws4-whole",
-                "gluon-ws4-r4": "ws4-r4", "gluon-ws2-r4": "ws2-r4", "gluon-ws2-r1": "ws2-r1"}
+                "gluon-ws4-r4": "ws4-r4", "gluon-ws2-r4": "ws2-r4", "gluon-ws2-r1": "ws2-r1",
+                "gluon-ws2-aa": "ws2-aa", "gluon-ws2-qa": "ws2-qa"}
 # labels timed only when named in --gluon-add (keeps the other device scripts' --gluon runs at their length)
 GLUON_OPT_IN = ("gluon-ws3", "gluon-ws3-nopf", "gluon-ws4", "gluon-ws4-sym", "gluon-ws4-whole", "gluon-ws4-r4",
-                "gluon-ws2-r4", "gluon-ws2-r1")
+                "gluon-ws2-r4", "gluon-ws2-r1", "gluon-ws2-aa", "gluon-ws2-qa")
+# WS2 launcher keywords per label: "gluon-ws2-aa" = the default WS2 launch again (the A/A control of a paired run),
+# "gluon-ws2-qa" = Q by one cp.async batch (q_async, session 19)
+_WS2_KW = {"gluon-ws2-aa": {}, "gluon-ws2-qa": {"q_async": True}}
+# --qasync: the paired A/B of q_async (WS2 off = base, its A/A, on), benchmarks/device_sparse_prefill_qasync.sh
+QASYNC_LABELS = ("gluon-ws2", "gluon-ws2-aa", "gluon-ws2-qa")
 # "ws4" / "ws4-sym" / "ws4-whole": mla/_gluon_sparse_prefill_ws4.py (FlashMLA sm90 pair order; opt-in, not
 # dispatched) and its F2 ablations sym_max / whole_slot
 _WS4_ABL = {"ws4": {}, "ws4-sym": {"sym_max": True}, "ws4-whole": {"whole_slot": True},
@@ -139,6 +145,10 @@ def _launch_cfg(cfg):
             out, ml, lse, q, kv, ind, scale, sk, tl, pf_idx=pf)
     if cfg == "gluon-ws2":      # the split-consumer module's launcher (not a variant of launch_sparse_prefill_gluon)
         return _gsp2.launch_sparse_prefill_gluon_ws2
+    if cfg in _WS2_KW:
+        kw2 = _WS2_KW[cfg]
+        return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp2.launch_sparse_prefill_gluon_ws2(
+            out, ml, lse, q, kv, ind, scale, sk, tl, **kw2)
     if cfg in ("gluon-ws2-r4", "gluon-ws2-r1"):   # WS2 with the 4-rows / the 1-row NoPE gather (session 18)
         r4 = cfg == "gluon-ws2-r4"
         return lambda out, ml, lse, q, kv, ind, scale, sk, tl: _gsp2.launch_sparse_prefill_gluon_ws2(
@@ -345,9 +355,17 @@ def main(argv=None):
     ap.add_argument("--paired-base", default="gluon-ws2", help="config label the paired ratios divide by")
     ap.add_argument("--sink", default="off,on", help="sparse: comma-separated sink settings (off, on)")
     ap.add_argument("--no-triton", action="store_true", help="sparse: skip the Triton config (Gluon labels only)")
+    ap.add_argument("--qasync", action="store_true",
+                    help="sparse only: the paired A/B of WS2's q_async -- gluon-ws2 (base), gluon-ws2-aa (A/A), "
+                    "gluon-ws2-qa in --rounds (default 6) rotated rounds, no Triton config, s_kv default 8K-128K")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="tiny shapes on the CPU (run with TRITON_INTERPRET=1) to check the script itself")
     args = ap.parse_args(argv)
+    if args.qasync:     # only the three labels, paired against the default WS2 launch
+        args.only, args.gluon, args.no_triton, args.paired_base = "sparse", True, True, "gluon-ws2"
+        args.gluon_skip = ",".join(c for c in GLUON_SPARSE if c not in QASYNC_LABELS)
+        args.gluon_add = ",".join(QASYNC_LABELS)
+        args.rounds = args.rounds or 6
     global DEV
     if args.cpu_smoke:
         DEV = "cpu"

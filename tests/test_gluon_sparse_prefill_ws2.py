@@ -9,6 +9,11 @@ FlashMLA's prefill tolerances (randn/10 inputs, junk indices -1 / >= s_kv, NaN i
 non-contiguous views, NaN-poisoned outputs), and against the WS variant (tolerance, not bit-identity: the row sums
 are reduced in another order).
 
+Session 19: the opt-in ``q_async`` (``Q_ASYNC``: the softmax warpgroup's Q by one batch of cp.async) -- compile
+tier (cp.async / commit / wait counts, no barrier between the Q copies, same loops and shared memory, 0 spills,
+default PTX unchanged), CPU launcher guard (q views without 16-byte vectors keep the plain loads), GPU bit identity
+against the build without it (``-k q_async``).
+
 The opt-in OVERLAP / HALF schedules and their tests (sessions 16-17, never dispatched, measured slower) were removed
 in session 18; ``test_default_ptx_unchanged`` pins the dispatched kernel's cleaned PTX across that removal (git
 history: ``git show cb51b03:tests/test_gluon_sparse_prefill_ws2.py``)."""
@@ -157,7 +162,7 @@ def test_launch_args_on_cpu(monkeypatch):
     assert seen["fn"] is P._sparse_prefill_gluon_ws2_kernel
     assert seen["grid"] == (s_q * 2, )
     assert seen["meta"] == dict(D_PE=64, HAS_LEN=True, HAS_SINK=False, PRODUCER_REGS=P.WS2_PRODUCER_REGS,
-                                PV_REGS=P.WS2_PV_REGS, GATHER_ROWS4=True, num_warps=4,
+                                PV_REGS=P.WS2_PV_REGS, GATHER_ROWS4=True, Q_ASYNC=P.WS2_Q_ASYNC, num_warps=4,
                                 maxnreg=P.WS2_MAXNREG)
     a = seen["args"]
     assert a[0] is q and a[1] is kv and a[2] is ind and a[3] is tl and a[4] is lse and a[5] is out
@@ -196,13 +201,13 @@ def test_dispatch_switch(monkeypatch, env, expect):
 
 
 # ------------------------------------------------------------------ GPU tier
-def _run(q, kv, ind, sk, tl, sm_scale=0.5, name=""):
+def _run(q, kv, ind, sk, tl, sm_scale=0.5, name="", **kw):
     s_q, h_q, _ = q.shape
     out = torch.full((s_q, h_q, 512), float("nan"), dtype=torch.bfloat16, device=q.device)
     ml = torch.full((s_q, h_q), float("nan"), device=q.device)
     lse = torch.full((s_q, h_q), float("nan"), device=q.device)
     assert P.supported_ws2(q, kv)
-    P.launch_sparse_prefill_gluon_ws2(out, ml, lse, q, kv, ind, sm_scale, sk, tl)
+    P.launch_sparse_prefill_gluon_ws2(out, ml, lse, q, kv, ind, sm_scale, sk, tl, **kw)
     ro, rml, rlse = sparse_prefill_ref(q, kv, ind, sm_scale, 512, sk, tl)
     assert check_is_allclose(f"{name} out", out.float(), ro, abs_tol=8e-4, rel_tol=3.01 / 128, cos_diff_tol=7e-6)
     assert check_is_allclose(f"{name} lse", lse, rlse, abs_tol=1e-6, rel_tol=2.01 / 65536)
@@ -347,7 +352,7 @@ def test_gather_rows4_plumbing_and_default_ptx():
     import inspect
     sig = inspect.signature(P.launch_sparse_prefill_gluon_ws2).parameters
     assert sig["gather_rows4"].kind == inspect.Parameter.KEYWORD_ONLY and sig["gather_rows4"].default is None
-    assert P._CONSTEXPRS[-1] == "GATHER_ROWS4" and P.WS2_GATHER_ROWS4 is True
+    assert P._CONSTEXPRS[-2] == "GATHER_ROWS4" and P.WS2_GATHER_ROWS4 is True     # (Q_ASYNC after it: session 19)
     k0 = P.compile_sm90_ws2(64, True, True, gather_rows4=False)
     k1 = P.compile_sm90_ws2(64, True, True, gather_rows4=True)
     assert k1.metadata.shared == k0.metadata.shared
@@ -375,3 +380,214 @@ def test_gpu_gather_rows4_bit_identical(s_q, s_kv, topk, d_qk, sink, with_len):
     (o0, m0, l0), (o1, m1, l1) = res
     assert not torch.isnan(o0).any()
     assert torch.equal(o1, o0) and torch.equal(m1, m0) and torch.equal(l1, l0)
+
+
+# ------------------------------------------------------------------ q_async (session 19, opt-in)
+# unmasked 16-byte cp.async (src-size immediate 16): the Q copies; the producer's gathers pass a src-size register
+_Q_CPASYNC = re.compile(r"cp\.async\.cg\.shared\.global \[ %r\d+ \+ 0 \], \[ %rd\d+ \+ 0 \], 0x10, 0x10;")
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_qa(d_pe, has_len, has_sink, q_async):
+    k = P.compile_sm90_ws2(d_pe, has_len, has_sink, q_async=q_async)
+    return k.asm["ptx"], k.metadata.shared
+
+
+@pytest.mark.compile
+def test_q_async_plumbing_and_default_ptx():
+    """``q_async``: keyword-only, default :data:`WS2_Q_ASYNC` (off: opt-in until measured); the kernel's last
+    constexpr with default False, so the default build is unchanged (test_default_ptx_unchanged pins it with
+    gather_rows4 off; here the dispatched gather_rows4 build, default == explicit off)."""
+    import inspect
+    for fn in (P.launch_sparse_prefill_gluon_ws2, P.compile_sm90_ws2):
+        sig = inspect.signature(fn).parameters
+        assert sig["q_async"].default is None
+    assert inspect.signature(P.launch_sparse_prefill_gluon_ws2).parameters["q_async"].kind == \
+        inspect.Parameter.KEYWORD_ONLY
+    assert P._CONSTEXPRS[-1] == "Q_ASYNC" and P.WS2_Q_ASYNC is False
+    assert P._sparse_prefill_gluon_ws2_kernel.arg_names[-1] == "Q_ASYNC"
+    default = clean_ptx(P.compile_sm90_ws2(64, True, True).asm["ptx"])
+    assert default == clean_ptx(_compiled_qa(64, True, True, False)[0])
+    assert default != clean_ptx(_compiled_qa(64, True, True, True)[0])
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("d_pe,has_len,has_sink", _CONFIGS)
+def test_compile_q_async(d_pe, has_len, has_sink):
+    """Q_ASYNC: the 9 (d_qk 576) / 8 (512) Q chunks as 4 unmasked 16-byte cp.async per thread each, issued back to
+    back (no barrier, no global load between them), ONE commit group and ONE ``wait_group 0`` (the only one in the
+    kernel: the producer tracks its copies by mbarrier), then the proxy fence; no Q ``ld.global`` left; the same
+    wgmma / mbarrier counts and shared memory as the build without it; ptxas: the three loops unchanged in size, 0
+    spill instructions in them, 0 bytes of spill; SASS: +36 / +32 LDGSTS, 36 / 32 fewer LDG, fewer BAR.SYNC."""
+    ptx0, sh0 = _compiled_qa(d_pe, has_len, has_sink, False)
+    ptx1, sh1 = _compiled_qa(d_pe, has_len, has_sink, True)
+    n_q = (512 + d_pe) // 64 * 4            # 16-byte copies per thread: [64, 64] chunks / 128 threads / 8 elements
+    assert sh1 == sh0, (sh1, sh0)
+    assert len(_Q_CPASYNC.findall(ptx0)) == 0 and len(_Q_CPASYNC.findall(ptx1)) == n_q
+    assert ptx1.count("cp.async.cg.shared.global") == ptx0.count("cp.async.cg.shared.global") + n_q
+    assert "cp.async.ca." not in ptx1       # every copy 16 bytes (.cg)
+    assert ptx0.count("cp.async.commit_group") == 0 and ptx1.count("cp.async.commit_group") == 1
+    assert ptx0.count("cp.async.wait_group") == 0 and ptx1.count("cp.async.wait_group") == 1
+    assert re.search(r"cp\.async\.wait_group\s+0;", ptx1)
+    # the batch: first Q copy .. commit .. wait, then the fence, with no barrier / global load before the wait
+    first = _Q_CPASYNC.search(ptx1).start()
+    commit, wait = ptx1.index("cp.async.commit_group"), ptx1.index("cp.async.wait_group")
+    fence = ptx1.index("fence.proxy.async", wait)
+    assert first < commit < wait < fence
+    batch = ptx1[first:wait]
+    assert len(_Q_CPASYNC.findall(batch)) == n_q
+    assert "bar.sync" not in batch and "ld.global" not in batch and "mbarrier" not in batch
+    assert ptx1[wait:fence].count("bar.sync") <= 1      # Triton's barrier after the wait (membar) at most
+    assert ptx1.index("wgmma.mma_async") > fence
+    for pat in ("wgmma.mma_async", "mbarrier.init.shared", "mbarrier.try_wait.parity", "mbarrier.arrive.shared::cta",
+                "cp.async.mbarrier.arrive", "setmaxnreg"):
+        assert ptx1.count(pat) == ptx0.count(pat), pat
+    assert ptx1.count("bar.sync") < ptx0.count("bar.sync")
+    rep0, rep1 = ptxas_sm90_cached(ptx0), ptxas_sm90_cached(ptx1)
+    if rep0 is None or rep1 is None:
+        pytest.skip("ptxas not available")
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep1.log)
+    assert spill and int(spill.group(1)) == 0 and int(spill.group(2)) == 0, rep1.log
+    loops0, loops1 = sass_loops(rep0.sass), sass_loops(rep1.sass)
+    k_steps = (512 + d_pe) // 16
+    for pick in (lambda lp: n_hgmma(lp) == k_steps + 4, lambda lp: n_hgmma(lp) == 4,
+                 lambda lp: not n_hgmma(lp) and any("LDGSTS" in t for t in lp)):
+        l0, l1 = [lp for lp in loops0 if pick(lp)], [lp for lp in loops1 if pick(lp)]
+        assert len(l0) == len(l1) == 1
+        assert len(l1[0]) == len(l0[0]) and n_spill(l1[0]) == 0, (len(l1[0]), len(l0[0]), n_spill(l1[0]))
+
+    def count(sass, pred):
+        return sum(1 for line in sass.splitlines() if pred(line))
+
+    ldgsts = lambda t: "LDGSTS" in t and "ARRIVE" not in t      # noqa: E731
+    ldg = lambda t: re.search(r"\bLDG\.", t) is not None          # noqa: E731
+    assert count(rep1.sass, ldgsts) == count(rep0.sass, ldgsts) + n_q
+    assert count(rep1.sass, ldg) == count(rep0.sass, ldg) - n_q
+    assert count(rep1.sass, lambda t: "BAR.SYNC" in t) < count(rep0.sass, lambda t: "BAR.SYNC" in t)
+
+
+@pytest.mark.compile
+def test_q_async_guard_on_cpu(monkeypatch):
+    """The launcher sets Q_ASYNC only for a q whose base is 16-byte aligned and whose token / head strides are
+    multiples of 16 elements (deepkernels._launch.triton_aligned); a head stride of 584 (16-byte rows, not a
+    16-element multiple) or an 8-byte-offset base keeps the plain loads. Default (q_async None): off. Kernel
+    stubbed; CPU tensors."""
+    seen = []
+
+    def fake_cached(cache, fn, key, meta, limit):
+        seen.append(meta())
+        return lambda grid, *args: None
+
+    monkeypatch.setattr(P, "cached_launcher", fake_cached)
+    s_q, h_q = 4, 128
+    kv = torch.zeros(100, 1, 576, dtype=torch.bfloat16)
+    ind = torch.zeros(s_q, 1, 64, dtype=torch.int32)
+    out = torch.empty(s_q, h_q, 512, dtype=torch.bfloat16)
+    ml, lse = torch.empty(s_q, h_q), torch.empty(s_q, h_q)
+    q = torch.zeros(s_q, h_q, 576, dtype=torch.bfloat16)
+    q_pad = torch.zeros(s_q, h_q, 584, dtype=torch.bfloat16)[..., :576]             # head stride 584
+    q_off = torch.zeros(s_q * h_q * 576 + 4, dtype=torch.bfloat16)[4:].view(s_q, h_q, 576)   # base + 8 bytes
+    q_big = torch.zeros(s_q + 1, h_q + 1, 704, dtype=torch.bfloat16)[:s_q, :h_q, :576]  # make_case's view
+    for qq, kw, expect in ((q, {}, False), (q, dict(q_async=False), False), (q, dict(q_async=True), True),
+                           (q_big, dict(q_async=True), True), (q_pad, dict(q_async=True), False),
+                           (q_off, dict(q_async=True), False)):
+        P.launch_sparse_prefill_gluon_ws2(out, ml, lse, qq, kv, ind, 0.25, **kw)
+        assert seen[-1]["Q_ASYNC"] is expect, (qq.stride(), qq.data_ptr() % 16, kw)
+
+
+@pytest.mark.compile
+def test_q_async_unaligned_q_compiles(monkeypatch):
+    """tests/test_review_s18.py's method for q: the launch with ``q_async=True`` on a q view with head stride 584
+    (captured, stubbed) compiles for sm90 under exactly the divisibility facts Triton derives from its arguments --
+    and the Q_ASYNC build itself would not (2-byte cp.async): the guard is what keeps such q compilable."""
+    from test_review_s18 import _compiles, _launch_facts
+    seen = {}
+
+    def fake_cached(cache, fn, key, meta, limit):
+        seen["meta"] = meta()
+        return lambda grid, *args: seen.update(args=args)
+
+    monkeypatch.setattr(P, "cached_launcher", fake_cached)
+    q = torch.zeros(4, 128, 584, dtype=torch.bfloat16)[..., :576]
+    kv = torch.zeros(100, 1, 576, dtype=torch.bfloat16)
+    ind = torch.zeros(4, 1, 64, dtype=torch.int32)
+    out = torch.empty(4, 128, 512, dtype=torch.bfloat16)
+    ml, lse = torch.empty(4, 128), torch.empty(4, 128)
+    P.launch_sparse_prefill_gluon_ws2(out, ml, lse, q, kv, ind, 0.05, q_async=True)
+    m = seen["meta"]
+    facts = _launch_facts(P._sparse_prefill_gluon_ws2_kernel, seen["args"])
+    assert "stride_qh" not in facts and "q_ptr" in facts
+    assert m["Q_ASYNC"] is False
+
+    def build(q_async):
+        return lambda: P.compile_sm90_ws2(d_pe=m["D_PE"], has_len=m["HAS_LEN"], has_sink=m["HAS_SINK"],
+                                          pv_regs=m["PV_REGS"], producer_regs=m["PRODUCER_REGS"],
+                                          gather_rows4=m["GATHER_ROWS4"], q_async=q_async)
+    ok, err = _compiles(P, facts, build(m["Q_ASYNC"]))
+    assert ok, err
+    ok_forced, _ = _compiles(P, facts, build(True))
+    assert not ok_forced, "the Q_ASYNC build compiled without the 16-divisible head stride: the guard is moot"
+
+
+# s_q, s_kv, topk, d_qk, h_q, sink, with_len: full blocks, partial blocks, lengths, sink, d_qk 512, h_q 64,
+# blocks with no valid index (s_kv << topk), topk 0 (no block: Q loaded, never read)
+_QA_CASES = [(64, 4096, 2048, 576, 128, False, False), (37, 3000, 1000, 576, 128, True, True),
+             (16, 700, 576, 512, 128, True, False), (29, 3000, 448, 512, 128, False, True),
+             (33, 1521, 512, 576, 64, True, False), (1024, 32, 2048, 576, 128, True, False),
+             (5, 200, 16, 576, 128, True, True), (3, 64, 0, 512, 128, True, False)]
+
+
+def _launch_pair(q, kv, ind, sk, tl, kws):
+    res = []
+    s_q, h_q, _ = q.shape
+    for kw in kws:
+        out = torch.full((s_q, h_q, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        ml = torch.full((s_q, h_q), float("nan"), device="cuda")
+        lse = torch.full((s_q, h_q), float("nan"), device="cuda")
+        P.launch_sparse_prefill_gluon_ws2(out, ml, lse, q, kv, ind, 0.5, sk, tl, **kw)
+        res.append((out, ml, lse))
+    return res
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("s_q,s_kv,topk,d_qk,h_q,sink,with_len", _QA_CASES)
+def test_gpu_q_async_bit_identical(s_q, s_kv, topk, d_qk, h_q, sink, with_len):
+    """Q by one cp.async batch lands the same bytes in the same shared tiles: out / lse / max_logits bit-identical
+    to the build without it (NaN-poisoned outputs, junk / -1 indices, all-invalid rows, lengths, sink, d_qk 512,
+    h_q 64, topk 0); the option-on result also passes the reference check."""
+    q, kv, ind, sk, tl = make_case(s_q, s_kv, topk, h_q=h_q, d_qk=d_qk, sink=sink, with_len=with_len,
+                                   all_invalid=topk > 0, device="cuda")
+    assert P._q_async(True, q)
+    (o0, m0, l0), (o1, m1, l1) = _launch_pair(q, kv, ind, sk, tl, (dict(q_async=False), dict(q_async=True)))
+    assert not torch.isnan(o0).any() and not torch.isnan(l0).any() and not torch.isnan(m0).any()
+    assert torch.equal(o1, o0) and torch.equal(m1, m0) and torch.equal(l1, l0)
+    if topk:
+        _run(q, kv, ind, sk, tl, name="q_async", q_async=True)
+
+
+@pytest.mark.gpu
+def test_gpu_q_async_unaligned_q_plain_path(monkeypatch):
+    """A q view with head stride 584 elements (16-byte rows, not a 16-element multiple; the gate would keep it off
+    Gluon, the launcher is called directly): ``q_async=True`` launches the plain-load build (Q_ASYNC False in the
+    launch's constexprs), and its results are bit-identical to the same values in an aligned q with and without
+    the option."""
+    q, kv, ind, sk, tl = make_case(41, 2000, 640, h_q=128, sink=True, with_len=True, all_invalid=True,
+                                   device="cuda")
+    q_pad = torch.full((41, 128, 584), float("nan"), dtype=torch.bfloat16, device="cuda")[..., :576]
+    q_pad.copy_(q)
+    assert not P._q_async(True, q_pad) and not P.supported_ws2(q_pad, kv)
+    metas = []
+    real = P.cached_launcher
+
+    def spy(cache, fn, key, meta, limit):
+        metas.append(meta())
+        return real(cache, fn, key, meta, limit)
+
+    monkeypatch.setattr(P, "cached_launcher", spy)
+    (o0, m0, l0), = _launch_pair(q, kv, ind, sk, tl, (dict(q_async=False), ))
+    (o1, m1, l1), = _launch_pair(q_pad, kv, ind, sk, tl, (dict(q_async=True), ))
+    (o2, m2, l2), = _launch_pair(q, kv, ind, sk, tl, (dict(q_async=True), ))
+    assert [m["Q_ASYNC"] for m in metas] == [False, False, True]
+    assert not torch.isnan(o1).any()
+    assert torch.equal(o1, o0) and torch.equal(m1, m0) and torch.equal(l1, l0)
+    assert torch.equal(o2, o0) and torch.equal(m2, m0) and torch.equal(l2, l0)

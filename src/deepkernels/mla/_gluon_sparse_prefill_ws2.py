@@ -75,6 +75,33 @@ GPU tests 43/43; s_kv 8K 480.6 / 481.9 TFLOPS (sink / none; WS 403.3 / 403.7: 1.
 ~1.1 us at 8K, ~1.2 us at 64K (where the gathers miss L2 more). Against FlashMLA on the same GPU (ANCHORS.md, no
 sink): 0.82x / 0.83x; target 640 not reached.
 
+Q by cp.async (session 19, opt-in ``Q_ASYNC``: launcher / compile keyword ``q_async``, default :data:`WS2_Q_ASYNC`
+= False; the sparse decode softmax warpgroup's option of the same name, ``_gluon_sparse_decode_ws2._w2_softmax_wg``).
+The session-19 ncu profile of the dispatched build (s_q 1024, s_kv 8K, gather_rows4; benchmarks/results/ncu-h200-
+2026-11-30-s19/prefill8k_ws2.*) puts 270 cycles per (CTA, block) -- 6.8 % of the 3,951 -- in the softmax
+warpgroup's setup, 230 of them the Q load: 9 ``LDG.E.128 -> STS.128`` chunks with a ``BAR.SYNC`` after each (Triton's
+barrier between stores to slices of one buffer), ~2 chunks in flight, ~5 exposed DRAM round trips per CTA, while
+the PV warpgroup and the producer wait on it. With ``Q_ASYNC`` :func:`_p2_prologue` issues Q as ONE copy of the
+``[64, 512]`` NoPE tile (+ the ``[64, 64]`` RoPE tile): 36 (d_qk 576) / 32 (512) unmasked 16-byte cp.async per
+thread back to back, one ``commit_group``, one ``wait_group 0``, then (Triton's barrier after the wait,)
+``fence.proxy.async`` and the warpgroup barrier the wgmma readers need. Only a q whose base is 16-byte aligned and
+whose token / head strides are multiples of 16 elements gets it (:func:`_q_async`; :func:`supported_ws2` admits
+no other q, the guard covers direct launches: a 584-element head stride would compile 2-byte cp.async, which does
+not exist -- tests/test_review_s18.py); other q keep the plain loads. Results are bit-identical (same bytes in the
+same tiles). Compiled (Triton 3.6 wheel, sm90 ptxas, d_qk 576, gather_rows4, no lengths / sink): PTX bar.sync 21 ->
+15, SASS LDGSTS 37 -> 73, LDG 60 -> 24, BAR.SYNC 32 -> 26, 2,659 -> 2,627 instructions; the softmax (706), PV
+(179) and producer (207) loops unchanged, 0 spills, shared memory unchanged (229,872 B); every configuration alike
+(tests/test_gluon_sparse_prefill_ws2.py ``-k q_async``).
+
+Prediction (UNVERIFIED until its device run, ``benchmarks/device_sparse_prefill_qasync.sh``; H200, paired rotated
+rounds against the build without it, s_q 4096, h_q 128, topk 2048, s_kv 8K-128K, sink off / on): the Q phase
+drops to 1-2 round trips, but S_0 then waits for the producer's first gather (issued at CTA start, ~2,000-2,500
+cycles, inference), so the setup goes from 270 to ~80-130 cycles per block: **0.955-0.97 of the kernel time
+(central 0.96)** at every s_q (32 blocks per CTA at topk 2048) and s_kv. Falsifier: the paired t / t_off at s_q
+4096, s_kv 8K > 0.98, or (ncu) the setup region stays > 150 cycles per block. If the setup shrinks but the first
+``ready`` wait grows by as much, the first gather is the floor (next: the producer's block-0 index loads before its
+first ``empty`` wait).
+
 Removed options (session 18). Two opt-in consumer schedules lived here in sessions 16-17 and were never
 dispatched: ``OVERLAP`` (FA3 order: S_j issued before P V_{j-1} with a register P operand, softmax_j under
 P V_{j-1}; 1 also lagged the PV warpgroup behind S_j) and ``HALF`` (32-token half-tile ``ready`` / ``empty``
@@ -90,15 +117,15 @@ from __future__ import annotations
 
 import os
 
-from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl,  # noqa: F401
+from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, async_copy,  # noqa: F401
                       fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
-from .._launch import cached_launcher, spec_key
+from .._launch import cached_launcher, spec_key, triton_aligned
 from . import _gluon_sparse_prefill as _gsp
 from ._gluon_sparse_prefill import BLOCK_H, D_V, WS_MAXNREG, _g_ws_producer, _g_ws_rows, supported
 
 __all__ = ["available", "supported_ws2", "dispatch_on", "launch_sparse_prefill_gluon_ws2", "compile_sm90_ws2",
-           "DISPATCH", "WS2_PV_REGS", "WS2_MAXNREG", "WS2_PRODUCER_REGS", "WS2_NUM_WARPS"]
+           "DISPATCH", "WS2_PV_REGS", "WS2_MAXNREG", "WS2_PRODUCER_REGS", "WS2_NUM_WARPS", "WS2_Q_ASYNC"]
 
 # launch_sparse_prefill_gluon (variant None) routes here since its first device run (session 16, H200, git 1c39d4c,
 # results/sparse_prefill_ws2-h200-2026-11-29-s16.json: 43/43 GPU tests; s_q 4096, h_q 128, topk 2048: 480.6-481.9
@@ -160,10 +187,13 @@ def _p2_stats(m_i, l_i, tok, hb, sink_ptr, ml_ptr, lse_ptr, sm_scale, H_Q, HAS_S
 
 @_jit
 def _p2_prologue(q_n, q_p, q_ptr, idx_ptr, len_ptr, topk, stride_qs, stride_qh, stride_is, H_Q,
-                 D_PE: gl.constexpr, HAS_LEN: gl.constexpr):
+                 D_PE: gl.constexpr, HAS_LEN: gl.constexpr, Q_ASYNC: gl.constexpr = False):
     """Every softmax warpgroup's start: this CTA's (query token, 64-head group), its 64 Q rows into shared memory
     in 64-column chunks (32 registers of loads live at a time) made visible to the wgmma proxy, the token's valid
-    position count ``n`` and block count, and its index row. Returns (tok, hb, n, num_blocks, idx_row)."""
+    position count ``n`` and block count, and its index row. Returns (tok, hb, n, num_blocks, idx_row).
+    ``Q_ASYNC`` (module docstring, "Q by cp.async"): the chunks as 16-byte cp.async, all in flight, one commit
+    group and one ``wait_group 0`` instead of a load -> store round trip per chunk (the launcher sets it only for a
+    q whose base and row strides give 16-byte vectors)."""
     LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     pid = gl.program_id(0)
     tok = (pid // (H_Q // 64)).to(gl.int64)
@@ -171,10 +201,18 @@ def _p2_prologue(q_n, q_p, q_ptr, idx_ptr, len_ptr, topk, stride_qs, stride_qh, 
     hq = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, LP))
     dq = gl.arange(0, 64, gl.SliceLayout(0, LP))
     q_rows = q_ptr + tok * stride_qs + hq.to(gl.int64)[:, None] * stride_qh
-    for c in gl.static_range(8):
-        q_n.slice(c * 64, 64, dim=1).store(gl.load(q_rows + (c * 64 + dq)[None, :]))
-    if D_PE > 0:
-        q_p.store(gl.load(q_rows + (512 + dq)[None, :]))
+    if Q_ASYNC:
+        dn = gl.arange(0, 512, gl.SliceLayout(0, LP))
+        async_copy.async_copy_global_to_shared(q_n, q_rows + dn[None, :])
+        if D_PE > 0:
+            async_copy.async_copy_global_to_shared(q_p, q_rows + (512 + dq)[None, :])
+        async_copy.commit_group()
+        async_copy.wait_group(0)     # this thread's copies landed; the fence + barrier below publish them
+    else:
+        for c in gl.static_range(8):
+            q_n.slice(c * 64, 64, dim=1).store(gl.load(q_rows + (c * 64 + dq)[None, :]))
+        if D_PE > 0:
+            q_p.store(gl.load(q_rows + (512 + dq)[None, :]))
     fence_async_shared()
     gl.thread_barrier()
     n, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
@@ -194,14 +232,15 @@ def _p2_valid(idx_row, j, n, s_kv, LS: gl.constexpr):
 def _p2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree, q_ptr, idx_ptr, len_ptr,
                    sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_qs, stride_qh,
                    stride_is, stride_os, stride_oh, H_Q, D_PE: gl.constexpr, HAS_LEN: gl.constexpr,
-                   HAS_SINK: gl.constexpr):
+                   HAS_SINK: gl.constexpr, Q_ASYNC: gl.constexpr = False):
     """Default partition (4 warps): Q, the full S = Q K^T, the online softmax, P + alpha to the PV warpgroup,
-    O[:, :256] += P V[:, :256]; epilogue: lse / max_logits, the output scale to the PV warpgroup, out[:, :256]."""
+    O[:, :256] += P V[:, :256]; epilogue: lse / max_logits, the output scale to the PV warpgroup, out[:, :256].
+    ``Q_ASYNC``: :func:`_p2_prologue`'s."""
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     LS: gl.constexpr = gl.SliceLayout(0, S_L)
     tok, hb, n, num_blocks, idx_row = _p2_prologue(q_n, q_p, q_ptr, idx_ptr, len_ptr, topk, stride_qs, stride_qh,
-                                                   stride_is, H_Q, D_PE, HAS_LEN)
+                                                   stride_is, H_Q, D_PE, HAS_LEN, Q_ASYNC)
     m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))   # running max of raw q.k
     l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
     acc = gl.zeros([64, 256], gl.float32, O_L)
@@ -312,16 +351,19 @@ def _sparse_prefill_gluon_ws2_kernel(
     stride_qs, stride_qh, stride_kvs, stride_is, stride_os, stride_oh, H_Q,
     D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, PV_REGS: gl.constexpr, GATHER_ROWS4: gl.constexpr = False,
+    Q_ASYNC: gl.constexpr = False,
 ):
     """The WS kernel's arguments (``NUM_SLOTS`` fixed at 2) + ``PV_REGS``, the PV warpgroup's ``setmaxnreg``.
     Partitions: softmax warpgroup (default, 4 warps), PV warpgroup (4), the WS producer (4). ``GATHER_ROWS4``
     (session 18, the launcher's default :data:`WS2_GATHER_ROWS4`): the producer's NoPE gather 4 rows x 8 lanes per
-    warp instruction (``_g_ws_producer``'s ``ROWS4``)."""
+    warp instruction (``_g_ws_producer``'s ``ROWS4``). ``Q_ASYNC`` (session 19, opt-in, the launcher's default
+    :data:`WS2_Q_ASYNC`): the softmax warpgroup's Q by one batch of cp.async (module docstring, "Q by cp.async")."""
     q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree = _p2_smem(D_PE)
     gl.warp_specialize([
         (_p2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree, q_ptr, idx_ptr,
                           len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2,
-                          stride_qs, stride_qh, stride_is, stride_os, stride_oh, H_Q, D_PE, HAS_LEN, HAS_SINK)),
+                          stride_qs, stride_qh, stride_is, stride_os, stride_oh, H_Q, D_PE, HAS_LEN, HAS_SINK,
+                          Q_ASYNC)),
         (_p2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, out_ptr, topk, stride_os,
                      stride_oh, H_Q, HAS_LEN)),
         (_g_ws_producer, (kv_n, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is,
@@ -331,24 +373,40 @@ def _sparse_prefill_gluon_ws2_kernel(
 
 # ----------------------------------------------------------------------------------------------- host code
 
-_CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "PV_REGS", "GATHER_ROWS4")   # parameter order
+_CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "PV_REGS", "GATHER_ROWS4", "Q_ASYNC")  # param. order
 # the NoPE gather 4 rows x 8 lanes per warp instruction (kernel docstring), on since session 18: H200, git
 # 1462978aae98, s_q 4096 h_q 128 topk 2048, 6 rotated rounds paired against the 1 row x 32 lanes build: 0.960 at s_kv
 # 8K (466.7 -> 482.5 TFLOPS), 0.925 at 64K (406.1 -> 436.7), bit-identical (results/sparse_prefill_r4-h200-2026-11-30-
 # s18.json); producer loop 466 -> 206 SASS instructions
 WS2_GATHER_ROWS4 = True
+# the softmax warpgroup's Q by one batch of cp.async (kernel docstring; module docstring "Q by cp.async"; session 19,
+# from the s19 ncu profile's setup region: 270 cycles per block, ~5 exposed DRAM round trips of the 9-chunk Q load).
+# Opt-in until its paired device run (benchmarks/device_sparse_prefill_qasync.sh)
+WS2_Q_ASYNC = False
 _LAUNCHERS: dict = {}   # (kernel, (names, constexprs, options, specialisation)) -> KernelLauncher
 _LAUNCHER_LIMIT = 1024
 
 
+def _q_async(q_async, q=None) -> bool:
+    """The Q_ASYNC constexpr: ``q_async`` (default :data:`WS2_Q_ASYNC`), and, given ``q``, only when its base is
+    16-byte aligned and its token / head strides are multiples of 16 elements: the 16-byte cp.async needs the
+    divisibility Triton only derives for multiples of 16 (a head stride of 584 elements has 16-byte rows, but the
+    kernel would compile 2-byte cp.async, which does not exist; tests/test_review_s18.py) -- such q keep the plain
+    loads. (:func:`supported_ws2` already admits only such q; this guards direct launches.)"""
+    on = bool(WS2_Q_ASYNC if q_async is None else q_async)
+    return on and (q is None or triton_aligned(q, *q.stride()[:2]))
+
+
 def launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None,
                                     topk_length=None, *, pv_regs=None, producer_regs=None, maxnreg=None,
-                                    gather_rows4=None):
+                                    gather_rows4=None, q_async=None):
     """Drop-in for :func:`_gluon_sparse_prefill.launch_sparse_prefill_gluon` (without ``variant``): same
     out-parameter contract (inputs validated by ``flash_mla_sparse_fwd``; last dims contiguous; the caller checked
     :func:`supported_ws2`). Keyword-only tuning knobs (benchmarks): PV / producer ``setmaxnreg``, launch
-    ``maxnreg``, ``gather_rows4`` (default :data:`WS2_GATHER_ROWS4`). Launched through a cached :class:`deepkernels._launch.KernelLauncher` keyed by
-    (constexpr names, constexprs, options, :func:`deepkernels._launch.spec_key` of the arguments)."""
+    ``maxnreg``, ``gather_rows4`` (default :data:`WS2_GATHER_ROWS4`), ``q_async`` (default :data:`WS2_Q_ASYNC`;
+    only for a q with 16-byte vectors, :func:`_q_async`). Launched through a cached
+    :class:`deepkernels._launch.KernelLauncher` keyed by (constexpr names, constexprs, options,
+    :func:`deepkernels._launch.spec_key` of the arguments)."""
     s_q, h_q, d_qk = q.shape
     if s_q == 0:
         return
@@ -356,7 +414,7 @@ def launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_sca
     names = _CONSTEXPRS
     constexprs = (d_qk - D_V, topk_length is not None, attn_sink is not None,
                   producer_regs or WS2_PRODUCER_REGS, pv_regs or WS2_PV_REGS,
-                  bool(WS2_GATHER_ROWS4 if gather_rows4 is None else gather_rows4))
+                  bool(WS2_GATHER_ROWS4 if gather_rows4 is None else gather_rows4), _q_async(q_async, q))
     opts = (WS2_NUM_WARPS, maxnreg or WS2_MAXNREG)
     launcher = cached_launcher(_LAUNCHERS, _sparse_prefill_gluon_ws2_kernel,
                                (names, constexprs, opts, spec_key(*args, *ints)),
@@ -366,13 +424,14 @@ def launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_sca
 
 
 def compile_sm90_ws2(d_pe: int = 64, has_len: bool = False, has_sink: bool = False, pv_regs=None,
-                     producer_regs=None, maxnreg=None, gather_rows4=None):
+                     producer_regs=None, maxnreg=None, gather_rows4=None, q_async=None):
     """Cross-compile the kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch. Returns
     the CompiledKernel (``.asm['ptx']``, ``.metadata.shared``)."""
     # every constexpr, in parameter order (the cross-compile binds constexprs by position)
     consts = dict(zip(_CONSTEXPRS, (d_pe, has_len, has_sink, producer_regs or WS2_PRODUCER_REGS,
                                     pv_regs or WS2_PV_REGS,
-                                    bool(WS2_GATHER_ROWS4 if gather_rows4 is None else gather_rows4))))
+                                    bool(WS2_GATHER_ROWS4 if gather_rows4 is None else gather_rows4),
+                                    _q_async(q_async))))
     return _compile_sm90_gluon(_sparse_prefill_gluon_ws2_kernel, _gsp.SIG, consts, _gsp.HINTED,
                                num_warps=WS2_NUM_WARPS,
                                maxnreg=maxnreg or WS2_MAXNREG)
