@@ -73,12 +73,13 @@ def test_epi_kernels_meta_and_tma_rules():
         assert G.m_masked_kernel(cfg) is G._fp8_gluon_m_masked_epi_kernel
         assert G.m_masked_meta(cfg) == G.m_masked_meta(_reg(cfg))
         assert cfg.smem_bytes() == _reg(cfg).smem_bytes() + cfg.block_m * cfg.block_n * 2 <= SM90_SMEM_LIMIT
+    # the EPI entries: the register entry's parameters + d_desc, and (session 19) a trailing SCALE_AHEAD constexpr
     old = [p.name for p in G._fp8_gluon_m_contiguous_kernel.params]
     new = [p.name for p in G._fp8_gluon_m_contiguous_epi_kernel.params]
-    assert new == old[:3] + ["d_desc"] + old[3:]
+    assert new == old[:3] + ["d_desc"] + old[3:] + ["SCALE_AHEAD"]
     old = [p.name for p in G._fp8_gluon_m_masked_kernel.params]
     new = [p.name for p in G._fp8_gluon_m_masked_epi_kernel.params]
-    assert new == old[:3] + ["d_desc"] + old[3:]
+    assert new == old[:3] + ["d_desc"] + old[3:] + ["SCALE_AHEAD"]
     bf = torch.bfloat16
     assert G.masked_d_tma_ok(torch.empty(3, 40, 1000, dtype=bf))
     assert not G.masked_d_tma_ok(torch.empty(3, 40, 1001, dtype=bf))                # row stride % 8 != 0
@@ -446,3 +447,59 @@ def test_epi_masked_public_switch_and_graph(monkeypatch):
         torch.cuda.synchronize()
         check_masked(d, lambda out: R.m_grouped_fp8_gemm_masked_ref(A, B, out, mm), mm)
     grouped._PLANS.clear()
+
+
+# ------------------------------------------------------------------ session 19: scales two blocks ahead (opt-in)
+CONTIG_SA = replace(G.GLUON_WS_128_S6_EPI, scale_ahead=1)
+MASKED_SA = replace(G.GLUON_WS_128_S4_EPI, scale_ahead=1)
+
+
+@pytest.mark.compile
+@needs_gluon
+@pytest.mark.parametrize("kind", ["contiguous", "masked"])
+def test_scale_ahead_grouped_compiles(kind):
+    """scale_ahead=1 on the grouped TMA-store entries: the unrolled K loop (8 QGMMA per innermost loop), no spills,
+    the shared memory of the same config without it; on the register entries the launchers refuse it."""
+    from deepkernels.testing.compile import sass_count, sass_loops
+    comp = G._compile_sm90_m_contiguous if kind == "contiguous" else G._compile_sm90_m_masked
+    cfg = CONTIG_SA if kind == "contiguous" else MASKED_SA
+    c = comp(cfg)
+    assert c.metadata.shared == comp(replace(cfg, scale_ahead=0)).metadata.shared
+    rep = ptxas_sm90_or_skip(c.asm["ptx"], sass=True)
+    assert rep.spills == (0, 0), rep.spills
+    loops = [lp for lp in sass_loops(rep.sass) if sass_count(lp, "QGMMA")]
+    assert len(loops) == 2 and all(sass_count(lp, "QGMMA") == 8 for lp in loops)
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("case, g, n, k, sms", [
+    ("aligned", 4, 4096, 7168, None), ("aligned", 3, 1000, 384, 3), ("blocks64", 3, 4160, 1024, None),
+    ("unaligned", 5, 4160, 1152, None), ("unaligned", 5, 1001, 512, None), ("random", 3, 1000, 640, None)])
+def test_scale_ahead_contiguous_bit_identical(case, g, n, k, sms):
+    """Contiguous with scale_ahead=1: bit-identical to S6 EPI (odd / even K block counts 3, 5, 8, 9, 56; tiles mixing
+    groups, padding rows exactly zero; N 1001: the register fallback, which drops scale_ahead)."""
+    gl = torch.tensor(_layout(case, g), dtype=torch.int32, device="cuda")
+    A, B, gl = contiguous_case(gl, g, n, k, "cuda")
+    ref = _contig_run(G.GLUON_WS_128_S6_EPI, A, B, gl, n, sms)
+    out = _contig_run(CONTIG_SA, A, B, gl, n, sms)
+    _same(out, ref)
+    _contig_check(out, A, B, gl, g)
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("n, k, sms, d_rows", [(4096, 7168, None, None), (1088, 384, 3, None), (1000, 640, None, 384)])
+def test_scale_ahead_masked_bit_identical(n, k, sms, d_rows):
+    """Masked with scale_ahead=1: masked_m 0 / 1 / 63 / 64 / 65 / 127 / M_max / clamped, bit-identical to S4 EPI, rows
+    >= m_g still NaN; d_rows 384: the register fallback."""
+    g, m_max = len(MASKED_COUNTS), 320
+    _, A = fp8_a3(g, m_max, k, "cuda")
+    _, B = fp8_b(g, n, k, "cuda")
+    mm = torch.tensor(MASKED_COUNTS, dtype=torch.int32, device="cuda")
+    bufs = [nan(g, d_rows or m_max, n, device="cuda") for _ in range(2)]
+    ref = _masked_run(G.GLUON_WS_128_S4_EPI, A, B, mm, sms, bufs[0][:, :m_max])
+    out = _masked_run(MASKED_SA, A, B, mm, sms, bufs[1][:, :m_max])
+    _same(out, ref)
+    _masked_check(out, A, B, MASKED_COUNTS)
+    assert torch.isnan(bufs[1][:, m_max:]).all()

@@ -65,6 +65,13 @@ next block's wgmma. ``scale_ahead=2``: + every block's ``ready`` wait in the pre
 shares the 128 B/clk shared-memory bandwidth with the wgmma operand reads: a 640-cycle floor); 2 within +-3 % of 1;
 small K (512-2048) less (the epilogue and per-tile costs weigh more). Falsifier: >= 0.95 at 4096x7168x16384 (the
 chain was not the limiter). Paired bench: ``benchmarks/gemm_gluon.py --ab --sa`` (``device_gemm_sa.sh``).
+Measured (H200, git 3a72eb4f3309, 5 rotated rounds, A/A control; results/gemm_sa-h200-2026-11-30-s19.json): 30/30 GPU
+tests bit-identical; t / t_S4_EPI, scale_ahead 1: M 4096 (7168, 16384) 0.923, (4096, 7168) 0.946, (2112, 7168) 0.946,
+K <= 2048 0.98-1.02; M 2048 K >= 7168 0.94-0.95 except (2112, 7168) 1.138 (2 waves; A/A 1.02); scale_ahead 2 worse
+(0.95-1.09). Prediction 0.78-0.88 missed: ~6-8 % instead of 12-22 % -> dense.py dispatches scale_ahead 1 at M >= 2048,
+K >= 7168 with >= 3 waves of tiles. The same K loop (:func:`_g_kloop_ahead`) runs in the grouped TMA-store entries
+(contiguous / masked ``SCALE_AHEAD``, configs with ``epi_tma`` only: the register-epilogue fallback drops it);
+refactoring the dense loop into that helper left every cross-compiled PTX identical (7 builds compared).
 """
 from __future__ import annotations
 
@@ -150,6 +157,8 @@ GLUON_EPI = [GLUON_WS_128_S4_EPI, GLUON_WS_128_S6_EPI]
 GLUON_WS_128_S4_EPI_SA1 = GluonConfig(128, 128, 4, overlap=False, epi_tma=True, scale_ahead=1)
 GLUON_WS_128_S4_EPI_SA2 = GluonConfig(128, 128, 4, overlap=False, epi_tma=True, scale_ahead=2)
 GLUON_SA = [GLUON_WS_128_S4_EPI_SA1, GLUON_WS_128_S4_EPI_SA2]
+# the grouped kernels' TMA-store configs (contiguous: S6 EPI, masked: S4 EPI) with scale_ahead 1 (their EPI entries)
+GLUON_WS_128_S6_EPI_SA1 = GluonConfig(128, 128, 6, overlap=False, epi_tma=True, scale_ahead=1)
 
 
 # ----------------------------------------------------------------------------------------------- device code
@@ -226,6 +235,68 @@ def _g_retire(tok, NUM_OUT: gl.constexpr, acc, empty, it, sfa_rows, m_mask, sfa_
 
 
 @_jit
+def _g_kloop_ahead(a_bufs, b_bufs, ready, empty, it, zero, acc, sfa_rows, m_mask, sfa_sk, sfb_base, sfb_sk, num_kb,
+                   ROW0: gl.constexpr, ROWS: gl.constexpr, NUM_STAGES: gl.constexpr, EARLY: gl.constexpr):
+    """The K loop of one math warpgroup with ``SCALE_AHEAD`` (module docstring, "Scales ahead"): block kb's scales
+    loaded right after block kb - 2's wgmma issue into one of two alternating register sets (the loop unrolled by
+    two: no register copy in front of a wgmma); ``EARLY``: every block's ``ready`` wait in the previous block's wgmma
+    shadow. Returns ``(acc, it)``."""
+    kb1 = gl.minimum(num_kb - 1, 1)
+    sa0 = gl.load(sfa_rows, mask=m_mask, other=0.0)
+    sb0 = gl.load(sfb_base)
+    sa1 = gl.load(sfa_rows + kb1 * sfa_sk, mask=m_mask, other=0.0)
+    sb1 = gl.load(sfb_base + kb1 * sfb_sk)
+    if EARLY:
+        mbarrier.wait(ready.index(it % NUM_STAGES), (it // NUM_STAGES) & 1)
+    for kb in range(0, num_kb - 1, 2):
+        # block kb (register set 0)
+        slot = it % NUM_STAGES
+        if not EARLY:
+            mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
+        tok = warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)),
+                            zero, use_acc=False, is_async=True)
+        s0 = sa0 * sb0
+        kn = gl.minimum(kb + 2, num_kb - 1)
+        sa0 = gl.load(sfa_rows + kn * sfa_sk, mask=m_mask, other=0.0)
+        sb0 = gl.load(sfb_base + kn * sfb_sk)
+        if EARLY:
+            mbarrier.wait(ready.index((it + 1) % NUM_STAGES), ((it + 1) // NUM_STAGES) & 1)
+        part = warpgroup_mma_wait(0, deps=(tok, ))
+        mbarrier.arrive(empty.index(slot))
+        acc += part * s0[:, None]
+        it += 1
+        # block kb + 1 (register set 1)
+        slot = it % NUM_STAGES
+        if not EARLY:
+            mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
+        tok = warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)),
+                            zero, use_acc=False, is_async=True)
+        s1 = sa1 * sb1
+        kn = gl.minimum(kb + 3, num_kb - 1)
+        sa1 = gl.load(sfa_rows + kn * sfa_sk, mask=m_mask, other=0.0)
+        sb1 = gl.load(sfb_base + kn * sfb_sk)
+        if EARLY:
+            mbarrier.wait(ready.index((it + 1) % NUM_STAGES), ((it + 1) // NUM_STAGES) & 1,
+                          pred=kb + 2 < num_kb)
+        part = warpgroup_mma_wait(0, deps=(tok, ))
+        mbarrier.arrive(empty.index(slot))
+        acc += part * s1[:, None]
+        it += 1
+    if num_kb % 2 == 1:      # the last block (set 0: loaded by the last pair, or before the loop)
+        slot = it % NUM_STAGES
+        if not EARLY:
+            mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
+        tok = warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)),
+                            zero, use_acc=False, is_async=True)
+        s0 = sa0 * sb0
+        part = warpgroup_mma_wait(0, deps=(tok, ))
+        mbarrier.arrive(empty.index(slot))
+        acc += part * s0[:, None]
+        it += 1
+    return acc, it
+
+
+@_jit
 def _g_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
             sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
             ROW0: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
@@ -285,59 +356,8 @@ def _g_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stri
                                 num_kb - 1, NUM_STAGES)
                 it += 1
         elif SCALE_AHEAD > 0:
-            EARLY: gl.constexpr = SCALE_AHEAD == 2
-            kb1 = gl.minimum(num_kb - 1, 1)
-            sa0 = gl.load(sfa_rows, mask=m_mask, other=0.0)
-            sb0 = gl.load(sfb_base)
-            sa1 = gl.load(sfa_rows + kb1 * sfa_sk, mask=m_mask, other=0.0)
-            sb1 = gl.load(sfb_base + kb1 * sfb_sk)
-            if EARLY:
-                mbarrier.wait(ready.index(it % NUM_STAGES), (it // NUM_STAGES) & 1)
-            for kb in range(0, num_kb - 1, 2):
-                # block kb (register set 0)
-                slot = it % NUM_STAGES
-                if not EARLY:
-                    mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
-                tok = warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)),
-                                    zero, use_acc=False, is_async=True)
-                s0 = sa0 * sb0
-                kn = gl.minimum(kb + 2, num_kb - 1)
-                sa0 = gl.load(sfa_rows + kn * sfa_sk, mask=m_mask, other=0.0)
-                sb0 = gl.load(sfb_base + kn * sfb_sk)
-                if EARLY:
-                    mbarrier.wait(ready.index((it + 1) % NUM_STAGES), ((it + 1) // NUM_STAGES) & 1)
-                part = warpgroup_mma_wait(0, deps=(tok, ))
-                mbarrier.arrive(empty.index(slot))
-                acc += part * s0[:, None]
-                it += 1
-                # block kb + 1 (register set 1)
-                slot = it % NUM_STAGES
-                if not EARLY:
-                    mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
-                tok = warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)),
-                                    zero, use_acc=False, is_async=True)
-                s1 = sa1 * sb1
-                kn = gl.minimum(kb + 3, num_kb - 1)
-                sa1 = gl.load(sfa_rows + kn * sfa_sk, mask=m_mask, other=0.0)
-                sb1 = gl.load(sfb_base + kn * sfb_sk)
-                if EARLY:
-                    mbarrier.wait(ready.index((it + 1) % NUM_STAGES), ((it + 1) // NUM_STAGES) & 1,
-                                  pred=kb + 2 < num_kb)
-                part = warpgroup_mma_wait(0, deps=(tok, ))
-                mbarrier.arrive(empty.index(slot))
-                acc += part * s1[:, None]
-                it += 1
-            if num_kb % 2 == 1:      # the last block (set 0: loaded by the last pair, or before the loop)
-                slot = it % NUM_STAGES
-                if not EARLY:
-                    mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
-                tok = warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)),
-                                    zero, use_acc=False, is_async=True)
-                s0 = sa0 * sb0
-                part = warpgroup_mma_wait(0, deps=(tok, ))
-                mbarrier.arrive(empty.index(slot))
-                acc += part * s0[:, None]
-                it += 1
+            acc, it = _g_kloop_ahead(a_bufs, b_bufs, ready, empty, it, zero, acc, sfa_rows, m_mask, sfa_sk,
+                                     sfb_base, sfb_sk, num_kb, ROW0, ROWS, NUM_STAGES, SCALE_AHEAD == 2)
         elif PREFETCH:
             # scales of block kb+1 are loaded while block kb's wgmma runs (global-load latency off the path
             # between the wgmma wait and the promotion)
@@ -588,8 +608,10 @@ def _gc_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, gid_ptr, M, N, K,
 def _gc_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, gid_ptr, M, N, K, G, stride_dm,
              sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs,
              ROW0: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-             NUM_STAGES: gl.constexpr, PREFETCH: gl.constexpr, EPI_TMA: gl.constexpr = False):
+             NUM_STAGES: gl.constexpr, PREFETCH: gl.constexpr, EPI_TMA: gl.constexpr = False,
+             SCALE_AHEAD: gl.constexpr = 0):
     """One math warpgroup of the contiguous kernel: rows [ROW0, ROW0 + 64) of every (tile, group) pass.
+    ``SCALE_AHEAD``: the K loop of :func:`_g_kloop_ahead` (module docstring, "Scales ahead").
     ``EPI_TMA``: ``d_ptr`` is (D pointer, D descriptor, this warpgroup's shared [64, BLOCK_N] bf16 buffer) and the
     stores go through :func:`_gc_store_rows_epi` (TMA store for pure slices, else the masked register store)."""
     ROWS: gl.constexpr = 64
@@ -620,28 +642,32 @@ def _gc_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, gid_ptr, M, 
             sfa_rows = sfa_ptr + offs_m.to(gl.int64) * sfa_sm
             sfb_base = sfb_ptr + g.to(gl.int64) * sfb_sg + (off_n // 128).to(gl.int64) * sfb_sn
             acc = gl.zeros([ROWS, BLOCK_N], gl.float32, L)
-            if PREFETCH:
-                sa = gl.load(sfa_rows, mask=m_mask, other=0.0)
-                sb = gl.load(sfb_base)
-            for kb in range(num_kb):
+            if SCALE_AHEAD > 0:
+                acc, it = _g_kloop_ahead(a_bufs, b_bufs, ready, empty, it, zero, acc, sfa_rows, m_mask, sfa_sk,
+                                         sfb_base, sfb_sk, num_kb, ROW0, ROWS, NUM_STAGES, SCALE_AHEAD == 2)
+            else:
                 if PREFETCH:
-                    kn = gl.minimum(kb + 1, num_kb - 1)
-                    sa_n = gl.load(sfa_rows + kn * sfa_sk, mask=m_mask, other=0.0)
-                    sb_n = gl.load(sfb_base + kn * sfb_sk)
-                else:
-                    sa = gl.load(sfa_rows + kb * sfa_sk, mask=m_mask, other=0.0)
-                    sb = gl.load(sfb_base + kb * sfb_sk)
-                slot = it % NUM_STAGES
-                mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
-                tok = warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)),
-                                    zero, use_acc=False, is_async=True)
-                part = warpgroup_mma_wait(0, deps=(tok, ))
-                mbarrier.arrive(empty.index(slot))
-                acc += part * (sa * sb)[:, None]
-                if PREFETCH:
-                    sa = sa_n
-                    sb = sb_n
-                it += 1
+                    sa = gl.load(sfa_rows, mask=m_mask, other=0.0)
+                    sb = gl.load(sfb_base)
+                for kb in range(num_kb):
+                    if PREFETCH:
+                        kn = gl.minimum(kb + 1, num_kb - 1)
+                        sa_n = gl.load(sfa_rows + kn * sfa_sk, mask=m_mask, other=0.0)
+                        sb_n = gl.load(sfb_base + kn * sfb_sk)
+                    else:
+                        sa = gl.load(sfa_rows + kb * sfa_sk, mask=m_mask, other=0.0)
+                        sb = gl.load(sfb_base + kb * sfb_sk)
+                    slot = it % NUM_STAGES
+                    mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
+                    tok = warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)),
+                                        zero, use_acc=False, is_async=True)
+                    part = warpgroup_mma_wait(0, deps=(tok, ))
+                    mbarrier.arrive(empty.index(slot))
+                    acc += part * (sa * sb)[:, None]
+                    if PREFETCH:
+                        sa = sa_n
+                        sb = sb_n
+                    it += 1
             if EPI_TMA:
                 _gc_store_rows_epi(d_ptr, acc, gid_ptr, off_m, off_n, M, N, G, g, stride_dm, ROWS, BLOCK_N, L)
             else:
@@ -694,7 +720,8 @@ def _fp8_gluon_m_contiguous_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, gid_
 def _fp8_gluon_m_contiguous_epi_kernel(a_desc, b_desc, d_ptr, d_desc, sfa_ptr, sfb_ptr, gid_ptr, M, N, K, G,
                                        stride_dm, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs,
                                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-                                       NUM_STAGES: gl.constexpr, MATH_REGS: gl.constexpr, PREFETCH: gl.constexpr):
+                                       NUM_STAGES: gl.constexpr, MATH_REGS: gl.constexpr, PREFETCH: gl.constexpr,
+                                       SCALE_AHEAD: gl.constexpr = 0):
     """:func:`_fp8_gluon_m_contiguous_kernel` with the TMA-store epilogue (``_gc_math(..., EPI_TMA=True)``): D is
     passed both as a pointer (masked register stores of mixed slices) and as a bf16 TensorDescriptor ``d_desc``
     (block [64, BLOCK_N]); each math warpgroup owns one [64, BLOCK_N] bf16 shared buffer. A separate entry point
@@ -716,10 +743,10 @@ def _fp8_gluon_m_contiguous_epi_kernel(a_desc, b_desc, d_ptr, d_desc, sfa_ptr, s
                         BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
         (_gc_math, (a_bufs, b_bufs, ready, empty, (d_ptr, d_desc, epi.index(0)), sfa_ptr, sfb_ptr, gid_ptr, M, N,
                     K, G, stride_dm, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs, 0, BLOCK_M, BLOCK_N,
-                    GROUP_M, NUM_STAGES, PREFETCH, True)),
+                    GROUP_M, NUM_STAGES, PREFETCH, True, SCALE_AHEAD)),
         (_gc_math, (a_bufs, b_bufs, ready, empty, (d_ptr, d_desc, epi.index(1)), sfa_ptr, sfb_ptr, gid_ptr, M, N,
                     K, G, stride_dm, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs, 64, BLOCK_M, BLOCK_N,
-                    GROUP_M, NUM_STAGES, PREFETCH, True)),
+                    GROUP_M, NUM_STAGES, PREFETCH, True, SCALE_AHEAD)),
     ], [4, 4], [MATH_REGS, MATH_REGS])
 
 
@@ -779,8 +806,9 @@ def _gm_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, masked_m_ptr, M_M
 def _gm_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, masked_m_ptr, M_MAX, N, K, G,
              stride_dg, stride_dm, sfa_sg, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs,
              ROW0: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-             NUM_STAGES: gl.constexpr, EPI_TMA: gl.constexpr = False):
-    """One math warpgroup of the masked kernel: rows [ROW0, ROW0 + 64) of every tile. ``EPI_TMA``: ``d_ptr`` is
+             NUM_STAGES: gl.constexpr, EPI_TMA: gl.constexpr = False, SCALE_AHEAD: gl.constexpr = 0):
+    """One math warpgroup of the masked kernel: rows [ROW0, ROW0 + 64) of every tile. ``SCALE_AHEAD``: the K loop of
+    :func:`_g_kloop_ahead`. ``EPI_TMA``: ``d_ptr`` is
     (D pointer, descriptor of D viewed as [G * M_MAX, N], this warpgroup's shared [64, BLOCK_N] bf16 buffer); a
     slice that lies wholly inside the group (``off_m + 64 <= m_g``) is TMA-stored at row ``g * M_MAX + off_m``, any
     other slice goes through the masked register store (rows >= m_g are never written either way)."""
@@ -809,17 +837,21 @@ def _gm_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, masked_m_ptr
         sfa_rows = sfa_ptr + g64 * sfa_sg + offs_m.to(gl.int64) * sfa_sm
         sfb_base = sfb_ptr + g64 * sfb_sg + (off_n // 128).to(gl.int64) * sfb_sn
         acc = gl.zeros([ROWS, BLOCK_N], gl.float32, L)
-        for kb in range(num_kb):
-            sa = gl.load(sfa_rows + kb * sfa_sk, mask=m_mask, other=0.0)
-            sb = gl.load(sfb_base + kb * sfb_sk)
-            slot = it % NUM_STAGES
-            mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
-            tok = warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)),
-                                zero, use_acc=False, is_async=True)
-            part = warpgroup_mma_wait(0, deps=(tok, ))
-            mbarrier.arrive(empty.index(slot))
-            acc += part * (sa * sb)[:, None]
-            it += 1
+        if SCALE_AHEAD > 0:
+            acc, it = _g_kloop_ahead(a_bufs, b_bufs, ready, empty, it, zero, acc, sfa_rows, m_mask, sfa_sk,
+                                     sfb_base, sfb_sk, num_kb, ROW0, ROWS, NUM_STAGES, SCALE_AHEAD == 2)
+        else:
+            for kb in range(num_kb):
+                sa = gl.load(sfa_rows + kb * sfa_sk, mask=m_mask, other=0.0)
+                sb = gl.load(sfb_base + kb * sfb_sk)
+                slot = it % NUM_STAGES
+                mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
+                tok = warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)),
+                                    zero, use_acc=False, is_async=True)
+                part = warpgroup_mma_wait(0, deps=(tok, ))
+                mbarrier.arrive(empty.index(slot))
+                acc += part * (sa * sb)[:, None]
+                it += 1
         # rows >= m_g never written (group base offset g * stride_dg; m_g <= M_MAX)
         if EPI_TMA:
             if off_m + ROWS <= m_g:
@@ -872,7 +904,7 @@ def _fp8_gluon_m_masked_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, masked_m
 def _fp8_gluon_m_masked_epi_kernel(a_desc, b_desc, d_ptr, d_desc, sfa_ptr, sfb_ptr, masked_m_ptr, M_MAX, N, K, G,
                                    stride_dg, stride_dm, sfa_sg, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk, num_progs,
                                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-                                   NUM_STAGES: gl.constexpr, MATH_REGS: gl.constexpr):
+                                   NUM_STAGES: gl.constexpr, MATH_REGS: gl.constexpr, SCALE_AHEAD: gl.constexpr = 0):
     """:func:`_fp8_gluon_m_masked_kernel` with the TMA-store epilogue (``_gm_math(..., EPI_TMA=True)``): D as a
     pointer (register stores of slices crossing m_g) and as a bf16 TensorDescriptor ``d_desc`` over D viewed as
     [G * M_MAX, N] (block [64, BLOCK_N]); one [64, BLOCK_N] bf16 shared buffer per math warpgroup. A separate entry
@@ -893,10 +925,10 @@ def _fp8_gluon_m_masked_epi_kernel(a_desc, b_desc, d_ptr, d_desc, sfa_ptr, sfb_p
                             BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
             (_gm_math, (a_bufs, b_bufs, ready, empty, (d_ptr, d_desc, epi.index(0)), sfa_ptr, sfb_ptr, masked_m_ptr,
                         M_MAX, N, K, G, stride_dg, stride_dm, sfa_sg, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk,
-                        num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, True)),
+                        num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, True, SCALE_AHEAD)),
             (_gm_math, (a_bufs, b_bufs, ready, empty, (d_ptr, d_desc, epi.index(1)), sfa_ptr, sfb_ptr, masked_m_ptr,
                         M_MAX, N, K, G, stride_dg, stride_dm, sfa_sg, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk,
-                        num_progs, 64, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, True)),
+                        num_progs, 64, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, True, SCALE_AHEAD)),
         ], [4, 4], [MATH_REGS, MATH_REGS])
     else:
         gl.warp_specialize([
@@ -904,7 +936,7 @@ def _fp8_gluon_m_masked_epi_kernel(a_desc, b_desc, d_ptr, d_desc, sfa_ptr, sfb_p
                             BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
             (_gm_math, (a_bufs, b_bufs, ready, empty, (d_ptr, d_desc, epi.index(0)), sfa_ptr, sfb_ptr, masked_m_ptr,
                         M_MAX, N, K, G, stride_dg, stride_dm, sfa_sg, sfa_sm, sfa_sk, sfb_sg, sfb_sn, sfb_sk,
-                        num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, True)),
+                        num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, True, SCALE_AHEAD)),
         ], [4], [MATH_REGS])
 
 
@@ -1077,7 +1109,8 @@ def _launch_fp8_gluon_m_contiguous(a: torch.Tensor, sfa: torch.Tensor, b: torch.
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("Gluon kernels have no interpreter support (TRITON_INTERPRET is set)")
     cfg = config or GLUON_WS_128_S6
-    if cfg.block_m != 128 or cfg.block_n > 128 or not cfg.warp_spec or cfg.overlap or (cfg.epi_tma and cfg.prefetch):
+    if cfg.block_m != 128 or cfg.block_n > 128 or not cfg.warp_spec or cfg.overlap or (cfg.epi_tma and cfg.prefetch) \
+            or (cfg.scale_ahead and (not cfg.epi_tma or cfg.scale_ahead not in (1, 2))):
         raise ValueError(f"m-grouped contiguous Gluon kernel needs a 128 x <=128 non-overlap WS config "
                          f"(the TMA-store epilogue without prefetch), got {cfg}")
     for name, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("d", d), ("gid", gid)):
@@ -1104,8 +1137,8 @@ def _go_m_contiguous(a, sfa, b, sfb, d, gid, cfg, num_sms, launcher):
     if cfg.epi_tma:
         if d_tma_ok(d):
             d_args = (d, TensorDescriptor(d, [m, n], [d.stride(0), 1], [64, cfg.block_n], _d_smem_layout()))
-        else:  # D not TMA-able: the register epilogue of the same config
-            cfg = replace(cfg, epi_tma=False)
+        else:  # D not TMA-able: the register epilogue of the same config (that entry has no scale_ahead)
+            cfg = replace(cfg, epi_tma=False, scale_ahead=0)
             launcher = None
     args = (a_desc, b_desc, *d_args, sfa, sfb, gid, m, n, k, g_num, d.stride(0), sfa.stride(0), sfa.stride(1),
             sfb.stride(0), sfb.stride(1), sfb.stride(2), progs)
@@ -1132,15 +1165,21 @@ def m_contiguous_meta(cfg: GluonConfig) -> dict:
     """Constexprs + compile options of the m-grouped contiguous kernel for ``cfg`` (a KernelLauncher's ``meta``).
     The same keys for ``epi_tma`` configs: the TMA-store variant is its own entry point
     (:func:`m_contiguous_kernel`), not an extra constexpr, so existing launches are unchanged."""
-    return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
+    meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
                 MATH_REGS=cfg.math_regs, PREFETCH=cfg.prefetch, num_warps=4, maxnreg=cfg.maxnreg())
+    if cfg.scale_ahead:      # the TMA-store entry only (the launchers check)
+        meta["SCALE_AHEAD"] = cfg.scale_ahead
+    return meta
 
 
 def m_masked_meta(cfg: GluonConfig) -> dict:
     """Constexprs + compile options of the m-grouped masked kernel for ``cfg`` (a KernelLauncher's ``meta``); same
     keys for ``epi_tma`` configs (their kernel is :func:`m_masked_kernel` ``(cfg)``)."""
-    return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
+    meta = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
                 MATH_REGS=cfg.math_regs, num_warps=4, maxnreg=cfg.maxnreg())
+    if cfg.scale_ahead:      # the TMA-store entry only (the launchers check)
+        meta["SCALE_AHEAD"] = cfg.scale_ahead
+    return meta
 
 
 def _compile_sm90_m_contiguous(cfg: GluonConfig):
@@ -1156,6 +1195,8 @@ def _compile_sm90_m_contiguous(cfg: GluonConfig):
            "sfa_sm": "i32", "sfa_sk": "i32", "sfb_sg": "i32", "sfb_sn": "i32", "sfb_sk": "i32", "num_progs": "i32"}
     consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
                   MATH_REGS=cfg.math_regs, PREFETCH=cfg.prefetch)
+    if cfg.epi_tma:      # the TMA-store entry's trailing constexpr (the cross-compile binds every constexpr)
+        consts["SCALE_AHEAD"] = cfg.scale_ahead
     return _compile_sm90_gluon(fn, sig, consts, ("d_ptr", "sfa_ptr", "sfb_ptr", "gid_ptr"), num_warps=4,
                                maxnreg=cfg.maxnreg())
 
@@ -1179,7 +1220,8 @@ def _launch_fp8_gluon_m_masked(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tens
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         raise RuntimeError("Gluon kernels have no interpreter support (TRITON_INTERPRET is set)")
     cfg = config or GLUON_WS_128_S4
-    if cfg.block_n > 128 or not cfg.warp_spec or cfg.overlap or (cfg.epi_tma and cfg.prefetch):
+    if cfg.block_n > 128 or not cfg.warp_spec or cfg.overlap or (cfg.epi_tma and cfg.prefetch) \
+            or (cfg.scale_ahead and (not cfg.epi_tma or cfg.scale_ahead not in (1, 2))):
         raise ValueError(f"m-grouped masked Gluon kernel needs a <=128-column non-overlap WS config "
                          f"(the TMA-store epilogue without prefetch), got {cfg}")
     for name, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("d", d), ("masked_m", masked_m)):
@@ -1208,8 +1250,8 @@ def _go_m_masked(a, sfa, b, sfb, d, masked_m, cfg, num_sms, launcher):
         if masked_d_tma_ok(d):  # rows of group g at g * M_max + row of the [G * M_max, N] view
             d_args = (d, TensorDescriptor(d, [g_num * m_max, n], [d.stride(1), 1], [64, cfg.block_n],
                                           _d_smem_layout()))
-        else:  # D not TMA-able as one [G * M_max, N] matrix: the register epilogue of the same config
-            cfg = replace(cfg, epi_tma=False)
+        else:  # D not TMA-able as one [G * M_max, N] matrix: the register epilogue (no scale_ahead there)
+            cfg = replace(cfg, epi_tma=False, scale_ahead=0)
             launcher = None
     args = (a_desc, b_desc, *d_args, sfa, sfb, masked_m, m_max, n, k, g_num, d.stride(0), d.stride(1),
             sfa.stride(0), sfa.stride(1), sfa.stride(2), sfb.stride(0), sfb.stride(1), sfb.stride(2), progs)
@@ -1234,5 +1276,7 @@ def _compile_sm90_m_masked(cfg: GluonConfig):
            "num_progs": "i32"}
     consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
                   MATH_REGS=cfg.math_regs)
+    if cfg.epi_tma:      # the TMA-store entry's trailing constexpr (the cross-compile binds every constexpr)
+        consts["SCALE_AHEAD"] = cfg.scale_ahead
     return _compile_sm90_gluon(fn, sig, consts, ("d_ptr", "sfa_ptr", "sfb_ptr", "masked_m_ptr"), num_warps=4,
                                maxnreg=cfg.maxnreg())
