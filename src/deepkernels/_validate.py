@@ -8,7 +8,7 @@ from typing import Iterable, Sequence
 import torch
 
 __all__ = ["check_tensor", "check_dtype", "check_shape", "check_compiled_dims", "overlaps", "check_distinct_elements",
-           "check_int32_extent", "check_scale", "INT32_MAX"]
+           "check_int32_extent", "check_scale", "rewrite_nonpositive_scale", "INT32_MAX"]
 
 INT32_MAX = 2**31 - 1
 
@@ -85,13 +85,14 @@ def check_int32_extent(what: str, value: int, why: str = "TMA coordinates are 32
         raise ValueError(f"{what} = {value} exceeds 2^31 - 1 ({why}); split the call")
 
 
-def check_scale(name: str, value, *, positive: bool = False, finite: bool = True) -> float:
+def check_scale(name: str, value, *, finite: bool = True) -> float:
     """A scalar scale argument (``softmax_scale``, ``sm_scale``) as a Python float.
 
     Accepts any real number (Python or NumPy scalar, e.g. ``np.float32``) and a one-element real tensor. Raises
     TypeError naming the argument for anything else (None, str, bool, complex, lists, bool / complex tensors) and
-    ValueError for a tensor with more than one element; with ``finite`` a non-finite value, with ``positive`` a
-    value <= 0 (or non-finite) is a ValueError too."""
+    ValueError for a tensor with more than one element; with ``finite`` a non-finite value is a ValueError too.
+    Any finite sign is accepted: the attention ops take any finite scale (as FlashMLA does) and hand a scale <= 0
+    to their kernels through :func:`rewrite_nonpositive_scale`."""
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ValueError(f"{name} must be a number or a one-element tensor, got a tensor of shape "
@@ -104,8 +105,21 @@ def check_scale(name: str, value, *, positive: bool = False, finite: bool = True
                         f"{type(value).__name__} {value!r}")
     else:
         v = float(value)
-    if positive and not (math.isfinite(v) and v > 0):
-        raise ValueError(f"{name} must be a positive finite float, got {value!r}")
     if finite and not math.isfinite(v):
         raise ValueError(f"{name} must be finite, got {value}")
     return v
+
+
+def rewrite_nonpositive_scale(q: torch.Tensor, scale: float):
+    """Exact rewrite of a softmax scale <= 0 for the attention kernels (dense / sparse decode, sparse / dense
+    prefill), which keep the running max in raw-score units (``q·k``; valid only for a positive scale):
+    ``softmax(scale·q·k) = softmax(|scale|·(-q)·k)`` for scale < 0 (negation is exact, so every logit
+    ``(-q)·k·|scale|`` equals ``q·k·scale`` and the natural-log ``lse`` / ``max_logits`` a kernel derives from its
+    max keep their meaning), and scale 0 (or -0.0) is ``softmax(1·(0·q)·k)``: every logit 0 (``q * 0`` keeps q's
+    NaN/inf -> NaN, like the definition). Returns ``(q, scale, unchanged)``; one elementwise op on q (no host sync),
+    only for scale <= 0. The reference paths need no rewrite: they apply the scale as written."""
+    if scale > 0:
+        return q, scale, True
+    if scale < 0:
+        return q.neg(), -scale, False
+    return q * 0, 1.0, False

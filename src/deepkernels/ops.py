@@ -23,7 +23,8 @@ optionals, not tuples of tensors or Python objects):
   the dense path with those two tensors. The current-API ``FlashMLASchedMeta`` object (a mutable Python object
   filled on first use) cannot cross a ``torch.library`` boundary. The sparse path is the separate op
   ``flash_mla_with_kvcache_sparse`` (the public function re-plans the legacy tensors on the device in sparse
-  mode, so they are optional and unused there).
+  mode, so they are optional and unused there: without them the op passes a fresh ``get_mla_metadata()`` object,
+  as the public function requires metadata on both paths).
 - Output layouts are those of the public functions and are fixed per op (the fake implementation promises
   them); if a backend ever returns another layout the op copies into the promised one. ``lse`` of
   ``flash_attn_varlen_func`` is ``[total_q, h]`` with strides ``(1, total_q)`` (the transposed view of a
@@ -245,7 +246,11 @@ def flash_mla_with_kvcache_sparse(q: torch.Tensor, k_cache: torch.Tensor, indice
     """Sparse MLA decode over an FP8/FP4 cache (:func:`deepkernels.flash_mla_with_kvcache` with ``indices``,
     ``is_fp8_kvcache=True``, ``causal=False``). The legacy metadata tensors are accepted and unused (the
     public op re-plans on the device in sparse mode). Returns ``out [b, s_q, h_q, 512]`` bf16 and
-    ``lse [b, h_q, s_q]`` fp32 natural log, strides ``(s_q*h_q, 1, h_q)`` (transposed view, as upstream)."""
+    ``lse [b, h_q, s_q]`` fp32 natural log, strides ``(s_q*h_q, 1, h_q)`` (transposed view, as upstream).
+    Without metadata (None: a ``FlashMLASchedMeta`` cannot cross the op boundary) the op plans with a fresh
+    ``get_mla_metadata()`` object, which the public function requires (a ``num_splits`` alone is unused there)."""
+    if tile_scheduler_metadata is None:
+        tile_scheduler_metadata, num_splits = _decode.get_mla_metadata()   # (FlashMLASchedMeta(), None)
     out, lse = _decode.flash_mla_with_kvcache(
         q, k_cache, None, None, head_dim_v, tile_scheduler_metadata, num_splits, softmax_scale, False, True,
         indices=indices, attn_sink=attn_sink, extra_k_cache=extra_k_cache,

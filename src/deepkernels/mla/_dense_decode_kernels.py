@@ -18,7 +18,8 @@ bad lengths cannot fault. Offsets are int64.
 Split boundaries come from the scheduler record (planned lengths) but are clamped to the actual ``seqlen``, and the
 last split of each request (``split == nsp - 1``) runs to its actual end: any schedule of the same batch (a reused
 ``FlashMLASchedMeta`` after ``cache_seqlens`` grew or shrank) covers every token exactly once. The running max in
-raw-score units needs ``sm_scale > 0``; the host rewrites a scale <= 0 exactly (``decode._nonpositive_scale``).
+raw-score units needs ``sm_scale > 0``; the host rewrites a scale <= 0 exactly
+(``deepkernels._validate.rewrite_nonpositive_scale``).
 
 Finalisation: a request with one split writes ``out``/``lse`` (natural log, +inf when empty) directly; a split
 request writes ``O/L`` and the base-2 ``log2 L + m`` (-inf when empty) to accumulator row

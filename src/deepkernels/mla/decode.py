@@ -17,7 +17,7 @@ import torch
 
 from .._backend import interpret_mode, use_kernels
 from .._launch import KernelLauncher, cached_launcher, spec_key
-from .._validate import check_dtype, check_scale, check_tensor
+from .._validate import check_dtype, check_scale, check_tensor, rewrite_nonpositive_scale
 from ..gemm import dense as _gemm_dense
 from .metadata import FIXED_OVERHEAD_BLOCKS, SCHED_BLOCK, compute_schedule, resolve_schedule
 
@@ -473,7 +473,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     if not plan.kernels:
         from ..reference.mla import dense_decode
         return dense_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, scale, cfg.causal)
-    q, scale, exact = _nonpositive_scale(q, scale)
+    q, scale, exact = rewrite_nonpositive_scale(q, scale)   # scale <= 0: exact (kernel max in raw-score units)
     return _dense_launch(q, k_cache, block_table, cache_seqlens, sched, ns, scale, cfg.causal, None,
                          plan if sig is not None and exact else None)
 
@@ -504,18 +504,6 @@ def _check_host_pages(block_table, cache_seqlens, num_blocks: int, page: int) ->
         i, j = int(bad[0, 0]), int(bad[0, 1])
         raise ValueError(f"block_table[{i}, {j}] = {int(block_table[i, j])} is read (request {i} holds "
                          f"{int(cache_seqlens[i])} tokens) but is not a page id in [0, num_blocks={num_blocks})")
-
-
-def _nonpositive_scale(q, scale):
-    """Exact rewrite of a softmax_scale <= 0 for the kernels, which keep the running max in raw-score units
-    (valid only for a positive scale): ``softmax(scale·q·k) = softmax(|scale|·(-q)·k)`` for scale < 0 (negation
-    is exact), and scale 0 is ``softmax(1·(0·q)·k)`` (``q * 0`` keeps q's NaN/inf -> NaN, like the definition).
-    Returns ``(q, scale, unchanged)``; one elementwise op on q (no host sync), only for scale <= 0."""
-    if scale > 0:
-        return q, scale, True
-    if scale < 0:
-        return q.neg(), -scale, False
-    return q * 0, 1.0, False
 
 
 def _validate_call(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, causal, is_fp8_kvcache,

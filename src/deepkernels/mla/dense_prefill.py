@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .._backend import device_of, interpret_mode, use_kernels
 from .._triton_helpers import rne_bf16 as _rne_bf16
-from .._validate import check_scale, check_tensor
+from .._validate import check_scale, check_tensor, rewrite_nonpositive_scale
 from ..reference.mla_prefill import dense_prefill_ref
 from . import _gluon_dense_prefill as _gdp
 
@@ -218,7 +218,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
         cu_seqlens_qo, cu_seqlens_kv: ``[b + 1]`` int32 prefix sums of the per-sequence lengths
             (non-decreasing, starting at 0, ending at total_q / total_k; zero-length sequences allowed).
         max_seqlen_qo: int >= every query length (sizes the grid); max_seqlen_kv: accepted, unused.
-        dropout_p: must be 0. softmax_scale: default ``d_qk ** -0.5``. causal: bottom-right aligned, row i of
+        dropout_p: must be 0. softmax_scale: default ``d_qk ** -0.5``; any finite real (as FlashMLA; <= 0 is exact:
+            the kernels, whose running max is in raw-score units, run on ``-q`` with ``|scale|``, or on ``q * 0``
+            with scale 1 for 0). causal: bottom-right aligned, row i of
             a sequence sees keys ``j <= i + s_k - s_q``. deterministic: must be False (the forward is
             deterministic anyway). is_varlen: accepted for compatibility.
 
@@ -227,7 +229,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
         view of a contiguous ``[h, total_q]`` buffer, as upstream. Rows that see no key: out 0, lse +inf.
 
     Raises:
-        TypeError / ValueError naming the argument for bad dtypes, shapes, devices, head dims, dropout, or
+        TypeError / ValueError naming the argument for bad dtypes, shapes, devices, head dims, dropout, a
+        non-finite ``softmax_scale`` (or one that is not a real number / one-element tensor: TypeError), or
         a ``max_seqlen_qo`` smaller than a sequence (checked on CPU inputs; on CUDA it is checked only
         when ``cu_seqlens_qo`` is on the host, to avoid a device sync).
 
@@ -261,7 +264,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
         raise ValueError(f"max_seqlen_qo must be >= 0, got {max_seqlen_qo}")
     if softmax_scale is None:
         softmax_scale = d_qk ** -0.5
-    softmax_scale = check_scale("softmax_scale", softmax_scale, positive=True)
+    softmax_scale = check_scale("softmax_scale", softmax_scale)   # any finite real; <= 0 rewritten for the kernels
     dev = device_of(q, k, v, cu_seqlens_qo, cu_seqlens_kv)
     if cu_seqlens_qo.device.type == "cpu":
         cq, ck = cu_seqlens_qo.tolist(), cu_seqlens_kv.tolist()
@@ -284,6 +287,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
 
     out = torch.empty(total_q, h, v.shape[-1], dtype=q.dtype, device=dev)
     lse_hm = torch.empty(h, total_q, dtype=torch.float32, device=dev)
+    q, softmax_scale, _ = rewrite_nonpositive_scale(q, softmax_scale)   # scale <= 0: exact (-q, |scale| / 0*q, 1)
     _launch_dense_prefill(out, lse_hm, _fix_last(q), _fix_last(k), _fix_last(v), cu_seqlens_qo.contiguous(),
                           cu_seqlens_kv.contiguous(), max_seqlen_qo, softmax_scale, causal)
     return out, lse_hm.t()

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from .._backend import device_of, interpret_mode, use_kernels
 from .._triton_helpers import rne_bf16 as _rne_bf16
-from .._validate import check_dtype, check_scale, check_tensor
+from .._validate import check_dtype, check_scale, check_tensor, rewrite_nonpositive_scale
 from ..reference.mla_prefill import sparse_prefill_ref
 from . import _gluon_sparse_prefill as _gsp
 from ._sparse_kernels import online_softmax_step
@@ -195,7 +195,9 @@ def flash_mla_sparse_fwd(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tenso
         kv: ``[s_kv, 1, d_qk]`` bf16, plain (non-paged) rows; V is ``kv[..., :512]``; any strides.
         indices: ``[s_q, 1, topk]`` int32, any ``topk >= 0`` (padded internally). An entry is invalid if
             ``< 0`` or ``>= s_kv``; invalid entries are never read (INT_MIN, -123456, s_kv, 2^31-1 are safe).
-        sm_scale: softmax scale on ``q·k``; a positive finite float.
+        sm_scale: softmax scale on ``q·k``; any finite real (as FlashMLA). A scale <= 0 is exact: the kernels keep
+            the running max in raw-score units, so the host runs them on ``-q`` with ``|sm_scale|`` (scale < 0) or on
+            ``q * 0`` with scale 1 (scale 0: every valid logit 0, ``lse = log(#valid)``, ``max_logits`` 0).
         d_v: must be 512.
         attn_sink: optional ``[h_q]`` fp32; scales out by ``exp(lse)/(exp(lse)+exp(sink))`` (``+inf`` -> 0,
             ``-inf`` -> no effect); never changes ``lse`` or ``max_logits``.
@@ -209,7 +211,7 @@ def flash_mla_sparse_fwd(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tenso
 
     Raises:
         TypeError / ValueError naming the argument for wrong types, dtypes, shapes, devices, ``d_v != 512``
-        or a non-positive ``sm_scale`` (a Python / NumPy real or a one-element tensor; else TypeError).
+        or a non-finite ``sm_scale`` (a Python / NumPy real or a one-element tensor; else TypeError).
 
     CUDA tensors (or any tensors under ``TRITON_INTERPRET=1``) run the Triton kernel; CPU tensors run
     :func:`deepkernels.reference.mla_prefill.sparse_prefill_ref`.
@@ -228,7 +230,7 @@ def flash_mla_sparse_fwd(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tenso
         raise ValueError(f"indices must have shape [{s_q}, 1, topk], got {list(indices.shape)}")
     if d_v != 512:
         raise ValueError(f"d_v must be 512, got {d_v}")
-    sm_scale = check_scale("sm_scale", sm_scale, positive=True)   # any real scalar (np.float32 too), or TypeError
+    sm_scale = check_scale("sm_scale", sm_scale)   # any finite real scalar (np.float32 too); else Type/ValueError
     if attn_sink is not None:
         check_tensor("attn_sink", attn_sink, ndim=1, dtype=torch.float32)
         if attn_sink.shape[0] != h_q:
@@ -250,6 +252,8 @@ def flash_mla_sparse_fwd(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tenso
     out = torch.empty(s_q, h_q, d_v, dtype=q.dtype, device=dev)
     max_logits = torch.empty(s_q, h_q, dtype=torch.float32, device=dev)
     lse = torch.empty(s_q, h_q, dtype=torch.float32, device=dev)
+    # scale <= 0: exact rewrite (-q, |scale| or 0*q, 1); (-q)·k·|scale| == q·k·scale, so max_logits / lse keep units
+    q, sm_scale, _ = rewrite_nonpositive_scale(q, sm_scale)
     _launch_sparse_prefill(out, max_logits, lse, _last_dim_contiguous(q), _last_dim_contiguous(kv),
                            _last_dim_contiguous(indices), sm_scale, attn_sink, topk_length)
     return out, max_logits, lse

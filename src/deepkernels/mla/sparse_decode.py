@@ -31,7 +31,7 @@ import torch
 
 from .._backend import device_of, interpret_mode, use_kernels
 from .._launch import KernelLauncher, cached_launcher, spec_key
-from .._validate import check_tensor
+from .._validate import check_tensor, rewrite_nonpositive_scale
 from ..quant.kvcache import KV_FORMATS
 from ..reference.mla_sparse import detect_sparse_formats, sparse_decode_ref
 from . import _gluon_sparse_decode as _gsd
@@ -40,7 +40,7 @@ from . import _gluon_sparse_decode_ws2 as _gsdw2
 from . import _gluon_sparse_decode_ws3 as _gsdw3
 from . import _sparse_kernels as _sk
 from .combine import combine_splits_
-from .decode import FlashMLASchedMeta, _nonpositive_scale, _num_sms   # _num_sms honours set_mla_num_sms, set_num_sms
+from .decode import FlashMLASchedMeta, _num_sms   # _num_sms honours set_mla_num_sms, set_num_sms
 from .metadata import FIXED_OVERHEAD_BLOCKS, SCHED_BLOCK, compute_schedule, resolve_schedule
 
 __all__ = ["set_sparse_decode_batch_invariant", "sparse_decode_batch_invariant", "sparse_decode_config",
@@ -365,7 +365,8 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
         tile_scheduler_metadata: ``FlashMLASchedMeta`` from ``get_mla_metadata()`` (filled on first use; reuse with
             another configuration raises ValueError; reuse after topk_length / extra_topk_length changed is correct:
             splits are clamped to the actual token line and each request's last split runs to its end) or the
-            legacy tensors (re-planned here).
+            legacy tensors (re-planned here). Anything else (None included) is a TypeError naming it, as on the dense
+            path (not checked for empty work, as there).
         num_splits: None (or the legacy ``[b + 1]`` tensor, ignored).
         softmax_scale: default ``d_qk ** -0.5``; any finite value (<= 0 exact: the kernels run ``|scale|`` on
             ``-q``, or scale 1 on ``q * 0``). is_fp8_kvcache: must be True. causal: must be False.
@@ -442,9 +443,10 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
         return compute_schedule(counts, _num_sm_parts(dev, s_q, h_q, config), FIXED_OVERHEAD_BLOCKS)
 
     def legacy(meta):
-        # legacy call form (tensors from the old get_mla_metadata, planned without the extra cache) or None:
-        # re-planned, so that a plan made for other lengths can never drop tokens
-        if meta is None or isinstance(meta, torch.Tensor):
+        # legacy call form (tensors from the old get_mla_metadata, planned without the extra cache): re-planned, so
+        # that a plan made for other lengths can never drop tokens. Anything else (None included: FlashMLA requires
+        # the metadata on both paths) is the dense path's TypeError, raised by resolve_schedule before any launch
+        if isinstance(meta, torch.Tensor):
             return _trivial_schedule(b, dev) if batch_invariant else replan()
         return None
 
@@ -456,7 +458,7 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
     if not plan.kernels:
         return sparse_decode_ref(q, k_cache, indices, 512, scale, attn_sink, extra_k_cache,
                                  extra_indices_in_kvcache, topk_length, extra_topk_length)
-    q, scale, exact = _nonpositive_scale(q, scale)   # scale <= 0: exact rewrite (kernel max in raw-score units)
+    q, scale, exact = rewrite_nonpositive_scale(q, scale)   # scale <= 0: exact rewrite (kernel max in raw-score units)
     out = torch.empty(b, s_q, h_q, 512, dtype=q.dtype, device=dev)
     lse_buf = torch.empty(b, s_q, h_q, dtype=torch.float32, device=dev)
     launch(out, lse_buf, q, k_cache, indices, sched, ns, scale, plan.fmt, attn_sink, extra_k_cache,
