@@ -548,7 +548,8 @@ def test_contiguous_gluon_dispatch_rule(monkeypatch):
     d = SimpleNamespace(dtype=torch.bfloat16, is_cuda=True)
     rule = grouped._gluon_contiguous_config
     monkeypatch.delenv("DEEPKERNELS_GROUPED_EPI", raising=False)       # default: the TMA-store-epilogue twin
-    assert rule(32768, 4096, 7168, True, True, d, 128, None) is _gluon_fp8.GLUON_WS_128_S6_EPI
+    # K >= 7168: the scales-ahead twin (session 19), else the TMA-store config
+    assert rule(32768, 4096, 7168, True, True, d, 128, None) is _gluon_fp8.GLUON_WS_128_S6_EPI_SA1
     assert rule(10112, 7168, 2048, True, True, d, 128, None) is _gluon_fp8.GLUON_WS_128_S6_EPI
     for args in [(4096, 4096, 7168, True, True, d, 128, None),      # M_sum below the measured envelope
                  (32768, 2048, 7168, True, True, d, 128, None),     # N below it
@@ -582,8 +583,9 @@ def test_masked_gluon_dispatch_rule(monkeypatch):
     d = SimpleNamespace(dtype=torch.bfloat16, is_cuda=True)
     rule = grouped._gluon_masked_config
     monkeypatch.delenv("DEEPKERNELS_GROUPED_EPI", raising=False)       # default: the TMA-store-epilogue twin
-    for args in [(1024, 4096, 7168, 1024), (256, 7168, 2048, 256), (4096, 4096, 7168, 300)]:
-        assert rule(*args, True, d, None) is _gluon_fp8.GLUON_WS_128_S4_EPI, args
+    for args in [(1024, 4096, 7168, 1024), (256, 7168, 2048, 256), (4096, 4096, 7168, 300)]:   # K >= 7168: SA1
+        want = _gluon_fp8.GLUON_WS_128_S4_EPI_SA1 if args[2] >= 7168 else _gluon_fp8.GLUON_WS_128_S4_EPI
+        assert rule(*args, True, d, None) is want, args
     for args, is_fp8, dd, cfg in [((1024, 4096, 7168, 128), True, d, None),    # expected_m below the envelope
                                   ((1024, 2048, 7168, 1024), True, d, None),   # N below it
                                   ((1024, 4096, 1024, 1024), True, d, None),   # K below it

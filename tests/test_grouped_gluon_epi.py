@@ -43,8 +43,8 @@ def test_epi_config_switch(monkeypatch):
     DEEPKERNELS_GROUPED_EPI=0: the register-epilogue configs."""
     from deepkernels.gemm import grouped
     monkeypatch.setattr(grouped, "_gluon_gate", lambda is_fp8, d, cfg: (G, False))
-    contig = lambda: grouped._gluon_contiguous_config(8192, 4096, 7168, True, True, None, 128, None)  # noqa: E731
-    masked = lambda: grouped._gluon_masked_config(1024, 4096, 7168, 1024, True, None, None)  # noqa: E731
+    contig = lambda: grouped._gluon_contiguous_config(8192, 4096, 2048, True, True, None, 128, None)  # noqa: E731
+    masked = lambda: grouped._gluon_masked_config(1024, 4096, 2048, 1024, True, None, None)  # noqa: E731
     for env in (None, "1"):
         if env is None:
             monkeypatch.delenv("DEEPKERNELS_GROUPED_EPI", raising=False)
@@ -53,6 +53,11 @@ def test_epi_config_switch(monkeypatch):
         assert contig() is G.GLUON_WS_128_S6_EPI and masked() is G.GLUON_WS_128_S4_EPI
     monkeypatch.setenv("DEEPKERNELS_GROUPED_EPI", "0")
     assert contig() is G.GLUON_WS_128_S6 and masked() is G.GLUON_WS_128_S4
+    # K >= 7168 (session 19): the scales-ahead twins; with the switch off the register configs
+    assert grouped._gluon_contiguous_config(8192, 4096, 7168, True, True, None, 128, None) is G.GLUON_WS_128_S6
+    monkeypatch.delenv("DEEPKERNELS_GROUPED_EPI")
+    assert grouped._gluon_contiguous_config(8192, 4096, 7168, True, True, None, 128, None) is G.GLUON_WS_128_S6_EPI_SA1
+    assert grouped._gluon_masked_config(1024, 4096, 7168, 1024, True, None, None) is G.GLUON_WS_128_S4_EPI_SA1
     # outside the envelope: still the Triton kernel
     assert grouped._gluon_contiguous_config(4096, 4096, 7168, True, True, None, 128, None) is None
     assert grouped._gluon_masked_config(1024, 4096, 7168, 128, True, None, None) is None

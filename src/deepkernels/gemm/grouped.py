@@ -208,13 +208,19 @@ def _gluon_contiguous_config(m_sum, n, k, is_fp8, b_kmajor, d, alignment, cfg):
     ``DEEPKERNELS_GROUPED_EPI=0``: on by default since its first device run (session 15, H200, git f4256ee7e1e5,
     results/grouped_gemm_epi-h200-2026-11-29-s15.json): 15/15 GPU tests, bit-identical to the register epilogue on
     the 4 DeepGEMM contiguous shapes and 1.005-1.20x it (whole call; K 2048 shapes 1.19-1.20x, K 7168 1.005-1.03x).
-    The switch is part of the cached plan's signature (``_env_sig``)."""
+    The switch is part of the cached plan's signature (``_env_sig``).
+    Session 19: at K >= 7168 the same config with the scales loaded two blocks ahead (``GLUON_WS_128_S6_EPI_SA1``,
+    bit-identical; H200, git 92c8e3d2a05d, paired rotated rounds, A/A 0.997-1.014, results/grouped_sa-h200-2026-11-30-
+    s19.json): t / t_S6_EPI 0.926 (4 x 8192 x 4096 x 7168) / 0.929 (8 x 4096 x 4096 x 7168); K 2048 0.98-0.99 (kept
+    off there)."""
     gate = _gluon_gate(is_fp8, d, cfg) if b_kmajor else None
     if gate is None:
         return None
     G, forced = gate
     if forced or (alignment % 128 == 0 and m_sum >= 8192 and n >= 4096 and k >= 2048):
-        return G.GLUON_WS_128_S6_EPI if _epi_switch() else G.GLUON_WS_128_S6
+        if not _epi_switch():
+            return G.GLUON_WS_128_S6
+        return G.GLUON_WS_128_S6_EPI_SA1 if k >= 7168 else G.GLUON_WS_128_S6_EPI
     return None
 
 
@@ -234,13 +240,18 @@ def _gluon_masked_config(m_max, n, k, expected_m, is_fp8, d, cfg):
     default since its first device run (session 15, same run as the contiguous one): bit-identical on the 6 DeepGEMM
     masked shapes and faster in CUDA-graph replay at all 6 (1.05-1.28x: 63 vs 67, 34 vs 43, 67 vs 71, 37 vs 45,
     71 vs 74, 40 vs 48 us); the direct launches' whole-call times at these 40-90 us sizes are host-bound and scatter
-    (0.58-1.17x); the public op with the switch 0.98-1.65x the public op without it."""
+    (0.58-1.17x); the public op with the switch 0.98-1.65x the public op without it.
+    Session 19: at K >= 7168 ``GLUON_WS_128_S4_EPI_SA1`` (scales two blocks ahead, bit-identical; same run as the
+    contiguous one): 0.933 / 0.944 / 0.941 at G 1 / 2 / 4 x expected_m 1024 / 512 / 256, N 4096 (A/A 0.962-1.001);
+    K 2048 0.97-0.99 (A/A 0.85-0.97: noisy) -> kept off there."""
     gate = _gluon_gate(is_fp8, d, cfg)
     if gate is None:
         return None
     G, forced = gate
     if forced or (expected_m >= 256 and n >= 4096 and k >= 2048):
-        return G.GLUON_WS_128_S4_EPI if _epi_switch() else G.GLUON_WS_128_S4
+        if not _epi_switch():
+            return G.GLUON_WS_128_S4
+        return G.GLUON_WS_128_S4_EPI_SA1 if k >= 7168 else G.GLUON_WS_128_S4_EPI
     return None
 
 
@@ -274,7 +285,7 @@ class _GluonPlan:
         if self.config.epi_tma and not (G.masked_d_tma_ok(d) if self.masked else G.d_tma_ok(d)):
             # d's strides and 16-B alignment are part of the plan's signature: the register-epilogue twin for good
             from dataclasses import replace
-            self.config = replace(self.config, epi_tma=False)
+            self.config = replace(self.config, epi_tma=False, scale_ahead=0)   # the register entries have no SA
         if self.masked:
             self.launcher = KernelLauncher(G.m_masked_kernel(self.config), G.m_masked_meta(self.config),
                                            cache_descriptors=True)
