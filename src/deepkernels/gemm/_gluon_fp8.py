@@ -156,9 +156,10 @@ GLUON_EPI = [GLUON_WS_128_S4_EPI, GLUON_WS_128_S6_EPI]
 # loaded two blocks ahead (1) and also every block's ``ready`` wait in the previous block's wgmma shadow (2)
 GLUON_WS_128_S4_EPI_SA1 = GluonConfig(128, 128, 4, overlap=False, epi_tma=True, scale_ahead=1)
 GLUON_WS_128_S4_EPI_SA2 = GluonConfig(128, 128, 4, overlap=False, epi_tma=True, scale_ahead=2)
-GLUON_SA = [GLUON_WS_128_S4_EPI_SA1, GLUON_WS_128_S4_EPI_SA2]
-# the grouped kernels' TMA-store configs (contiguous: S6 EPI, masked: S4 EPI) with scale_ahead 1 (their EPI entries)
+# the grouped kernels' TMA-store configs (contiguous: S6 EPI, masked: S4 EPI) with scale_ahead 1 (their EPI entries);
+# S6 EPI SA1 is also a dense candidate (6 stages with the earlier scale loads)
 GLUON_WS_128_S6_EPI_SA1 = GluonConfig(128, 128, 6, overlap=False, epi_tma=True, scale_ahead=1)
+GLUON_SA = [GLUON_WS_128_S4_EPI_SA1, GLUON_WS_128_S4_EPI_SA2, GLUON_WS_128_S6_EPI_SA1]
 
 
 # ----------------------------------------------------------------------------------------------- device code
