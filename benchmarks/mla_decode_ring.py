@@ -1,5 +1,6 @@
 """Default Gluon dense MLA decode vs its opt-in variant (``deepkernels.mla._gluon_dense_decode``, launcher keywords
-``half_tiles`` / ``q_tma``) on the same schedule and inputs.
+``half_tiles`` / ``q_tma``) on the same schedule and inputs; ``--trim``: the TRIM option (launcher keyword ``trim``,
+session 19: mask only tiles that can hold a masked token, scale folded into one FFMA) off vs on.
 
 Shapes: b 128, h_kv 1, h_q 128 and 64, s_q 1 and 2 (causal when 2), varlen s_k 4096 / 8192 / 32768
 (``benchmarks/mla_decode.py`` make_inputs: max(N(s_k, s_k/2), s_q), FlashMLA FLOP counting 2 s_q sum(len) h_q
@@ -7,6 +8,11 @@ Shapes: b 128, h_kv 1, h_q 128 and 64, s_q 1 and 2 (causal when 2), varlen s_k 4
 Providers: ``default`` (as dispatched), ``ring`` (half_tiles + q_tma: the variant), ``half`` (half tiles only),
 ``qtma`` (Q by TMA only), ``default_again`` (the default once more: an A/A control whose paired ratio measures the
 noise floor). Each timed on the whole forward (allocation, kernel, combine, as in the existing dense decode benches).
+With ``--trim`` the providers are (:data:`TRIM_PROVIDERS`) ``default`` = the kernel as decode.py dispatches it today
+(half_tiles / q_tma None: Q by TMA, half tiles from s_q 2 at >= 64 rows) with trim off, ``trim`` = the same with
+trim on, ``default_again`` (A/A control); optional ``plain`` / ``plain_trim`` (no half tiles, no Q by TMA, trim off /
+on). Default JSON there $OUT/mla_decode_trim.json; it also records max |out - default| and the largest relative lse
+difference on finite lse (``max_rel_diff_lse``).
 
 Drift-robust timing (an earlier sequential version saw the repeated default differ by -12 % .. -78 % from the first:
 clocks / thermals drift during the run and bias whatever runs later): per shape, inputs are built once and every
@@ -20,7 +26,7 @@ paired ratios (with R a multiple of the number of providers every cyclic offset 
 steady geometric drift cancels exactly in it). ``ratio_vs_default`` keeps its old meaning (default ms / provider ms,
 now of the medians). JSON (rewritten after every shape) with ``deepkernels.bench.runner.provenance()``.
 
-Usage (GPU): ``PYTHONPATH=src python benchmarks/mla_decode_ring.py [OUT.json] [--rounds 5] [--rep-ms 15]
+Usage (GPU): ``PYTHONPATH=src python benchmarks/mla_decode_ring.py [OUT.json] [--trim] [--rounds 5] [--rep-ms 15]
 [--sks 4096,8192,32768] [--variants default,ring,half,qtma,default_again] [--only-shapes 128:1:8192,64:2:32768]``
 (env SKS, REP_MS, VARIANTS, ROUNDS, ONLY_SHAPES as defaults; --only-shapes entries are h_q:s_q:s_k).
 ``--self-test`` checks the rotation / paired-ratio statistics on synthetic drifting timings (no GPU needed).
@@ -38,10 +44,19 @@ from deepkernels.bench.paired import rotation, round_stats, time_rotated
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-# provider -> (half_tiles, q_tma)
-PROVIDERS = {"default": (False, False), "ring": (True, True), "half": (True, False), "qtma": (False, True),
-             "default_again": (False, False)}
+# provider -> (half_tiles, q_tma, trim); None = decode.py's dispatched choice (gluon_dense_launch)
+PROVIDERS = {"default": (False, False, False), "ring": (True, True, False), "half": (True, False, False),
+             "qtma": (False, True, False), "default_again": (False, False, False)}
 DEFAULT_VARIANTS = "default,ring,half,qtma,default_again"
+# --trim: the TRIM option off vs on on the dispatched kernel (+ an A/A control; plain kernel optional)
+TRIM_PROVIDERS = {"default": (None, None, False), "trim": (None, None, True), "default_again": (None, None, False),
+                  "plain": (False, False, False), "plain_trim": (False, False, True)}
+DEFAULT_TRIM_VARIANTS = "default,trim,default_again"
+
+
+def provider_table(trim: bool) -> dict:
+    """The provider table of the mode: :data:`TRIM_PROVIDERS` with ``--trim``, else :data:`PROVIDERS`."""
+    return TRIM_PROVIDERS if trim else PROVIDERS
 
 
 def self_test() -> int:
@@ -70,6 +85,10 @@ def self_test() -> int:
     st = round_stats(ms_fail, "default")
     assert st["ring"]["paired_time_ratios"] == [0.9, None, None] and st["ring"]["paired_time_ratio_median"] == 0.9
     assert parse_shapes("128:1:8192, 64:2:32768") == {(128, 1, 8192), (64, 2, 32768)}
+    tt = provider_table(True)
+    assert [n for n in DEFAULT_TRIM_VARIANTS.split(",")] == ["default", "trim", "default_again"]
+    assert tt["default"] == tt["default_again"] == (None, None, False) and tt["trim"] == (None, None, True)
+    assert all(v[2] is False for v in provider_table(False).values())
     print("self-test OK")
     return 0
 
@@ -105,14 +124,19 @@ def main(args) -> int:
     rounds = max(1, args.rounds)
     rep_ms = args.rep_ms
     sks = [int(x) for x in args.sks.split(",") if x.strip()]
-    names = [n for n in args.variants.split(",") if n in PROVIDERS]
+    table = provider_table(args.trim)
+    variants = args.variants or (DEFAULT_TRIM_VARIANTS if args.trim else DEFAULT_VARIANTS)
+    names = [n for n in variants.split(",") if n in table]
     names = list(dict.fromkeys(names))          # de-duplicate, keep order
     if "default" not in names:
         names.insert(0, "default")
     only = parse_shapes(args.only_shapes)
     prov = provenance()
     prov["gluon_config"] = list(G.GLUON_DEFAULT)
-    prov["providers"] = {n: dict(half_tiles=PROVIDERS[n][0], q_tma=PROVIDERS[n][1]) for n in names}
+    prov["mode"] = "trim" if args.trim else "ring"
+    prov["providers"] = {n: dict(half_tiles=table[n][0], q_tma=table[n][1], trim=table[n][2]) for n in names}
+    prov["dispatch"] = dict(DISPATCH_Q_TMA=G.DISPATCH_Q_TMA, DISPATCH_HALF_MIN_SQ=G.DISPATCH_HALF_MIN_SQ,
+                            DISPATCH_MIN_ROWS=G.DISPATCH_MIN_ROWS, DISPATCH_TRIM=G.DISPATCH_TRIM)
     prov["timing"] = dict(method="rotated rounds", rounds=rounds, do_bench_warmup_ms=3, do_bench_rep_ms=rep_ms,
                           return_mode="median", order="round r starts at provider r mod n",
                           headline="paired_time_ratio_median (provider ms / default ms in the same round)")
@@ -140,9 +164,9 @@ def main(args) -> int:
                 outs, fns = {}, {}
                 # 1. correctness: each provider once, NaN-poisoned outputs
                 for n in names:
-                    ht, qt = PROVIDERS[n]
-                    fn = (lambda ht=ht, qt=qt: G.gluon_dense_forward(q, k, bt, sl, sched, ns, scale, causal,
-                                                                      half_tiles=ht, q_tma=qt))
+                    ht, qt, tr = table[n]
+                    fn = (lambda ht=ht, qt=qt, tr=tr: G.gluon_dense_forward(q, k, bt, sl, sched, ns, scale, causal,
+                                                                             half_tiles=ht, q_tma=qt, trim=tr))
                     try:
                         dec._POISON_OUTPUTS = True       # outputs NaN-filled first: every element must be written
                         o, l = fn()
@@ -185,6 +209,8 @@ def main(args) -> int:
                             float("inf")).max())
                         fin = torch.isfinite(l) & torch.isfinite(l_d)
                         rec[n]["max_abs_diff_lse"] = float((l[fin] - l_d[fin]).abs().max()) if fin.any() else 0.0
+                        rec[n]["max_rel_diff_lse"] = (float(((l[fin] - l_d[fin]).abs() / l_d[fin].abs().clamp_min(
+                            1e-6)).max()) if fin.any() else 0.0)
                         rec[n]["lse_inf_pattern_equal"] = bool(torch.equal(torch.isinf(l), torch.isinf(l_d)))
                 rows.append(rec)
                 with open(path, "w") as f:
@@ -220,19 +246,26 @@ def main(args) -> int:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out", nargs="?", default=os.path.join(os.environ.get("OUT", "."), "mla_decode_ring.json"),
-                   help="JSON output path (default $OUT/mla_decode_ring.json)")
+    p.add_argument("out", nargs="?", default=None,
+                   help="JSON output path (default $OUT/mla_decode_ring.json, with --trim $OUT/mla_decode_trim.json)")
+    p.add_argument("--trim", action="store_true",
+                   help="TRIM option off vs on (providers default,trim,default_again; plain,plain_trim optional)")
     p.add_argument("--rounds", type=int, default=int(os.environ.get("ROUNDS", "5")),
                    help="timing rounds per shape, order rotated each round (default 5; env ROUNDS)")
     p.add_argument("--rep-ms", type=int, default=int(os.environ.get("REP_MS", "15")),
                    help="do_bench rep (ms) per timing (default 15; env REP_MS)")
     p.add_argument("--sks", default=os.environ.get("SKS", "4096,8192,32768"), help="s_k list (env SKS)")
-    p.add_argument("--variants", default=os.environ.get("VARIANTS", DEFAULT_VARIANTS),
-                   help=f"providers, from {','.join(PROVIDERS)} (env VARIANTS; default always included)")
+    p.add_argument("--variants", default=os.environ.get("VARIANTS"),
+                   help=f"providers, from {','.join(PROVIDERS)} (default {DEFAULT_VARIANTS}), with --trim from "
+                        f"{','.join(TRIM_PROVIDERS)} (default {DEFAULT_TRIM_VARIANTS}) (env VARIANTS; default always "
+                        "included)")
     p.add_argument("--only-shapes", default=os.environ.get("ONLY_SHAPES"),
                    help='subset "h_q:s_q:s_k,...", e.g. "128:1:8192,128:1:32768" (env ONLY_SHAPES)')
     p.add_argument("--self-test", action="store_true", help="CPU check of the rotation / paired statistics")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.out is None:
+        a.out = os.path.join(os.environ.get("OUT", "."), "mla_decode_trim.json" if a.trim else "mla_decode_ring.json")
+    return a
 
 
 if __name__ == "__main__":

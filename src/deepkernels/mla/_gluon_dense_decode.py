@@ -77,6 +77,58 @@ half + q_tma at s_q 1, h_q 128: 1.02-1.03x the plain kernel (predicted 1.01-1.09
 1.04-1.07x (more than the predicted 1-3 %: the plain Q loads cost more than estimated); at s_q 2 half + q_tma
 1.00-1.06x (h_q 64: 1.01-1.09x). The load-bound model explains part of it at most: the largest gains are at 4K.
 
+TRIM option (session 19; launcher keyword ``trim``, constexpr TRIM, :data:`DISPATCH_TRIM` = False: not dispatched;
+combines with HALF / QTMA, routed through ``_g_variant_partitions``; :func:`_g_softmax_trim`). From the ncu profile of
+the dispatched kernel at h_q 128 s_k 8K (``benchmarks/results/ncu-h200-2026-11-30-s19/dense_decode.*``, git d50337a):
+the softmax warpgroup is the critical path and its per-tile math (mask, max, shuffles, exp2, sums, cvt: 261 SASS
+instructions per warp) takes ~664 of the ~3,487 cycles of a tile while the tensor cores idle. Two trims, both in the
+softmax warpgroup only:
+
+* (a) the causal / length mask only on tiles that can hold a masked token: a scalar, warp-uniform branch
+  ``t0 + 64 > lim_lo`` with ``lim_lo = min(k1, seqlen - (s_q - 1))`` when causal, ``k1`` otherwise. Every row's limit
+  is ``min(k1, seqlen - (s_q - 1 - sidx))`` with ``sidx >= 0`` (padded rows past ``rows`` use sidx 0) and
+  ``k1 <= seqlen``, so ``lim_lo <= min over rows``: on a skipped tile every token satisfies
+  ``tok < t0 + 64 <= lim_lo <= lim[row]`` and the selection would be the identity; tiles that can hold a masked
+  token (a partial last tile, the causal tail) run the same selection as without the option. ptxas emits one
+  ``BRA`` over the 65-instruction (81 causal) mask block.
+* (b) the scale folded into one FFMA per score: ``p = exp2(fma(s, c, -m_new * c))``, ``c = sm_scale_log2``
+  (= scale * log2 e, host), ``m_new * c`` once per row, instead of ``exp2((s - m_new) * c)`` (FADD + FMUL). The
+  running max stays in raw-score units; alpha keeps ``exp2((m_i - m_new) * c)`` (two -1e30 starts must give exactly
+  1, not exp2 of an FFMA rounding residue of ~1e21); lse (``log L + m * scale``, +inf / -inf when empty), 1/L, the
+  outputs of empty rows and zero-length requests (0, lse +inf) and the softmax_scale handling are unchanged.
+  Numerics: p carries the rounding of ``m_new * c`` (a common factor per row and tile, <= half an ulp of
+  ``|m_new * c|``) and one rounding less per score, so out / lse are not bit-identical to the option-off build;
+  tests/test_mla_decode_gluon_trim.py checks both against the reference with FlashMLA's tolerances and on vs off
+  within 2 ulp of the output dtype (out) and 1e-5 relative (lse).
+
+Compile facts (CPU cross-compile, Triton 3.6.0 wheel's ptxas, bf16, GLUON_DEFAULT; tests/test_mla_decode_gluon_trim.py
+-m compile): trim off leaves the cleaned PTX of all 16 (half, q_tma, causal, dtype) builds byte-identical (hashes
+pinned). Trim on, softmax warpgroup's token loop, SASS instructions per warp (static loop / full-tile path = loop
+without the skipped mask block / math section = last S HGMMA .. P STSM, full tile):
+
+| build (half, q_tma, causal) | loop off | loop on | full-tile path on | math off -> on | spill stores B off -> on |
+|---|---|---|---|---|---|
+| q_tma (dispatched at s_q 1) | 1,192 | 1,168 | 1,103 (-89) | 265 -> 179 (-86) | 0 -> 16 |
+| q_tma, causal | 1,217 | 1,184 | 1,103 (-114) | 289 -> 180 (-109) | 4 -> 16 |
+| half + q_tma | 1,217 | 1,187 | 1,122 (-95) | 273 -> 180 (-93) | 0 -> 20 |
+| half + q_tma, causal (dispatched at s_q 2) | 1,228 | 1,212 | 1,131 (-97) | 283 -> 170 (-113) | 20 -> 24 |
+| plain | 1,198 | 1,171 | 1,106 (-92) | 253 -> 163 (-90) | 32 -> 24 |
+| plain, causal | 1,280 | 1,187 | 1,106 (-174) | 275 -> 163 (-112) | 12 -> 28 |
+
+FMUL 162 -> 130, FADD 68 -> 36, FFMA 2 -> 36 (q_tma build), MUFU.EX2 34 and FSEL 32 (now under the branch) unchanged;
+same shared memory, 168 registers, wgmma counts, no C7514. Spill instructions on the full-tile path of the softmax
+loop: 0 in every build, PV loop 0; the added spill bytes sit in the per-request setup / epilogue; half + q_tma causal
+has one STL/LDL pair inside the partial-tile V-zeroing block of the softmax loop (once per piece), half-tile builds
+keep the producer's reloaded slot value (<= 2 LDL, the 40-register producer), as without the option.
+
+PREDICTION (UNVERIFIED until the device run, ``benchmarks/device_mla_decode_trim.sh``: paired rotated-round A/B, trim
+off vs on on the dispatched kernel, b 128, h_q 128 / 64, s_q 1 / 2, s_k 4K / 8K / 32K, + an A/A control): the softmax
+math section 664 -> 450-530 cycles per tile (-86 of 265 instructions at s_q 1; its floor is 34 MUFU x 8 = 272 cycles),
+each cycle saved coming off the tile (critical path), so at h_q 128 s_q 1 the kernel time x 0.95 (0.94-0.965) of the
+option-off build (paired median ratio); s_q 2 (-113 instructions: the causal mask is skipped too) about the same, h_q
+64 similar or less. Falsifier: paired ratio >= 0.975 at h_q 128 s_q 1 (or a re-profiled math section >= 560 cycles per
+tile).
+
 Needs: CUDA, bf16/fp16, page_block_size 64, d_qk 576, ``k_cache`` strides ``(64 * s1, s1, 576, 1)`` with 16-B
 aligned rows. No interpreter support (Gluon); cross-compiles on a CPU (:func:`_compile_sm90`).
 """
@@ -121,6 +173,9 @@ GLUON_DEFAULT = (2, 232, 40)
 DISPATCH_Q_TMA = True
 DISPATCH_HALF_MIN_SQ = 2
 DISPATCH_MIN_ROWS = 64     # s_q * h_q / h_kv: the A/B covered h_q 64 / 128 only
+# The TRIM option (launcher keyword ``trim``, constexpr TRIM; module docstring "TRIM"): what launches with trim=None
+# take. Off until the paired bench (benchmarks/device_mla_decode_trim.sh) has measured it.
+DISPATCH_TRIM = False
 GLUON_CANDIDATES = [GLUON_DEFAULT]
 
 
@@ -236,6 +291,25 @@ def _g_softmax(s, m_i, l_i, t0, lim, sm_scale_log2, L_S: gl.constexpr):
 
 
 @_jit
+def _g_softmax_trim(s, m_i, l_i, t0, lim, lim_lo, sm_scale_log2, L_S: gl.constexpr):
+    """:func:`_g_softmax` with the TRIM option: the causal / length mask only on a tile that can hold a masked token
+    (``t0 + 64 > lim_lo``, ``lim_lo <= min(lim)``: a scalar, warp-uniform branch; on the other tiles every
+    ``tok < t0 + 64 <= lim_lo <= lim[row]`` and the selection would be the identity), and the scale folded into one
+    FFMA per element, ``p = exp2(s * c - m_new * c)`` with ``m_new * c`` once per row (``c = scale * log2 e``). The
+    running max stays in raw-score units; alpha keeps the subtraction form (``m_i == m_new == -1e30`` must give
+    exactly 1, not exp2 of an FFMA rounding residue)."""
+    if t0 + 64 > lim_lo:
+        tok = t0 + gl.arange(0, 64, gl.SliceLayout(0, L_S))
+        s = gl.where(tok[None, :] < lim[:, None], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    alpha = gl.exp2((m_i - m_new) * sm_scale_log2)
+    mc = m_new * sm_scale_log2
+    p = gl.exp2(gl.fma(s, sm_scale_log2, -mc[:, None]))
+    l_new = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@_jit
 def _g_send_p(p, alpha, p_smem, a_smem, pready, pfree, msg, k_nope_slot, nvalid, DT: gl.constexpr):
     """Hand P (bf16) and alpha to the PV warpgroup (after it released the previous ones); zero the V_L rows past
     the end of a partial tile first (this warpgroup's own V half)."""
@@ -302,7 +376,7 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
                   stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
                   acc_rows, sm_scale, sm_scale_log2,
                   CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, HALF: gl.constexpr = False,
-                  QTMA: gl.constexpr = False, qready=None, qempty=None):
+                  QTMA: gl.constexpr = False, TRIM: gl.constexpr = False, qready=None, qempty=None):
     DT: gl.constexpr = k_nope.dtype
     L_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     L_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
@@ -339,6 +413,13 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
         else:
             limit = seqlen + sidx_s * 0
         lim = gl.minimum(limit, k1)
+        if TRIM:
+            # a lower bound of min(lim) over the block's rows (sidx >= 0; k1 <= seqlen): tiles ending at or before
+            # it hold no masked token for any row
+            if CAUSAL:
+                lim_lo = gl.minimum(seqlen - (s_q - 1), k1)
+            else:
+                lim_lo = k1
         m_i = gl.full([64], -1e30, gl.float32, gl.SliceLayout(1, L_S))
         l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, L_S))
         o = gl.zeros([64, 256], gl.float32, L_O)
@@ -357,7 +438,10 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
             if QTMA:
                 if j == n_tiles - 1:
                     mbarrier.arrive(qempty)          # last S of the piece done: the producer may load the next Q
-            p, alpha, m_i, l_i = _g_softmax(s, m_i, l_i, t0, lim, sm_scale_log2, L_S)
+            if TRIM:
+                p, alpha, m_i, l_i = _g_softmax_trim(s, m_i, l_i, t0, lim, lim_lo, sm_scale_log2, L_S)
+            else:
+                p, alpha, m_i, l_i = _g_softmax(s, m_i, l_i, t0, lim, sm_scale_log2, L_S)
             _g_send_p(p, alpha, p_smem, a_smem, pready, pfree, msg, k_nope.index(slot), k1 - t0, DT)
             msg += 1
             o = o * gl.convert_layout(alpha, gl.SliceLayout(1, L_O))[:, None]
@@ -456,9 +540,10 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
                           sm_scale, sm_scale_log2, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
                           kempty, pready, pfree, CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr,
                           PV_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, HALF: gl.constexpr,
-                          QTMA: gl.constexpr, qn_desc, qp_desc):
+                          QTMA: gl.constexpr, qn_desc, qp_desc, TRIM: gl.constexpr = False):
     """The opt-in variant's partitions (HALF: 32-token half-tile ready/empty pairs; QTMA: Q loaded by the producer
-    with TMA on ``qready``/``qempty``). Kept out of the kernel body so the default's IR is built as before."""
+    with TMA on ``qready``/``qempty``; TRIM: the softmax warpgroup's trimmed per-tile math, :func:`_g_softmax_trim`).
+    Kept out of the kernel body so the default's IR is built as before."""
     if QTMA:
         qready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         qempty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -468,8 +553,8 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
             (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
                              seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                              stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
-                             h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, HALF, QTMA, qready,
-                             qempty)),
+                             h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, HALF, QTMA, TRIM,
+                             qready, qempty)),
             (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
                         out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
                         NUM_STAGES, HALF)),
@@ -482,7 +567,7 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
             (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
                              seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                              stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
-                             h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, HALF)),
+                             h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, HALF, False, TRIM)),
             (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
                         out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
                         NUM_STAGES, HALF)),
@@ -508,7 +593,7 @@ def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_
                              stride_qb, stride_qs, stride_qh, stride_btb, max_pages, num_kv_blocks,
                              b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows, sm_scale, sm_scale_log2,
                              qn_desc=None, qp_desc=None, HALF: gl.constexpr = False, QTMA: gl.constexpr = False,
-                             CAUSAL: gl.constexpr = False, NUM_STAGES: gl.constexpr = 2,
+                             TRIM: gl.constexpr = False, CAUSAL: gl.constexpr = False, NUM_STAGES: gl.constexpr = 2,
                              PV_REGS: gl.constexpr = 232, PRODUCER_REGS: gl.constexpr = 40):
     DT: gl.constexpr = kn_desc.dtype
     SL: gl.constexpr = kn_desc.layout
@@ -528,13 +613,13 @@ def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_
         mbarrier.init(kempty.index(i), count=2)  # one arrive per consumer warpgroup
     mbarrier.init(pready, count=1)
     mbarrier.init(pfree, count=1)
-    if HALF or QTMA:
+    if HALF or QTMA or TRIM:
         _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr, nsplits_ptr,
                               out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh, stride_btb,
                               max_pages, num_kv_blocks, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
                               sm_scale, sm_scale_log2, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
                               kempty, pready, pfree, CAUSAL, NUM_STAGES, PV_REGS, PRODUCER_REGS, HALF, QTMA,
-                              qn_desc, qp_desc)
+                              qn_desc, qp_desc, TRIM)
     else:
         gl.warp_specialize([
             (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
@@ -581,7 +666,7 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor, rows: int) -> bool:
 
 
 def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
-                       config=None, _spec=None, half_tiles=None, q_tma=None):
+                       config=None, _spec=None, half_tiles=None, q_tma=None, trim=None):
     """Launch the Gluon split-KV kernel (no combine). Arguments as in ``decode._dense_launch`` (q ``[b, s_q, h_q,
     576]``, k_cache ``[num_blocks, 64, h_kv, 576]``, block_table ``[b, *]`` int32 with stride(1) == 1, seqlens
     ``[b]`` int32 contiguous, sched ``[parts, 8]`` / num_splits ``[b + 1]`` int32); outputs allocated by the
@@ -597,8 +682,15 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     kv head, Q by TMA (:data:`DISPATCH_Q_TMA`) and half tiles from s_q >= :data:`DISPATCH_HALF_MIN_SQ`
     (``DEEPKERNELS_DENSE_DECODE_VARIANT=0``: neither). ``q_tma`` falls back to the plain Q loads when the query rows of a
     block are not one strided run (needs h_kv == 1 or s_q == 1 and q viewable as ``[b * s_q * h_q, 576]`` with a
-    16-B aligned base and row pitch): :func:`q_tma_supported`."""
+    16-B aligned base and row pitch): :func:`q_tma_supported`.
+
+    ``trim``: the TRIM option (module docstring): the softmax warpgroup masks only tiles that can hold a masked token
+    and folds the scale into one FFMA per score; None takes :data:`DISPATCH_TRIM` (off;
+    ``DEEPKERNELS_DENSE_DECODE_VARIANT=0`` also keeps it off). Any combination with ``half_tiles`` / ``q_tma``."""
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
+    if trim is None:
+        trim = DISPATCH_TRIM and os.environ.get("DEEPKERNELS_DENSE_DECODE_VARIANT", "") != "0"
+    trim = bool(trim)
     if half_tiles is None or q_tma is None:
         # only where it was measured: >= 64 query rows per kv head (h_q 64 / 128); the bandwidth regime (16 / 32
         # rows: the Q box would load 64 rows for 16 / 32 used) keeps the plain kernel -- the closing bench of session
@@ -614,7 +706,7 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     grid, args = _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc,
                               32 if half_tiles else 64)
     causal_c = bool(causal and q.shape[1] > 1)
-    if not (half_tiles or q_tma):
+    if not (half_tiles or q_tma or trim):
         constexprs = (causal_c, stages, pv_regs, prod_regs)
         launcher = cached_launcher(_LAUNCHERS, _mla_decode_gluon_kernel,
                                    (tuple(zip(_CONSTEXPRS, constexprs)), spec_key(*args) if _spec is None else _spec),
@@ -623,7 +715,7 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
         launcher(grid, *args, scale, scale * _LOG2E)
         return out, lse
     # the variant: every constexpr and the two Q descriptors (None without q_tma) passed by position
-    constexprs = (half_tiles, q_tma, causal_c, stages, pv_regs, prod_regs)
+    constexprs = (half_tiles, q_tma, trim, causal_c, stages, pv_regs, prod_regs)
     qd = _q_descs(q) if q_tma else (None, None)
     key = (tuple(zip(_CONSTEXPRS_VARIANT, constexprs)),
            spec_key(*args, *qd) if _spec is None else (_spec, "variant"))
@@ -677,17 +769,18 @@ def _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, 
 
 
 _CONSTEXPRS = ("CAUSAL", "NUM_STAGES", "PV_REGS", "PRODUCER_REGS")
-_CONSTEXPRS_VARIANT = ("HALF", "QTMA") + _CONSTEXPRS     # parameter order
+_CONSTEXPRS_VARIANT = ("HALF", "QTMA", "TRIM") + _CONSTEXPRS     # parameter order
 _LAUNCHERS: dict = {}   # (kernel, (constexprs, specialisation)) -> KernelLauncher (deepkernels._launch.cached_launcher)
 _LAUNCHER_LIMIT = 1024
 
 
 def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_splits, scale, causal, config=None,
-                        half_tiles=False, q_tma=False):
+                        half_tiles=False, q_tma=False, trim=False):
     """Whole split-KV step on the Gluon kernel: allocate out/lse/accumulators (NaN-poisoned when
     ``decode._POISON_OUTPUTS``), launch, combine (``combine_splits_`` unchanged). Same arguments and results as
     ``decode._dense_launch`` (which dispatches here when :func:`supported`); for tests and benchmarks.
-    ``half_tiles`` / ``q_tma``: the opt-in variant (:func:`gluon_dense_launch`)."""
+    ``half_tiles`` / ``q_tma`` / ``trim``: the opt-in options (:func:`gluon_dense_launch`; None there = the
+    dispatched choice)."""
     from . import decode as _dec
     from .combine import combine_splits_
 
@@ -706,14 +799,14 @@ def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_split
     if block_table.stride(1) != 1:
         block_table = block_table.contiguous()
     gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
-                       config, half_tiles=half_tiles, q_tma=q_tma)
+                       config, half_tiles=half_tiles, q_tma=q_tma, trim=trim)
     combine_splits_(out, lse, o_acc, l_acc, num_splits, lengths=seqlens, causal=bool(causal and s_q > 1))
     return out, lse
 
 
-def _compile_sm90(config=None, causal=False, dtype="bf16", half_tiles=False, q_tma=False):
-    """Cross-compile the kernel for sm90 (no GPU needed). Returns the CompiledKernel. ``half_tiles`` / ``q_tma``:
-    the opt-in variant (module docstring); both False compile the default kernel exactly as before."""
+def _compile_sm90(config=None, causal=False, dtype="bf16", half_tiles=False, q_tma=False, trim=False):
+    """Cross-compile the kernel for sm90 (no GPU needed). Returns the CompiledKernel. ``half_tiles`` / ``q_tma`` /
+    ``trim``: the opt-in options (module docstring); all False compile the default kernel exactly as before."""
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
     lay = repr(_smem_layout())
     fn = _mla_decode_gluon_kernel
@@ -732,8 +825,8 @@ def _compile_sm90(config=None, causal=False, dtype="bf16", half_tiles=False, q_t
         sig["qp_desc"] = f"tensordesc<{dtype}[64, 64],{lay}>"
     else:
         consts.update(qn_desc=None, qp_desc=None)
-    consts.update(HALF=bool(half_tiles), QTMA=bool(q_tma), CAUSAL=causal, NUM_STAGES=stages, PV_REGS=pv_regs,
-                  PRODUCER_REGS=prod_regs)
+    consts.update(HALF=bool(half_tiles), QTMA=bool(q_tma), TRIM=bool(trim), CAUSAL=causal, NUM_STAGES=stages,
+                  PV_REGS=pv_regs, PRODUCER_REGS=prod_regs)
     div16 = ("q_ptr", "bt_ptr", "seqlens_ptr", "meta_ptr", "nsplits_ptr", "out_ptr", "lse_ptr", "oacc_ptr",
              "lacc_ptr", "stride_qb", "stride_qs", "stride_qh")
     return _compile_sm90_gluon(fn, sig, consts, div16, num_warps=4)
