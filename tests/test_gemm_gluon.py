@@ -150,12 +150,13 @@ def test_dense_gluon_dispatch_rule(monkeypatch):
     monkeypatch.delenv("DEEPKERNELS_DISABLE_GLUON", raising=False)
     rule = dense._use_gluon
     monkeypatch.setattr(dense, "get_num_sms", lambda: 132)
-    for m, n, k in ((4096, 32768, 512), (1024, 24576, 1536), (2048, 7168, 2048), (2048, 2112, 7168),
-                    (1024, 7168, 16384), (1024, 4096, 7168), (8192, 576, 128)):
+    for m, n, k in ((4096, 32768, 512), (1024, 24576, 1536), (2048, 2112, 7168), (8192, 576, 128),
+                    (1024, 7168, 16384), (1024, 4096, 7168), (4096, 7168, 1024)):
         assert rule(m, n, k, dd(n), None, False) is G.GLUON_WS_128_S4_EPI, (m, n, k)
-    # session 19: K >= 7168 with >= 3 waves of tiles (396 at 132 SMs): the scales-ahead twin
-    for m, n, k in ((4096, 2112, 7168), (4096, 7168, 16384), (2048, 4096, 7168), (2048, 7168, 16384)):
-        assert rule(m, n, k, dd(n), None, False) is G.GLUON_WS_128_S4_EPI_SA1, (m, n, k)
+    # session 19: M >= 2048, K >= 1536 with >= 3 waves of tiles (396 at 132 SMs): the 6-stage scales-ahead twin
+    for m, n, k in ((4096, 2112, 7168), (4096, 7168, 16384), (2048, 4096, 7168), (4096, 24576, 1536),
+                    (2048, 7168, 2048)):
+        assert rule(m, n, k, dd(n), None, False) is G.GLUON_WS_128_S6_EPI_SA1, (m, n, k)
     monkeypatch.setattr(dense, "get_num_sms", lambda: 200)          # set_num_sms: the wave count follows it
     assert rule(2048, 4096, 7168, dd(4096), None, False) is G.GLUON_WS_128_S4_EPI
     monkeypatch.setattr(dense, "get_num_sms", lambda: 132)
