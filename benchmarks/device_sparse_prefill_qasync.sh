@@ -1,37 +1,43 @@
 #!/usr/bin/env bash
-# WS2 sparse prefill, Q by one batch of cp.async (Q_ASYNC / q_async, session 19, opt-in; module docstring of
-# deepkernels.mla._gluon_sparse_prefill_ws2, "Q by cp.async"), first device run:
+# WS2 sparse prefill, session 19's two opt-in epilogue / prologue options (module docstring of
+# deepkernels.mla._gluon_sparse_prefill_ws2): Q by one batch of cp.async (Q_ASYNC / q_async, "Q by cp.async") and,
+# with OSTAGE=${OSTAGE:-1}, the output staged through shared memory (O_STAGE / o_stage, "Output through shared
+# memory"); first device run:
 #   GIT_SHA=<sha> OUT=$OUT bash benchmarks/device_sparse_prefill_qasync.sh        (repo root, clean export)
 # 0. provenance (cap 10 s);
-# 1. the option's GPU tests (tests/test_gluon_sparse_prefill_ws2.py -m gpu -k q_async: out / lse / max_logits
-#    bit-identical to the build without it at 8 shapes -- d_qk 576 / 512, h_q 64 / 128, sink, topk_length, junk
-#    indices, topk 0 -- and a q view with head stride 584 taking the plain path), -n ${NPROC:-8}, --timeout=40 per
-#    test (cap ${T_QA_TESTS:-75} s);
-# 2. benchmarks/mla_prefill.py --qasync: gluon-ws2 (q_async off, paired base), gluon-ws2-aa (the same launch: A/A
-#    control), gluon-ws2-qa (q_async on) in ${ROUNDS:-6} rotated rounds at s_q 4096, h_q 128, d_qk 576, topk 2048,
-#    s_kv ${S_KV:-8192,32768,65536,131072}, sink ${SINK:-off,on} (cap ${T_QA_BENCH:-90} s; skipped when step 1
-#    failed: a result that is not bit-identical is not timed);
-# 3. verdict (cap 10 s): per shape the paired median t_qa / t_off, the A/A's, bit identity; the prediction
-#    (0.955-0.97 of the time, central 0.96) and its falsifier (s_kv 8K ratio > 0.98) evaluated.
+# 1. the options' GPU tests (tests/test_gluon_sparse_prefill_ws2.py -m gpu -k "q_async or o_stage": out / lse /
+#    max_logits bit-identical to the build without them at 8 shapes -- d_qk 576 / 512, h_q 64 / 128, sink,
+#    topk_length, junk indices, topk 0 --, a q view with head stride 584 taking the plain path, strided out views),
+#    -n ${NPROC:-8}, --timeout=40 per test (cap ${T_QA_TESTS:-75} s);
+# 2. benchmarks/mla_prefill.py --qasync [--ostage]: gluon-ws2 (both off, paired base), gluon-ws2-aa (the same launch:
+#    A/A control), gluon-ws2-qa (q_async), [gluon-ws2-os (o_stage), gluon-ws2-qa-os (both)] in ${ROUNDS:-5 or 6}
+#    rotated rounds at s_q 4096, h_q 128, d_qk 576, topk 2048, s_kv ${S_KV:-8192,32768,65536,131072}, sink
+#    ${SINK:-off,on} (cap ${T_QA_BENCH:-90} s; rows are written as they finish; skipped when step 1 failed: a
+#    result that is not bit-identical is not timed);
+# 3. verdict (cap 10 s): per shape the paired medians t / t_off of each option, the A/A's, bit identity; the
+#    predictions (q_async 0.955-0.97, falsifier 8K > 0.98; o_stage 0.96-0.975, falsifier 8K > 0.985; both
+#    0.92-0.945) evaluated.
 # Caps total 10 + 75 + 10 (junit) + 90 + 10 = 195 s (+ up to 3 s kill grace per step). Nothing is exported or
 # dispatched. One tarball $OUT/sparse_prefill_qasync.tgz + summaries on stdout.
 export NPROC="${NPROC:-8}"
 DK_OUT_DEFAULT=/tmp/sparse_prefill_qasync_out DK_ENV_CAP=10 DK_PYTEST_TIMEOUT=40 . "$(dirname "$0")/_device_common.sh"
 F=tests/test_gluon_sparse_prefill_ws2.py
+K="q_async"; FLAGS="--qasync"; R=6
+if [ "${OSTAGE:-1}" = 1 ]; then K="q_async or o_stage"; FLAGS="--qasync --ostage"; R=5; fi
 
-echo "== 1. q_async GPU tests (cap ${T_QA_TESTS:-75}s, $XD)"
-timeout -k 3 "${T_QA_TESTS:-75}" python3 -m pytest $F -m gpu -k q_async -q -rfs -p no:cacheprovider $TO $XD \
+echo "== 1. GPU tests -k \"$K\" (cap ${T_QA_TESTS:-75}s, $XD)"
+timeout -k 3 "${T_QA_TESTS:-75}" python3 -m pytest $F -m gpu -k "$K" -q -rfs -p no:cacheprovider $TO $XD \
   --junitxml="$W/qa_tests.xml" > "$W/qa_tests.log" 2>&1
 RC=$?
 echo "tests rc=$RC ($(el))"
 tail -3 "$W/qa_tests.log"; grep -E "^FAILED|^ERROR" "$W/qa_tests.log" | head -20
-junit_json qa_tests "sparse prefill ws2 q_async"
+junit_json qa_tests "sparse prefill ws2 q_async / o_stage"
 
 if [ "$RC" != 0 ]; then
   echo "== 2. bench SKIPPED (tests rc $RC)"
 else
-  echo "== 2. q_async off / A/A / on, ${ROUNDS:-6} rotated rounds (cap ${T_QA_BENCH:-90}s)"
-  timeout -k 3 "${T_QA_BENCH:-90}" python3 benchmarks/mla_prefill.py --qasync --rounds "${ROUNDS:-6}" \
+  echo "== 2. $FLAGS paired bench, ${ROUNDS:-$R} rotated rounds (cap ${T_QA_BENCH:-90}s)"
+  timeout -k 3 "${T_QA_BENCH:-90}" python3 benchmarks/mla_prefill.py $FLAGS --rounds "${ROUNDS:-$R}" \
     --s-kv "${S_KV:-8192,32768,65536,131072}" --sink "${SINK:-off,on}" --out "$W/sparse_prefill_qasync.json" \
     > "$W/bench.log" 2>&1
   echo "bench rc=$? ($(el))"
@@ -49,39 +55,48 @@ try:
 except Exception as e:
     print("verdict: no bench rows (%s)" % e)
     rows = []
+# label -> (name, predicted range, 8K falsifier threshold)
+PRED = {"gluon-ws2-qa": ("q_async", (0.955, 0.97), 0.98), "gluon-ws2-os": ("o_stage", (0.96, 0.975), 0.985),
+        "gluon-ws2-qa-os": ("both", (0.92, 0.945), None), "gluon-ws2-aa": ("A/A", None, None)}
 by = {}
 for r in rows:
     if isinstance(r, dict) and str(r.get("config", "")).startswith("gluon-ws2"):
         by.setdefault(json.dumps(r["shape"], sort_keys=True), {})[r["config"]] = r
-qa_all, aa_all, bits, n = [], [], True, 0
+ratios, bits = {}, True
 for k, v in sorted(by.items(), key=lambda kv: (json.loads(kv[0])["s_kv"], json.loads(kv[0])["sink"])):
-    a, aa, b = v.get("gluon-ws2"), v.get("gluon-ws2-aa"), v.get("gluon-ws2-qa")
-    if not a or not b or "paired_median" not in b:
-        print("verdict row %s: incomplete (%s)" % (k, [(c, x.get("error", "")[:200]) for c, x in v.items()]))
+    shape, a = json.loads(k), v.get("gluon-ws2")
+    if not a or "tflops" not in a:
+        print("verdict row %s: no base row (%s)" % (k, [(c, x.get("error", "")[:200]) for c, x in v.items()]))
         continue
-    n += 1
-    shape = json.loads(k)
-    pm, pa = b["paired_median"], (aa or {}).get("paired_median")
-    qa_all.append(pm)
-    if pa is not None:
-        aa_all.append(pa)
-    bit = b.get("bit_identical_to_base") and (aa or {}).get("bit_identical_to_base", True)
-    bits = bits and bool(bit) and not b.get("nan")
-    print("verdict row s_kv %6d sink %-5s: off %.1f on %.1f TFLOPS, paired t_on/t_off %.3f (rounds %s), A/A %s, "
-          "bit-identical %s, err off %.2e on %.2e" % (
-              shape["s_kv"], shape["sink"], a["tflops"], b["tflops"], pm,
-              ["%.3f" % x for x in b.get("paired_ratios", []) if x is not None],
-              "%.3f" % pa if pa is not None else "-", bit, a.get("max_abs_err_rows", -1),
-              b.get("max_abs_err_rows", -1)))
-    if shape["s_kv"] == 8192:
-        print("  prediction 0.955-0.97 (central 0.96): %s; falsifier (8K ratio > 0.98) hit: %s"
-              % ("inside" if 0.955 <= pm <= 0.97 else ("faster" if pm < 0.955 else "slower"), pm > 0.98))
-if qa_all:
-    print("verdict: q_async paired t_on/t_off %.3f-%.3f over %d shapes (A/A %s), bit-identical at all: %s" % (
-        min(qa_all), max(qa_all), n, "%.3f-%.3f" % (min(aa_all), max(aa_all)) if aa_all else "-", bits))
-    print("verdict: prediction 0.955-0.97 %s" % (
-        "held at every shape" if all(0.955 <= x <= 0.97 for x in qa_all) else
-        "missed at %d of %d shapes" % (sum(not 0.955 <= x <= 0.97 for x in qa_all), n)))
+    parts = []
+    for lab, (name, rng, fals) in PRED.items():
+        b = v.get(lab)
+        if not b:
+            continue
+        if "paired_median" not in b:
+            parts.append("%s error %s" % (name, b.get("error", "?")[:120]))
+            continue
+        pm = b["paired_median"]
+        ratios.setdefault(lab, []).append((shape["s_kv"], shape["sink"], pm))
+        bit = bool(b.get("bit_identical_to_base")) and not b.get("nan")
+        bits = bits and bit
+        parts.append("%s %.3f (%.1f TFLOPS%s)" % (name, pm, b["tflops"], "" if bit else ", NOT bit-identical"))
+    print("verdict row s_kv %6d sink %-5s: off %.1f TFLOPS | %s" % (shape["s_kv"], shape["sink"], a["tflops"],
+                                                                    " | ".join(parts)))
+for lab, (name, rng, fals) in PRED.items():
+    xs = ratios.get(lab)
+    if not xs:
+        continue
+    ps = [p for _, _, p in xs]
+    line = "verdict %s: paired t/t_off %.3f-%.3f over %d shapes" % (name, min(ps), max(ps), len(ps))
+    if rng:
+        inside = sum(rng[0] <= p <= rng[1] for p in ps)
+        line += "; prediction %.3f-%.3f held at %d of %d" % (rng[0], rng[1], inside, len(ps))
+    if fals:
+        hit = [p for s_kv, _, p in xs if s_kv == 8192 and p > fals]
+        line += "; falsifier (8K > %.3f) hit: %s" % (fals, bool(hit))
+    print(line)
+print("verdict: bit-identical everywhere: %s" % bits)
 print("verdict: tests %s" % (t, ))
 PY
 tar czf "$OUT/sparse_prefill_qasync.tgz" -C "$W" .

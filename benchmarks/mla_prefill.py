@@ -112,15 +112,27 @@ def sparse_inputs(s_q, s_kv, topk, h_q, d_qk, sink):
 GLUON_SPARSE = {"gluon": None, "gluon-ws": "ws", "gluon-ws2": "ws2", "gluon-ws3": "ws3", "gluon-ws3-nopf": "ws3-nopf",
                 "gluon-ws4": "ws4", "gluon-ws4-sym": "ws4-sym", "gluon-ws4-whole": "ws4-whole",
                 "gluon-ws4-r4": "ws4-r4", "gluon-ws2-r4": "ws2-r4", "gluon-ws2-r1": "ws2-r1",
-                "gluon-ws2-aa": "ws2-aa", "gluon-ws2-qa": "ws2-qa"}
+                "gluon-ws2-aa": "ws2-aa", "gluon-ws2-qa": "ws2-qa", "gluon-ws2-os": "ws2-os",
+                "gluon-ws2-qa-os": "ws2-qa-os"}
 # labels timed only when named in --gluon-add (keeps the other device scripts' --gluon runs at their length)
 GLUON_OPT_IN = ("gluon-ws3", "gluon-ws3-nopf", "gluon-ws4", "gluon-ws4-sym", "gluon-ws4-whole", "gluon-ws4-r4",
-                "gluon-ws2-r4", "gluon-ws2-r1", "gluon-ws2-aa", "gluon-ws2-qa")
+                "gluon-ws2-r4", "gluon-ws2-r1", "gluon-ws2-aa", "gluon-ws2-qa", "gluon-ws2-os", "gluon-ws2-qa-os")
 # WS2 launcher keywords per label: "gluon-ws2-aa" = the default WS2 launch again (the A/A control of a paired run),
-# "gluon-ws2-qa" = Q by one cp.async batch (q_async, session 19)
-_WS2_KW = {"gluon-ws2-aa": {}, "gluon-ws2-qa": {"q_async": True}}
-# --qasync: the paired A/B of q_async (WS2 off = base, its A/A, on), benchmarks/device_sparse_prefill_qasync.sh
-QASYNC_LABELS = ("gluon-ws2", "gluon-ws2-aa", "gluon-ws2-qa")
+# "gluon-ws2-qa" = Q by one cp.async batch (q_async, session 19), "gluon-ws2-os" = the output staged through shared
+# memory (o_stage, session 19), "gluon-ws2-qa-os" = both
+_WS2_KW = {"gluon-ws2-aa": {}, "gluon-ws2-qa": {"q_async": True}, "gluon-ws2-os": {"o_stage": True},
+           "gluon-ws2-qa-os": {"q_async": True, "o_stage": True}}
+# --qasync / --ostage: the paired A/B of q_async / o_stage (WS2 default launch = base, its A/A, the option; both
+# flags: also both options together), benchmarks/device_sparse_prefill_qasync.sh
+
+
+def _ab_labels(qasync, ostage):
+    """The labels of a --qasync / --ostage run, in timing order."""
+    labels = ["gluon-ws2", "gluon-ws2-aa"] + (["gluon-ws2-qa"] if qasync else []) + (["gluon-ws2-os"] if ostage
+                                                                                      else [])
+    return tuple(labels + (["gluon-ws2-qa-os"] if qasync and ostage else []))
+
+
 # "ws4" / "ws4-sym" / "ws4-whole": mla/_gluon_sparse_prefill_ws4.py (FlashMLA sm90 pair order; opt-in, not
 # dispatched) and its F2 ablations sym_max / whole_slot
 _WS4_ABL = {"ws4": {}, "ws4-sym": {"sym_max": True}, "ws4-whole": {"whole_slot": True},
@@ -357,15 +369,19 @@ def main(argv=None):
     ap.add_argument("--no-triton", action="store_true", help="sparse: skip the Triton config (Gluon labels only)")
     ap.add_argument("--qasync", action="store_true",
                     help="sparse only: the paired A/B of WS2's q_async -- gluon-ws2 (base), gluon-ws2-aa (A/A), "
-                    "gluon-ws2-qa in --rounds (default 6) rotated rounds, no Triton config, s_kv default 8K-128K")
+                    "gluon-ws2-qa in --rounds (default: 6, or 5 with --ostage) rotated rounds, no Triton config, "
+                    "s_kv default 8K-128K")
+    ap.add_argument("--ostage", action="store_true",
+                    help="as --qasync for WS2's o_stage (gluon-ws2-os); both flags: also gluon-ws2-qa-os")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="tiny shapes on the CPU (run with TRITON_INTERPRET=1) to check the script itself")
     args = ap.parse_args(argv)
-    if args.qasync:     # only the three labels, paired against the default WS2 launch
+    if args.qasync or args.ostage:     # only these labels, paired against the default WS2 launch
+        labels = _ab_labels(args.qasync, args.ostage)
         args.only, args.gluon, args.no_triton, args.paired_base = "sparse", True, True, "gluon-ws2"
-        args.gluon_skip = ",".join(c for c in GLUON_SPARSE if c not in QASYNC_LABELS)
-        args.gluon_add = ",".join(QASYNC_LABELS)
-        args.rounds = args.rounds or 6
+        args.gluon_skip = ",".join(c for c in GLUON_SPARSE if c not in labels)
+        args.gluon_add = ",".join(labels)
+        args.rounds = args.rounds or (6 if len(labels) == 3 else 5)   # a multiple of the variant count
     global DEV
     if args.cpu_smoke:
         DEV = "cpu"

@@ -14,6 +14,10 @@ tier (cp.async / commit / wait counts, no barrier between the Q copies, same loo
 default PTX unchanged), CPU launcher guard (q views without 16-byte vectors keep the plain loads), GPU bit identity
 against the build without it (``-k q_async``).
 
+Session 19 too: the opt-in ``o_stage`` (``O_STAGE``: each warpgroup's bf16 output half through the dead Q tile,
+16-byte row stores) -- compile tier (store / stmatrix / shared-load counts, loops, spills, shared memory, default PTX
+unchanged), GPU bit identity alone and with ``q_async`` (``-k o_stage``).
+
 The opt-in OVERLAP / HALF schedules and their tests (sessions 16-17, never dispatched, measured slower) were removed
 in session 18; ``test_default_ptx_unchanged`` pins the dispatched kernel's cleaned PTX across that removal (git
 history: ``git show cb51b03:tests/test_gluon_sparse_prefill_ws2.py``)."""
@@ -162,7 +166,8 @@ def test_launch_args_on_cpu(monkeypatch):
     assert seen["fn"] is P._sparse_prefill_gluon_ws2_kernel
     assert seen["grid"] == (s_q * 2, )
     assert seen["meta"] == dict(D_PE=64, HAS_LEN=True, HAS_SINK=False, PRODUCER_REGS=P.WS2_PRODUCER_REGS,
-                                PV_REGS=P.WS2_PV_REGS, GATHER_ROWS4=True, Q_ASYNC=P.WS2_Q_ASYNC, num_warps=4,
+                                PV_REGS=P.WS2_PV_REGS, GATHER_ROWS4=True, Q_ASYNC=P.WS2_Q_ASYNC,
+                                O_STAGE=P.WS2_O_STAGE, num_warps=4,
                                 maxnreg=P.WS2_MAXNREG)
     a = seen["args"]
     assert a[0] is q and a[1] is kv and a[2] is ind and a[3] is tl and a[4] is lse and a[5] is out
@@ -352,7 +357,7 @@ def test_gather_rows4_plumbing_and_default_ptx():
     import inspect
     sig = inspect.signature(P.launch_sparse_prefill_gluon_ws2).parameters
     assert sig["gather_rows4"].kind == inspect.Parameter.KEYWORD_ONLY and sig["gather_rows4"].default is None
-    assert P._CONSTEXPRS[-2] == "GATHER_ROWS4" and P.WS2_GATHER_ROWS4 is True     # (Q_ASYNC after it: session 19)
+    assert P._CONSTEXPRS[5] == "GATHER_ROWS4" and P.WS2_GATHER_ROWS4 is True  # (Q_ASYNC, O_STAGE after it: s19)
     k0 = P.compile_sm90_ws2(64, True, True, gather_rows4=False)
     k1 = P.compile_sm90_ws2(64, True, True, gather_rows4=True)
     assert k1.metadata.shared == k0.metadata.shared
@@ -395,8 +400,8 @@ def _compiled_qa(d_pe, has_len, has_sink, q_async):
 
 @pytest.mark.compile
 def test_q_async_plumbing_and_default_ptx():
-    """``q_async``: keyword-only, default :data:`WS2_Q_ASYNC` (off: opt-in until measured); the kernel's last
-    constexpr with default False, so the default build is unchanged (test_default_ptx_unchanged pins it with
+    """``q_async``: keyword-only, default :data:`WS2_Q_ASYNC` (off: opt-in until measured); a kernel constexpr
+    with default False, so the default build is unchanged (test_default_ptx_unchanged pins it with
     gather_rows4 off; here the dispatched gather_rows4 build, default == explicit off)."""
     import inspect
     for fn in (P.launch_sparse_prefill_gluon_ws2, P.compile_sm90_ws2):
@@ -404,8 +409,8 @@ def test_q_async_plumbing_and_default_ptx():
         assert sig["q_async"].default is None
     assert inspect.signature(P.launch_sparse_prefill_gluon_ws2).parameters["q_async"].kind == \
         inspect.Parameter.KEYWORD_ONLY
-    assert P._CONSTEXPRS[-1] == "Q_ASYNC" and P.WS2_Q_ASYNC is False
-    assert P._sparse_prefill_gluon_ws2_kernel.arg_names[-1] == "Q_ASYNC"
+    assert P._CONSTEXPRS[6] == "Q_ASYNC" and P.WS2_Q_ASYNC is False
+    assert P._sparse_prefill_gluon_ws2_kernel.arg_names[-2] == "Q_ASYNC"
     default = clean_ptx(P.compile_sm90_ws2(64, True, True).asm["ptx"])
     assert default == clean_ptx(_compiled_qa(64, True, True, False)[0])
     assert default != clean_ptx(_compiled_qa(64, True, True, True)[0])
@@ -591,3 +596,122 @@ def test_gpu_q_async_unaligned_q_plain_path(monkeypatch):
     assert not torch.isnan(o1).any()
     assert torch.equal(o1, o0) and torch.equal(m1, m0) and torch.equal(l1, l0)
     assert torch.equal(o2, o0) and torch.equal(m2, m0) and torch.equal(l2, l0)
+
+
+
+# ------------------------------------------------------------------ o_stage (session 19, opt-in)
+@functools.lru_cache(maxsize=None)
+def _compiled_os(d_pe, has_len, has_sink, q_async, o_stage):
+    k = P.compile_sm90_ws2(d_pe, has_len, has_sink, q_async=q_async, o_stage=o_stage)
+    return k.asm["ptx"], k.metadata.shared
+
+
+@pytest.mark.compile
+def test_o_stage_plumbing_and_default_ptx():
+    """``o_stage``: keyword-only, default :data:`WS2_O_STAGE` (off: opt-in until measured); the kernel's last
+    constexpr with default False, so the default build is unchanged (test_default_ptx_unchanged)."""
+    import inspect
+    for fn in (P.launch_sparse_prefill_gluon_ws2, P.compile_sm90_ws2):
+        assert inspect.signature(fn).parameters["o_stage"].default is None
+    assert inspect.signature(P.launch_sparse_prefill_gluon_ws2).parameters["o_stage"].kind == \
+        inspect.Parameter.KEYWORD_ONLY
+    assert P._CONSTEXPRS[-1] == "O_STAGE" and P.WS2_O_STAGE is False
+    assert P._sparse_prefill_gluon_ws2_kernel.arg_names[-1] == "O_STAGE"
+    default = clean_ptx(P.compile_sm90_ws2(64, True, True).asm["ptx"])
+    assert default == clean_ptx(_compiled_os(64, True, True, False, False)[0])
+    assert default != clean_ptx(_compiled_os(64, True, True, False, True)[0])
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("d_pe,has_len,has_sink,q_async", [(*c, False) for c in _CONFIGS] + [(64, True, True, True),
+                                                                                            (0, False, False, True)])
+def test_compile_o_stage(d_pe, has_len, has_sink, q_async):
+    """O_STAGE: the 128 4-byte output stores per thread (64 per warpgroup) become 32 16-byte ``st.global.v4``
+    (16 per warpgroup) after 16 ``stmatrix`` + a barrier + 16 ``ld.shared.v4`` per warpgroup; lse / max_logits
+    stores unchanged; shared memory +16 B at most (the PV partition captures the Q tile); the same wgmma / mbarrier
+    counts; ptxas: the three loops unchanged in size, 0 spill instructions in them, 0 bytes of spill. With
+    ``q_async`` too: both changes present, nothing else."""
+    ptx0, sh0 = _compiled_os(d_pe, has_len, has_sink, q_async, False)
+    ptx1, sh1 = _compiled_os(d_pe, has_len, has_sink, q_async, True)
+    assert sh0 <= sh1 <= sh0 + 16, (sh0, sh1)
+    assert ptx0.count("st.global.v4") == 0 and ptx1.count("st.global.v4.b32") == 32
+    assert ptx1.count("st.global.b32") == ptx0.count("st.global.b32") - 128
+    assert ptx1.count("stmatrix") == ptx0.count("stmatrix") + 32
+    assert ptx0.count("ld.shared.v4") == 0 and ptx1.count("ld.shared.v4.b32") == 32
+    for pat in ("wgmma.mma_async", "mbarrier.init.shared", "mbarrier.try_wait.parity", "mbarrier.arrive.shared::cta",
+                "cp.async.mbarrier.arrive", "cp.async.cg.shared.global", "cp.async.wait_group", "setmaxnreg"):
+        assert ptx1.count(pat) == ptx0.count(pat), pat
+    # each warpgroup: its stmatrix, then a barrier, then its shared loads, then its 16-byte stores
+    for bar in ("bar.sync \t0, 128;", "bar.sync \t2, 128;"):
+        last_stsm = max(i for i in _find_all(ptx1, "stmatrix") if _partition_of(ptx1, i) == bar)
+        loads = [i for i in _find_all(ptx1, "ld.shared.v4") if _partition_of(ptx1, i) == bar]
+        stores = [i for i in _find_all(ptx1, "st.global.v4") if _partition_of(ptx1, i) == bar]
+        assert len(loads) == 16 and len(stores) == 16, bar
+        assert last_stsm < min(loads) <= max(loads) < min(stores)
+        assert bar in ptx1[last_stsm:min(loads)]
+    rep0, rep1 = ptxas_sm90_cached(ptx0), ptxas_sm90_cached(ptx1)
+    if rep0 is None or rep1 is None:
+        pytest.skip("ptxas not available")
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep1.log)
+    assert spill and int(spill.group(1)) == 0 and int(spill.group(2)) == 0, rep1.log
+    loops0, loops1 = sass_loops(rep0.sass), sass_loops(rep1.sass)
+    k_steps = (512 + d_pe) // 16
+    for pick in (lambda lp: n_hgmma(lp) == k_steps + 4, lambda lp: n_hgmma(lp) == 4,
+                 lambda lp: not n_hgmma(lp) and any("LDGSTS" in t for t in lp)):
+        l0, l1 = [lp for lp in loops0 if pick(lp)], [lp for lp in loops1 if pick(lp)]
+        assert len(l0) == len(l1) == 1
+        assert len(l1[0]) == len(l0[0]) and n_spill(l1[0]) == 0, (len(l1[0]), len(l0[0]), n_spill(l1[0]))
+    stg = lambda sass, pat: sum(1 for t in sass.splitlines() if re.search(pat, t))   # noqa: E731
+    assert stg(rep0.sass, r"\bSTG\.") == 132 and stg(rep1.sass, r"\bSTG\.") == 36
+    assert stg(rep1.sass, r"\bSTG\.E\.128\b") == 32
+
+
+def _find_all(text, pat):
+    i = text.find(pat)
+    while i >= 0:
+        yield i
+        i = text.find(pat, i + 1)
+
+
+def _partition_of(ptx, pos):
+    """The named barrier of the partition the PTX at ``pos`` belongs to: the last ``bar.sync N, 128`` before it
+    (softmax warpgroup 0, PV warpgroup 2, producer 3)."""
+    return max((ptx.rfind(b, 0, pos), b) for b in ("bar.sync \t0, 128;", "bar.sync \t2, 128;",
+                                                  "bar.sync \t3, 128;"))[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("s_q,s_kv,topk,d_qk,h_q,sink,with_len", _QA_CASES)
+def test_gpu_o_stage_bit_identical(s_q, s_kv, topk, d_qk, h_q, sink, with_len):
+    """The staged epilogue stores the same bf16 values: out / lse / max_logits bit-identical to the build without it,
+    alone and with ``q_async`` (NaN-poisoned outputs, junk / -1 indices, all-invalid rows -- out 0 --, lengths,
+    sink, d_qk 512, h_q 64, topk 0); the option-on result also passes the reference check."""
+    q, kv, ind, sk, tl = make_case(s_q, s_kv, topk, h_q=h_q, d_qk=d_qk, sink=sink, with_len=with_len,
+                                   all_invalid=topk > 0, device="cuda")
+    (o0, m0, l0), (o1, m1, l1), (o2, m2, l2) = _launch_pair(
+        q, kv, ind, sk, tl, (dict(o_stage=False), dict(o_stage=True), dict(o_stage=True, q_async=True)))
+    assert not torch.isnan(o0).any() and not torch.isnan(l0).any() and not torch.isnan(m0).any()
+    assert torch.equal(o1, o0) and torch.equal(m1, m0) and torch.equal(l1, l0)
+    assert torch.equal(o2, o0) and torch.equal(m2, m0) and torch.equal(l2, l0)
+    if topk:
+        _run(q, kv, ind, sk, tl, name="o_stage", o_stage=True)
+
+
+@pytest.mark.gpu
+def test_gpu_o_stage_strided_out():
+    """An ``out`` view with row stride 520 elements and an 8-byte base offset (no 16-byte vectors: Triton narrows
+    the staged stores) and one with the make_case padding: bit-identical to a contiguous ``out`` without the option,
+    nothing written outside the view."""
+    q, kv, ind, sk, tl = make_case(23, 1800, 704, h_q=128, sink=True, with_len=True, all_invalid=True,
+                                   device="cuda")
+    (o0, m0, l0), = _launch_pair(q, kv, ind, sk, tl, (dict(o_stage=False), ))
+    for shape, off in (((23, 128, 520), 4), ((24, 129, 640), 0)):
+        big = torch.full((shape[0] * shape[1] * shape[2] + off, ), float("nan"), dtype=torch.bfloat16, device="cuda")
+        out = big[off:].view(shape)[:23, :128, :512]
+        ml = torch.full((23, 128), float("nan"), device="cuda")
+        lse = torch.full((23, 128), float("nan"), device="cuda")
+        P.launch_sparse_prefill_gluon_ws2(out, ml, lse, q, kv, ind, 0.5, sk, tl, o_stage=True)
+        assert torch.equal(out, o0) and torch.equal(ml, m0) and torch.equal(lse, l0)
+        rest = big[off:].view(shape).clone()
+        rest[:23, :128, :512] = float("nan")
+        assert torch.isnan(rest).all() and torch.isnan(big[:off]).all()

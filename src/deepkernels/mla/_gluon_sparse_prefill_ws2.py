@@ -102,6 +102,23 @@ cycles, inference), so the setup goes from 270 to ~80-130 cycles per block: **0.
 ``ready`` wait grows by as much, the first gather is the floor (next: the producer's block-0 index loads before its
 first ``empty`` wait).
 
+Output through shared memory (session 19, opt-in ``O_STAGE``: launcher / compile keyword ``o_stage``, default
+:data:`WS2_O_STAGE` = False; the same profile's change 2). The epilogue stores ``out`` straight from the wgmma
+accumulator layout: 64 4-byte ``STG.E`` per thread and warpgroup, each at 16 of 32 bytes per sector (the 4.19 M excess
+sectors of the profile are all there), and the PV warpgroup's 64 ended the CTA (228 cycles per block, 'lg'
+throttle). With ``O_STAGE`` each warpgroup writes its bf16 half ``o * inv`` into its own column half of the Q tile
+(``q_n[:, :256]`` / ``q_n[:, 256:]``: dead once the softmax warpgroup's last S completed -- in its token loop, before
+it sends the scale message the PV warpgroup waits for) by ``stmatrix`` (as P), a warpgroup barrier, then 16
+``ld.shared.v4`` and 16 16-byte ``st.global.v4`` per thread, one 512-byte row half per warp instruction
+(:func:`_p2_write_half_staged`). Same bf16 values: bit-identical. Compiled (d_qk 576, gather_rows4, no lengths /
+sink): SASS STG 132 -> 36 (32 ``STG.E.128`` + 4 lse / max_logits), STSM 4 -> 36, LDS.128 0 -> 32, BAR.SYNC 32 -> 35,
+2,659 -> 2,859 instructions (the 16 row addresses per thread); loops unchanged, 0 spills; shared memory +16 B
+(229,888 B: the PV partition captures ``q_n``). Both options together: 2,819 instructions, BAR.SYNC 29.
+Prediction (UNVERIFIED, same device run, ``mla_prefill.py --qasync --ostage``): the PV warpgroup's store phase
+228 -> 70-120 cycles per block (4x fewer LSU instructions, full sectors, + ~30 of staging), the CTA tail shorter
+by 110-160: **0.96-0.975 of the time**; with ``Q_ASYNC`` **0.92-0.945**. Falsifier: paired t / t_off > 0.985 at
+s_kv 8K, or (ncu) the PV warpgroup's epilogue 'lg' samples do not fall 2x / L2 store sectors stay 2x ideal.
+
 Removed options (session 18). Two opt-in consumer schedules lived here in sessions 16-17 and were never
 dispatched: ``OVERLAP`` (FA3 order: S_j issued before P V_{j-1} with a register P operand, softmax_j under
 P V_{j-1}; 1 also lagged the PV warpgroup behind S_j) and ``HALF`` (32-token half-tile ``ready`` / ``empty``
@@ -125,7 +142,8 @@ from . import _gluon_sparse_prefill as _gsp
 from ._gluon_sparse_prefill import BLOCK_H, D_V, WS_MAXNREG, _g_ws_producer, _g_ws_rows, supported
 
 __all__ = ["available", "supported_ws2", "dispatch_on", "launch_sparse_prefill_gluon_ws2", "compile_sm90_ws2",
-           "DISPATCH", "WS2_PV_REGS", "WS2_MAXNREG", "WS2_PRODUCER_REGS", "WS2_NUM_WARPS", "WS2_Q_ASYNC"]
+           "DISPATCH", "WS2_PV_REGS", "WS2_MAXNREG", "WS2_PRODUCER_REGS", "WS2_NUM_WARPS", "WS2_Q_ASYNC",
+           "WS2_O_STAGE"]
 
 # launch_sparse_prefill_gluon (variant None) routes here since its first device run (session 16, H200, git 1c39d4c,
 # results/sparse_prefill_ws2-h200-2026-11-29-s16.json: 43/43 GPU tests; s_q 4096, h_q 128, topk 2048: 480.6-481.9
@@ -162,6 +180,24 @@ def _p2_write_half(o, inv, tok, hb, out_ptr, stride_os, stride_oh, COL0: gl.cons
     o = o * inv[:, None]
     o_rows = out_ptr + tok * stride_os + offs_ho.to(gl.int64)[:, None] * stride_oh
     gl.store(o_rows + offs_d[None, :], o.to(gl.bfloat16))
+
+
+@_jit
+def _p2_write_half_staged(o, inv, tok, hb, out_ptr, stride_os, stride_oh, o_buf, COL0: gl.constexpr,
+                          O_L: gl.constexpr):
+    """:func:`_p2_write_half` through shared memory (``O_STAGE``): ``o * inv`` in bf16 into ``o_buf`` (this
+    warpgroup's ``[64, 256]`` column half of the Q tile, dead after the CTA's last S) in the MMA layout, a warpgroup
+    barrier, then read back one 512-byte row half per warp instruction and stored as 16-byte vectors (full 32-byte
+    sectors) instead of 4-byte stores at 16 of 32 bytes per sector. Same bf16 values as :func:`_p2_write_half`."""
+    LO: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+    o = o * inv[:, None]
+    o_buf.store(o.to(gl.bfloat16))
+    gl.thread_barrier()          # every row of the half written before any warp reads another warp's rows
+    ob = o_buf.load(LO)
+    offs_ho = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, LO))
+    offs_d = COL0 + gl.arange(0, 256, gl.SliceLayout(0, LO))
+    o_rows = out_ptr + tok * stride_os + offs_ho.to(gl.int64)[:, None] * stride_oh
+    gl.store(o_rows + offs_d[None, :], ob)
 
 
 @_jit
@@ -232,10 +268,11 @@ def _p2_valid(idx_row, j, n, s_kv, LS: gl.constexpr):
 def _p2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree, q_ptr, idx_ptr, len_ptr,
                    sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_qs, stride_qh,
                    stride_is, stride_os, stride_oh, H_Q, D_PE: gl.constexpr, HAS_LEN: gl.constexpr,
-                   HAS_SINK: gl.constexpr, Q_ASYNC: gl.constexpr = False):
+                   HAS_SINK: gl.constexpr, Q_ASYNC: gl.constexpr = False, O_STAGE: gl.constexpr = False):
     """Default partition (4 warps): Q, the full S = Q K^T, the online softmax, P + alpha to the PV warpgroup,
     O[:, :256] += P V[:, :256]; epilogue: lse / max_logits, the output scale to the PV warpgroup, out[:, :256].
-    ``Q_ASYNC``: :func:`_p2_prologue`'s."""
+    ``Q_ASYNC``: :func:`_p2_prologue`'s; ``O_STAGE``: out[:, :256] through ``q_n[:, :256]``
+    (:func:`_p2_write_half_staged`; this warpgroup's last S wgmma completed in its token loop)."""
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     LS: gl.constexpr = gl.SliceLayout(0, S_L)
@@ -283,15 +320,20 @@ def _p2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, p
     a_smem.store(inv)
     gl.thread_barrier()
     mbarrier.arrive(pready)
-    _p2_write_half(acc, gl.convert_layout(inv, gl.SliceLayout(1, O_L)), tok, hb, out_ptr, stride_os, stride_oh, 0,
-                   O_L)
+    if O_STAGE:
+        _p2_write_half_staged(acc, gl.convert_layout(inv, gl.SliceLayout(1, O_L)), tok, hb, out_ptr, stride_os,
+                              stride_oh, q_n.slice(0, 256, dim=1), 0, O_L)
+    else:
+        _p2_write_half(acc, gl.convert_layout(inv, gl.SliceLayout(1, O_L)), tok, hb, out_ptr, stride_os, stride_oh,
+                       0, O_L)
 
 
 @_jit
 def _p2_pv_wg(kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, out_ptr, topk, stride_os, stride_oh, H_Q,
-              HAS_LEN: gl.constexpr):
+              HAS_LEN: gl.constexpr, q_n=None, O_STAGE: gl.constexpr = False):
     """Worker partition (4 warps): O[:, 256:] = O[:, 256:] * alpha + P V[:, 256:] per block; epilogue: the output
-    scale from the softmax warpgroup, out[:, 256:]."""
+    scale from the softmax warpgroup, out[:, 256:]. ``O_STAGE``: out[:, 256:] through ``q_n[:, 256:]``
+    (:func:`_p2_write_half_staged`; the scale message comes after the softmax warpgroup's last S completed)."""
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     pid = gl.program_id(0)
     tok = (pid // (H_Q // 64)).to(gl.int64)
@@ -311,8 +353,12 @@ def _p2_pv_wg(kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, out_pt
     mbarrier.wait(pready, num_blocks & 1)
     inv = a_smem.load(gl.SliceLayout(1, O_L))
     pid = gl.program_id(0)
-    _p2_write_half(acc, inv, (pid // (H_Q // 64)).to(gl.int64), pid % (H_Q // 64), out_ptr, stride_os, stride_oh,
-                   256, O_L)
+    if O_STAGE:
+        _p2_write_half_staged(acc, inv, (pid // (H_Q // 64)).to(gl.int64), pid % (H_Q // 64), out_ptr, stride_os,
+                              stride_oh, q_n.slice(256, 256, dim=1), 256, O_L)
+    else:
+        _p2_write_half(acc, inv, (pid // (H_Q // 64)).to(gl.int64), pid % (H_Q // 64), out_ptr, stride_os,
+                       stride_oh, 256, O_L)
 
 
 @_jit
@@ -351,21 +397,23 @@ def _sparse_prefill_gluon_ws2_kernel(
     stride_qs, stride_qh, stride_kvs, stride_is, stride_os, stride_oh, H_Q,
     D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, PV_REGS: gl.constexpr, GATHER_ROWS4: gl.constexpr = False,
-    Q_ASYNC: gl.constexpr = False,
+    Q_ASYNC: gl.constexpr = False, O_STAGE: gl.constexpr = False,
 ):
     """The WS kernel's arguments (``NUM_SLOTS`` fixed at 2) + ``PV_REGS``, the PV warpgroup's ``setmaxnreg``.
     Partitions: softmax warpgroup (default, 4 warps), PV warpgroup (4), the WS producer (4). ``GATHER_ROWS4``
     (session 18, the launcher's default :data:`WS2_GATHER_ROWS4`): the producer's NoPE gather 4 rows x 8 lanes per
     warp instruction (``_g_ws_producer``'s ``ROWS4``). ``Q_ASYNC`` (session 19, opt-in, the launcher's default
-    :data:`WS2_Q_ASYNC`): the softmax warpgroup's Q by one batch of cp.async (module docstring, "Q by cp.async")."""
+    :data:`WS2_Q_ASYNC`): the softmax warpgroup's Q by one batch of cp.async (module docstring, "Q by cp.async").
+    ``O_STAGE`` (session 19, opt-in, :data:`WS2_O_STAGE`): each warpgroup's bf16 output half staged in the dead Q
+    tile and stored as 16-byte row vectors (module docstring, "Output through shared memory")."""
     q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree = _p2_smem(D_PE)
     gl.warp_specialize([
         (_p2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, ready, empty, pready, pfree, q_ptr, idx_ptr,
                           len_ptr, sink_ptr, out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2,
                           stride_qs, stride_qh, stride_is, stride_os, stride_oh, H_Q, D_PE, HAS_LEN, HAS_SINK,
-                          Q_ASYNC)),
+                          Q_ASYNC, O_STAGE)),
         (_p2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, out_ptr, topk, stride_os,
-                     stride_oh, H_Q, HAS_LEN)),
+                     stride_oh, H_Q, HAS_LEN, q_n, O_STAGE)),
         (_g_ws_producer, (kv_n, kv_p, ready, empty, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is,
                           H_Q, D_PE, HAS_LEN, 2, GATHER_ROWS4)),
     ], [4, 4], [PV_REGS, PRODUCER_REGS])
@@ -373,7 +421,8 @@ def _sparse_prefill_gluon_ws2_kernel(
 
 # ----------------------------------------------------------------------------------------------- host code
 
-_CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "PV_REGS", "GATHER_ROWS4", "Q_ASYNC")  # param. order
+_CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "PV_REGS", "GATHER_ROWS4", "Q_ASYNC",
+               "O_STAGE")   # parameter order
 # the NoPE gather 4 rows x 8 lanes per warp instruction (kernel docstring), on since session 18: H200, git
 # 1462978aae98, s_q 4096 h_q 128 topk 2048, 6 rotated rounds paired against the 1 row x 32 lanes build: 0.960 at s_kv
 # 8K (466.7 -> 482.5 TFLOPS), 0.925 at 64K (406.1 -> 436.7), bit-identical (results/sparse_prefill_r4-h200-2026-11-30-
@@ -383,6 +432,10 @@ WS2_GATHER_ROWS4 = True
 # from the s19 ncu profile's setup region: 270 cycles per block, ~5 exposed DRAM round trips of the 9-chunk Q load).
 # Opt-in until its paired device run (benchmarks/device_sparse_prefill_qasync.sh)
 WS2_Q_ASYNC = False
+# each warpgroup's bf16 output half staged in the dead Q tile, then 16-byte row stores (kernel docstring; module
+# docstring "Output through shared memory"; session 19, the s19 profile's epilogue: 64 4-byte STG.E per PV thread at
+# 16 of 32 bytes per sector, 228 cycles per block). Opt-in until its paired device run
+WS2_O_STAGE = False
 _LAUNCHERS: dict = {}   # (kernel, (names, constexprs, options, specialisation)) -> KernelLauncher
 _LAUNCHER_LIMIT = 1024
 
@@ -399,12 +452,13 @@ def _q_async(q_async, q=None) -> bool:
 
 def launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None,
                                     topk_length=None, *, pv_regs=None, producer_regs=None, maxnreg=None,
-                                    gather_rows4=None, q_async=None):
+                                    gather_rows4=None, q_async=None, o_stage=None):
     """Drop-in for :func:`_gluon_sparse_prefill.launch_sparse_prefill_gluon` (without ``variant``): same
     out-parameter contract (inputs validated by ``flash_mla_sparse_fwd``; last dims contiguous; the caller checked
     :func:`supported_ws2`). Keyword-only tuning knobs (benchmarks): PV / producer ``setmaxnreg``, launch
     ``maxnreg``, ``gather_rows4`` (default :data:`WS2_GATHER_ROWS4`), ``q_async`` (default :data:`WS2_Q_ASYNC`;
-    only for a q with 16-byte vectors, :func:`_q_async`). Launched through a cached
+    only for a q with 16-byte vectors, :func:`_q_async`), ``o_stage`` (default :data:`WS2_O_STAGE`). Launched
+    through a cached
     :class:`deepkernels._launch.KernelLauncher` keyed by (constexpr names, constexprs, options,
     :func:`deepkernels._launch.spec_key` of the arguments)."""
     s_q, h_q, d_qk = q.shape
@@ -414,7 +468,8 @@ def launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_sca
     names = _CONSTEXPRS
     constexprs = (d_qk - D_V, topk_length is not None, attn_sink is not None,
                   producer_regs or WS2_PRODUCER_REGS, pv_regs or WS2_PV_REGS,
-                  bool(WS2_GATHER_ROWS4 if gather_rows4 is None else gather_rows4), _q_async(q_async, q))
+                  bool(WS2_GATHER_ROWS4 if gather_rows4 is None else gather_rows4), _q_async(q_async, q),
+                  bool(WS2_O_STAGE if o_stage is None else o_stage))
     opts = (WS2_NUM_WARPS, maxnreg or WS2_MAXNREG)
     launcher = cached_launcher(_LAUNCHERS, _sparse_prefill_gluon_ws2_kernel,
                                (names, constexprs, opts, spec_key(*args, *ints)),
@@ -424,14 +479,14 @@ def launch_sparse_prefill_gluon_ws2(out, max_logits, lse, q, kv, indices, sm_sca
 
 
 def compile_sm90_ws2(d_pe: int = 64, has_len: bool = False, has_sink: bool = False, pv_regs=None,
-                     producer_regs=None, maxnreg=None, gather_rows4=None, q_async=None):
+                     producer_regs=None, maxnreg=None, gather_rows4=None, q_async=None, o_stage=None):
     """Cross-compile the kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch. Returns
     the CompiledKernel (``.asm['ptx']``, ``.metadata.shared``)."""
     # every constexpr, in parameter order (the cross-compile binds constexprs by position)
     consts = dict(zip(_CONSTEXPRS, (d_pe, has_len, has_sink, producer_regs or WS2_PRODUCER_REGS,
                                     pv_regs or WS2_PV_REGS,
                                     bool(WS2_GATHER_ROWS4 if gather_rows4 is None else gather_rows4),
-                                    _q_async(q_async))))
+                                    _q_async(q_async), bool(WS2_O_STAGE if o_stage is None else o_stage))))
     return _compile_sm90_gluon(_sparse_prefill_gluon_ws2_kernel, _gsp.SIG, consts, _gsp.HINTED,
                                num_warps=WS2_NUM_WARPS,
                                maxnreg=maxnreg or WS2_MAXNREG)
