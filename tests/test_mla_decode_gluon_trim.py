@@ -217,7 +217,7 @@ def test_trim_compiles_for_sm90(half, qt, causal):
 def test_trim_launch_arguments(monkeypatch):
     """The trim launch (kernel stubbed, CPU tensors): TRIM passed by position (after QTMA), a launcher key of its
     own, trim alone takes the variant path (plain K descriptors, no Q descriptors); trim=None takes DISPATCH_TRIM
-    (off), and the default launch is unchanged."""
+    (on since session 19) at >= DISPATCH_MIN_ROWS rows only."""
     from deepkernels import _launch
     from test_launch_cache import _StandIn
     monkeypatch.setattr(_launch, "_bindable", lambda args: True)
@@ -240,7 +240,8 @@ def test_trim_launch_arguments(monkeypatch):
 
     names = [p.name for p in fn.params]
     assert names.index("TRIM") == names.index("QTMA") + 1 and names[-5] == "TRIM"
-    assert G.DISPATCH_TRIM is False
+    assert G.DISPATCH_TRIM is True                                               # dispatched since session 19
+    monkeypatch.setattr(G, "DISPATCH_TRIM", False)                               # first the off default
     G.gluon_dense_launch(*case(), half_tiles=False, q_tma=False)                 # plain, trim None -> off
     full = fn.full_args(fn.log[-1])
     assert full[names.index("TRIM")] is False and full[-4:] == (False, *G.GLUON_DEFAULT)
@@ -263,9 +264,11 @@ def test_trim_launch_arguments(monkeypatch):
     assert x[names.index("TRIM")] is False
     keys = [k[1][0] for k in G._LAUNCHERS]
     assert sum(("TRIM", True) in k for k in keys) == 3 and len(set(G._LAUNCHERS)) == len(G._LAUNCHERS) == 5
-    monkeypatch.setattr(G, "DISPATCH_TRIM", True)                                # what the lead's wiring would do
+    monkeypatch.setattr(G, "DISPATCH_TRIM", True)                                # the module default
     G.gluon_dense_launch(*case())
     assert fn.full_args(fn.log[-1])[names.index("TRIM")] is True
+    G.gluon_dense_launch(*case(h_q=16))                                          # < DISPATCH_MIN_ROWS rows: off
+    assert fn.full_args(fn.log[-1])[names.index("TRIM")] is False
     monkeypatch.setenv("DEEPKERNELS_DENSE_DECODE_VARIANT", "0")
     G.gluon_dense_launch(*case())
     x = fn.full_args(fn.log[-1])
@@ -280,19 +283,25 @@ def poison():
     dec._POISON_OUTPUTS = False
 
 
-def _close_ulps(name, a, b, ulps=2):
-    """|a - b| <= ulps * eps(dtype) * max(|a|, |b|) + 2^-22 elementwise (a few ulp of the output dtype)."""
+def _close_ulps(name, a, b, ulps=2, frac=1e-4):
+    """Within ``ulps`` ulp of the output dtype (|a - b| <= ulps * eps * max(|a|, |b|) + 2^-22) except at most ``frac``
+    of the elements, and none beyond FlashMLA's out tolerance (abs 8e-4 + rel 2.01/128). P is rounded to bf16 before
+    P V: the FMA-rounded exponent of TRIM can flip one p's bf16 rounding, which moves the outputs it feeds by a few
+    ulp (first device run, H200: 2-13 of 0.5-4 M elements beyond 2 ulp, max |d| 1.2e-4)."""
     eps = torch.finfo(a.dtype).eps
     af, bf = a.float(), b.float()
     d = (af - bf).abs()
-    tol = ulps * eps * torch.maximum(af.abs(), bf.abs()) + 2.0 ** -22
-    bad = d > tol
-    assert not bad.any(), f"{name}: {int(bad.sum())} elements beyond {ulps} ulp, max |d| {float(d.max()):.3e}"
+    big = torch.maximum(af.abs(), bf.abs())
+    bad = d > ulps * eps * big + 2.0 ** -22
+    assert int(bad.sum()) <= frac * d.numel(), \
+        f"{name}: {int(bad.sum())} of {d.numel()} elements beyond {ulps} ulp, max |d| {float(d.max()):.3e}"
+    assert (d <= 8e-4 + 2.01 / 128 * big).all(), f"{name}: max |d| {float(d.max()):.3e} beyond FlashMLA's tolerance"
 
 
 def _run(q, k, bt, sl, causal, combo=(None, None), sched_lens=None, scale=None):
     """Trim off and on (the given half_tiles / q_tma; None = the dispatched choice) on the same inputs and schedule:
-    each against the reference (FlashMLA's tolerances), then on vs off (2 ulp, lse 1e-5 relative, +inf pattern)."""
+    each against the reference (FlashMLA's tolerances), then on vs off (2 ulp but for <= 0.01 % of the elements,
+    none beyond FlashMLA's out tolerance; lse 1e-5 relative, +inf pattern)."""
     from deepkernels.mla.metadata import compute_schedule
     b, s_q, h_q, _ = q.shape
     h_kv = k.shape[2]

@@ -77,7 +77,8 @@ half + q_tma at s_q 1, h_q 128: 1.02-1.03x the plain kernel (predicted 1.01-1.09
 1.04-1.07x (more than the predicted 1-3 %: the plain Q loads cost more than estimated); at s_q 2 half + q_tma
 1.00-1.06x (h_q 64: 1.01-1.09x). The load-bound model explains part of it at most: the largest gains are at 4K.
 
-TRIM option (session 19; launcher keyword ``trim``, constexpr TRIM, :data:`DISPATCH_TRIM` = False: not dispatched;
+TRIM option (session 19; launcher keyword ``trim``, constexpr TRIM, :data:`DISPATCH_TRIM`: dispatched at >= 64 rows
+since its device run, 0.955-0.990 of the time at h_q 128, 0.974-1.004 at h_q 64 -- below the prediction;
 combines with HALF / QTMA, routed through ``_g_variant_partitions``; :func:`_g_softmax_trim`). From the ncu profile of
 the dispatched kernel at h_q 128 s_k 8K (``benchmarks/results/ncu-h200-2026-11-30-s19/dense_decode.*``, git d50337a):
 the softmax warpgroup is the critical path and its per-tile math (mask, max, shuffles, exp2, sums, cvt: 261 SASS
@@ -99,7 +100,9 @@ softmax warpgroup only:
   Numerics: p carries the rounding of ``m_new * c`` (a common factor per row and tile, <= half an ulp of
   ``|m_new * c|``) and one rounding less per score, so out / lse are not bit-identical to the option-off build;
   tests/test_mla_decode_gluon_trim.py checks both against the reference with FlashMLA's tolerances and on vs off
-  within 2 ulp of the output dtype (out) and 1e-5 relative (lse).
+  within 2 ulp of the output dtype (out; P is rounded to bf16, so a flipped p rounding moves a few outputs further:
+  the first device run saw 2-13 of 0.5-4 M elements beyond 2 ulp, max 1.2e-4 -> <= 0.01 % allowed, none beyond
+  FlashMLA's out tolerance) and 1e-5 relative (lse).
 
 Compile facts (CPU cross-compile, Triton 3.6.0 wheel's ptxas, bf16, GLUON_DEFAULT; tests/test_mla_decode_gluon_trim.py
 -m compile): trim off leaves the cleaned PTX of all 16 (half, q_tma, causal, dtype) builds byte-identical (hashes
@@ -174,8 +177,11 @@ DISPATCH_Q_TMA = True
 DISPATCH_HALF_MIN_SQ = 2
 DISPATCH_MIN_ROWS = 64     # s_q * h_q / h_kv: the A/B covered h_q 64 / 128 only
 # The TRIM option (launcher keyword ``trim``, constexpr TRIM; module docstring "TRIM"): what launches with trim=None
-# take. Off until the paired bench (benchmarks/device_mla_decode_trim.sh) has measured it.
-DISPATCH_TRIM = False
+# take at >= DISPATCH_MIN_ROWS query rows per kv head. On since its first device run (session 19, H200, git
+# d1089e892f12, benchmarks/device_mla_decode_trim.sh, paired 5 rotated rounds, A/A 0.989-1.025,
+# results/mla_decode_trim-h200-2026-11-30-s19.json): t_trim / t_off h_q 128 s_q 1 0.980-0.990, s_q 2 0.955-0.981;
+# h_q 64 s_q 1 0.997-1.004, s_q 2 0.974-0.980 (predicted 0.94-0.965 at h_q 128 s_q 1: smaller than predicted)
+DISPATCH_TRIM = True
 GLUON_CANDIDATES = [GLUON_DEFAULT]
 
 
@@ -685,11 +691,12 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     16-B aligned base and row pitch): :func:`q_tma_supported`.
 
     ``trim``: the TRIM option (module docstring): the softmax warpgroup masks only tiles that can hold a masked token
-    and folds the scale into one FFMA per score; None takes :data:`DISPATCH_TRIM` (off;
+    and folds the scale into one FFMA per score; None takes :data:`DISPATCH_TRIM` at >= :data:`DISPATCH_MIN_ROWS` rows (on;
     ``DEEPKERNELS_DENSE_DECODE_VARIANT=0`` also keeps it off). Any combination with ``half_tiles`` / ``q_tma``."""
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
-    if trim is None:
-        trim = DISPATCH_TRIM and os.environ.get("DEEPKERNELS_DENSE_DECODE_VARIANT", "") != "0"
+    if trim is None:     # measured at >= DISPATCH_MIN_ROWS rows only (h_q 64 / 128)
+        trim = (DISPATCH_TRIM and os.environ.get("DEEPKERNELS_DENSE_DECODE_VARIANT", "") != "0"
+                and q.shape[1] * q.shape[2] // k_cache.shape[2] >= DISPATCH_MIN_ROWS)
     trim = bool(trim)
     if half_tiles is None or q_tma is None:
         # only where it was measured: >= 64 query rows per kv head (h_q 64 / 128); the bandwidth regime (16 / 32
