@@ -47,7 +47,7 @@ pytestmark = pytest.mark.skipif(not P.available(), reason=f"Gluon not importable
 def _compiled(d_pe, has_len, has_sink):
     # the session-17 build (1 row x 32 lanes NoPE gather), pinned by hash; the default since session 18 gathers
     # 4 rows x 8 lanes (test_gather_rows4_plumbing_and_default_ptx)
-    k = P.compile_sm90_ws2(d_pe, has_len, has_sink, gather_rows4=False)
+    k = P.compile_sm90_ws2(d_pe, has_len, has_sink, gather_rows4=False, q_async=False, o_stage=False)
     return k.asm["ptx"], k.metadata.shared
 
 
@@ -394,7 +394,7 @@ _Q_CPASYNC = re.compile(r"cp\.async\.cg\.shared\.global \[ %r\d+ \+ 0 \], \[ %rd
 
 @functools.lru_cache(maxsize=None)
 def _compiled_qa(d_pe, has_len, has_sink, q_async):
-    k = P.compile_sm90_ws2(d_pe, has_len, has_sink, q_async=q_async)
+    k = P.compile_sm90_ws2(d_pe, has_len, has_sink, q_async=q_async, o_stage=False)   # Q_ASYNC's own effect
     return k.asm["ptx"], k.metadata.shared
 
 
@@ -409,11 +409,13 @@ def test_q_async_plumbing_and_default_ptx():
         assert sig["q_async"].default is None
     assert inspect.signature(P.launch_sparse_prefill_gluon_ws2).parameters["q_async"].kind == \
         inspect.Parameter.KEYWORD_ONLY
-    assert P._CONSTEXPRS[6] == "Q_ASYNC" and P.WS2_Q_ASYNC is False
+    assert P._CONSTEXPRS[6] == "Q_ASYNC" and P.WS2_Q_ASYNC is True       # dispatched since session 19
     assert P._sparse_prefill_gluon_ws2_kernel.arg_names[-2] == "Q_ASYNC"
-    default = clean_ptx(P.compile_sm90_ws2(64, True, True).asm["ptx"])
-    assert default == clean_ptx(_compiled_qa(64, True, True, False)[0])
-    assert default != clean_ptx(_compiled_qa(64, True, True, True)[0])
+    sig = inspect.signature(P._sparse_prefill_gluon_ws2_kernel.fn).parameters
+    assert sig["Q_ASYNC"].default is False                                   # the kernel's own default: off
+    off = clean_ptx(P.compile_sm90_ws2(64, True, True, o_stage=False, q_async=False).asm["ptx"])
+    assert off == clean_ptx(_compiled_qa(64, True, True, False)[0])
+    assert off != clean_ptx(_compiled_qa(64, True, True, True)[0])
 
 
 @pytest.mark.compile
@@ -475,7 +477,7 @@ def test_compile_q_async(d_pe, has_len, has_sink):
 def test_q_async_guard_on_cpu(monkeypatch):
     """The launcher sets Q_ASYNC only for a q whose base is 16-byte aligned and whose token / head strides are
     multiples of 16 elements (deepkernels._launch.triton_aligned); a head stride of 584 (16-byte rows, not a
-    16-element multiple) or an 8-byte-offset base keeps the plain loads. Default (q_async None): off. Kernel
+    16-element multiple) or an 8-byte-offset base keeps the plain loads. Default (q_async None): on (session 19). Kernel
     stubbed; CPU tensors."""
     seen = []
 
@@ -493,7 +495,8 @@ def test_q_async_guard_on_cpu(monkeypatch):
     q_pad = torch.zeros(s_q, h_q, 584, dtype=torch.bfloat16)[..., :576]             # head stride 584
     q_off = torch.zeros(s_q * h_q * 576 + 4, dtype=torch.bfloat16)[4:].view(s_q, h_q, 576)   # base + 8 bytes
     q_big = torch.zeros(s_q + 1, h_q + 1, 704, dtype=torch.bfloat16)[:s_q, :h_q, :576]  # make_case's view
-    for qq, kw, expect in ((q, {}, False), (q, dict(q_async=False), False), (q, dict(q_async=True), True),
+    for qq, kw, expect in ((q, {}, True), (q_pad, {}, False), (q, dict(q_async=False), False),
+                           (q, dict(q_async=True), True),
                            (q_big, dict(q_async=True), True), (q_pad, dict(q_async=True), False),
                            (q_off, dict(q_async=True), False)):
         P.launch_sparse_prefill_gluon_ws2(out, ml, lse, qq, kv, ind, 0.25, **kw)
@@ -615,11 +618,13 @@ def test_o_stage_plumbing_and_default_ptx():
         assert inspect.signature(fn).parameters["o_stage"].default is None
     assert inspect.signature(P.launch_sparse_prefill_gluon_ws2).parameters["o_stage"].kind == \
         inspect.Parameter.KEYWORD_ONLY
-    assert P._CONSTEXPRS[-1] == "O_STAGE" and P.WS2_O_STAGE is False
+    assert P._CONSTEXPRS[-1] == "O_STAGE" and P.WS2_O_STAGE is True       # dispatched since session 19
     assert P._sparse_prefill_gluon_ws2_kernel.arg_names[-1] == "O_STAGE"
+    sig = inspect.signature(P._sparse_prefill_gluon_ws2_kernel.fn).parameters
+    assert sig["O_STAGE"].default is False
     default = clean_ptx(P.compile_sm90_ws2(64, True, True).asm["ptx"])
-    assert default == clean_ptx(_compiled_os(64, True, True, False, False)[0])
-    assert default != clean_ptx(_compiled_os(64, True, True, False, True)[0])
+    assert default == clean_ptx(_compiled_os(64, True, True, True, True)[0])  # the dispatched build: both on
+    assert default != clean_ptx(_compiled_os(64, True, True, False, False)[0])
 
 
 @pytest.mark.compile

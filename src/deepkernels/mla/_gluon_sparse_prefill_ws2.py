@@ -430,12 +430,15 @@ _CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "PV_REGS", "GATHE
 WS2_GATHER_ROWS4 = True
 # the softmax warpgroup's Q by one batch of cp.async (kernel docstring; module docstring "Q by cp.async"; session 19,
 # from the s19 ncu profile's setup region: 270 cycles per block, ~5 exposed DRAM round trips of the 9-chunk Q load).
-# Opt-in until its paired device run (benchmarks/device_sparse_prefill_qasync.sh)
-WS2_Q_ASYNC = False
+# On since its device run (session 19, H200, git 6e0329064a26, benchmarks/device_sparse_prefill_qasync.sh, 18/18 GPU
+# bit-identity tests, 5 rotated rounds, A/A 1.001-1.012, results/sparse_prefill_qasync-h200-2026-11-30-s19.json):
+# alone 0.978-1.002 of the time (predicted 0.955-0.970: falsified), with O_STAGE 0.946-0.965 (O_STAGE alone
+# 0.954-0.972) over s_kv 8K-128K, sink off / on -> both on
+WS2_Q_ASYNC = True
 # each warpgroup's bf16 output half staged in the dead Q tile, then 16-byte row stores (kernel docstring; module
 # docstring "Output through shared memory"; session 19, the s19 profile's epilogue: 64 4-byte STG.E per PV thread at
-# 16 of 32 bytes per sector, 228 cycles per block). Opt-in until its paired device run
-WS2_O_STAGE = False
+# 16 of 32 bytes per sector, 228 cycles per block). On since the same run: alone 0.954-0.972 (predicted 0.96-0.975)
+WS2_O_STAGE = True
 _LAUNCHERS: dict = {}   # (kernel, (names, constexprs, options, specialisation)) -> KernelLauncher
 _LAUNCHER_LIMIT = 1024
 
