@@ -236,6 +236,25 @@ def _g_retire(tok, NUM_OUT: gl.constexpr, acc, empty, it, sfa_rows, m_mask, sfa_
 
 
 @_jit
+def _g_kloop(a_bufs, b_bufs, ready, empty, it, zero, acc, sfa_rows, m_mask, sfa_sk, sfb_base, sfb_sk, num_kb,
+             ROW0: gl.constexpr, ROWS: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """The plain K loop of one math warpgroup (dense and masked kernels): per 128-wide K block load its scales, wait
+    for the stage, issue the wgmma, wait for it, release the stage, promote. Returns ``(acc, it)``."""
+    for kb in range(num_kb):
+        sa = gl.load(sfa_rows + kb * sfa_sk, mask=m_mask, other=0.0)
+        sb = gl.load(sfb_base + kb * sfb_sk)
+        slot = it % NUM_STAGES
+        mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
+        tok = warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)),
+                            zero, use_acc=False, is_async=True)
+        part = warpgroup_mma_wait(0, deps=(tok, ))
+        mbarrier.arrive(empty.index(slot))
+        acc += part * (sa * sb)[:, None]
+        it += 1
+    return acc, it
+
+
+@_jit
 def _g_kloop_ahead(a_bufs, b_bufs, ready, empty, it, zero, acc, sfa_rows, m_mask, sfa_sk, sfb_base, sfb_sk, num_kb,
                    ROW0: gl.constexpr, ROWS: gl.constexpr, NUM_STAGES: gl.constexpr, EARLY: gl.constexpr):
     """The K loop of one math warpgroup with ``SCALE_AHEAD`` (module docstring, "Scales ahead"): block kb's scales
@@ -379,17 +398,8 @@ def _g_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stri
                 sb = sb_n
                 it += 1
         else:
-            for kb in range(num_kb):
-                sa = gl.load(sfa_rows + kb * sfa_sk, mask=m_mask, other=0.0)
-                sb = gl.load(sfb_base + kb * sfb_sk)
-                slot = it % NUM_STAGES
-                mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
-                tok = warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)),
-                                    zero, use_acc=False, is_async=True)
-                part = warpgroup_mma_wait(0, deps=(tok, ))
-                mbarrier.arrive(empty.index(slot))
-                acc += part * (sa * sb)[:, None]
-                it += 1
+            acc, it = _g_kloop(a_bufs, b_bufs, ready, empty, it, zero, acc, sfa_rows, m_mask, sfa_sk, sfb_base,
+                               sfb_sk, num_kb, ROW0, ROWS, NUM_STAGES)
         if EPI_TMA:
             tma.store_wait(0)        # this warpgroup's previous tile has left the buffer (issued a mainloop ago)
             gl.thread_barrier()      # ... and every thread of the warpgroup knows it before writing the buffer
@@ -842,17 +852,8 @@ def _gm_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, masked_m_ptr
             acc, it = _g_kloop_ahead(a_bufs, b_bufs, ready, empty, it, zero, acc, sfa_rows, m_mask, sfa_sk,
                                      sfb_base, sfb_sk, num_kb, ROW0, ROWS, NUM_STAGES, SCALE_AHEAD == 2)
         else:
-            for kb in range(num_kb):
-                sa = gl.load(sfa_rows + kb * sfa_sk, mask=m_mask, other=0.0)
-                sb = gl.load(sfb_base + kb * sfb_sk)
-                slot = it % NUM_STAGES
-                mbarrier.wait(ready.index(slot), (it // NUM_STAGES) & 1)
-                tok = warpgroup_mma(a_bufs.index(slot).slice(ROW0, ROWS), b_bufs.index(slot).permute((1, 0)),
-                                    zero, use_acc=False, is_async=True)
-                part = warpgroup_mma_wait(0, deps=(tok, ))
-                mbarrier.arrive(empty.index(slot))
-                acc += part * (sa * sb)[:, None]
-                it += 1
+            acc, it = _g_kloop(a_bufs, b_bufs, ready, empty, it, zero, acc, sfa_rows, m_mask, sfa_sk, sfb_base,
+                               sfb_sk, num_kb, ROW0, ROWS, NUM_STAGES)
         # rows >= m_g never written (group base offset g * stride_dg; m_g <= M_MAX)
         if EPI_TMA:
             if off_m + ROWS <= m_g:
