@@ -129,11 +129,9 @@ def test_q_tma_supported_layouts():
     assert not G.q_tma_supported(odd, 1)                     # pitch / base not 16-B aligned
 
 
-@needs_gluon
-def test_variant_launch_arguments(monkeypatch):
-    """The variant's launch (kernel stubbed, CPU tensors): every parameter by position, 32-token K descriptors with
-    half tiles, Q descriptors over q seen as rows (or None when not eligible), and a launcher key of its own; the
-    default launch is as before."""
+def stub_launches(monkeypatch):
+    """The dense decode Gluon kernel replaced by a recorder (test_launch_cache's _StandIn) and the launcher cache
+    emptied, so launches run on CPU tensors: returns the stand-in (``fn.log``, ``fn.full_args``)."""
     from deepkernels import _launch
     from test_launch_cache import _StandIn
     monkeypatch.setattr(_launch, "_bindable", lambda args: True)
@@ -142,17 +140,29 @@ def test_variant_launch_arguments(monkeypatch):
     fn = _StandIn(G._mla_decode_gluon_kernel)
     monkeypatch.setattr(G, "_mla_decode_gluon_kernel", fn)
     monkeypatch.setattr(G, "_LAUNCHERS", {})
+    return fn
 
-    def case(b=2, s_q=1, h_q=128, h_kv=1, nb=6):
-        q = torch.randn(b, s_q, h_q, 576).to(torch.bfloat16)
-        k = torch.randn(nb, 64, h_kv, 576).to(torch.bfloat16)
-        bt = torch.arange(b * 3, dtype=torch.int32).view(b, 3)
-        sl = torch.full((b,), 100, dtype=torch.int32)
-        sched = torch.zeros(4, 8, dtype=torch.int32)
-        ns = torch.zeros(b + 1, dtype=torch.int32)
-        acc = b + 4
-        return (q, k, bt, sl, sched, ns, 0.04, False, torch.empty(b, s_q, h_q, 512, dtype=q.dtype),
-                torch.empty(b, h_q, s_q), torch.empty(acc, s_q, h_q, 512), torch.empty(acc, s_q, h_q))
+
+def launch_case(b=2, s_q=1, h_q=128, h_kv=1, nb=6):
+    """gluon_dense_launch's positional arguments for a CPU call against :func:`stub_launches`."""
+    q = torch.randn(b, s_q, h_q, 576).to(torch.bfloat16)
+    k = torch.randn(nb, 64, h_kv, 576).to(torch.bfloat16)
+    bt = torch.arange(b * 3, dtype=torch.int32).view(b, 3)
+    sl = torch.full((b,), 100, dtype=torch.int32)
+    sched = torch.zeros(4, 8, dtype=torch.int32)
+    ns = torch.zeros(b + 1, dtype=torch.int32)
+    acc = b + 4
+    return (q, k, bt, sl, sched, ns, 0.04, False, torch.empty(b, s_q, h_q, 512, dtype=q.dtype),
+            torch.empty(b, h_q, s_q), torch.empty(acc, s_q, h_q, 512), torch.empty(acc, s_q, h_q))
+
+
+@needs_gluon
+def test_variant_launch_arguments(monkeypatch):
+    """The variant's launch (kernel stubbed, CPU tensors): every parameter by position, 32-token K descriptors with
+    half tiles, Q descriptors over q seen as rows (or None when not eligible), and a launcher key of its own; the
+    default launch is as before."""
+    fn = stub_launches(monkeypatch)
+    case = launch_case
 
     names = [p.name for p in fn.params]
     c = case()

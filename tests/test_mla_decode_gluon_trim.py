@@ -33,7 +33,7 @@ from deepkernels.testing.compile import (SM90_SMEM_LIMIT, clean_ptx, n_hgmma, n_
 from deepkernels.testing.numerics import check_is_allclose
 
 from test_mla_decode_reference import make_case
-from test_mla_decode_gluon import TOL_OUT, TOL_LSE
+from test_mla_decode_gluon import TOL_OUT, TOL_LSE, _case
 
 needs_gluon = pytest.mark.skipif(not G.available(), reason=f"gluon not importable: {G._IMPORT_ERROR!r}")
 _ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
@@ -218,25 +218,8 @@ def test_trim_launch_arguments(monkeypatch):
     """The trim launch (kernel stubbed, CPU tensors): TRIM passed by position (after QTMA), a launcher key of its
     own, trim alone takes the variant path (plain K descriptors, no Q descriptors); trim=None takes DISPATCH_TRIM
     (on since session 19) at >= DISPATCH_MIN_ROWS rows only."""
-    from deepkernels import _launch
-    from test_launch_cache import _StandIn
-    monkeypatch.setattr(_launch, "_bindable", lambda args: True)
-    monkeypatch.setattr(_launch, "_current_device", lambda: 0)
-    monkeypatch.setattr(_launch, "_stream_getter", lambda: (lambda dev: 0))
-    fn = _StandIn(G._mla_decode_gluon_kernel)
-    monkeypatch.setattr(G, "_mla_decode_gluon_kernel", fn)
-    monkeypatch.setattr(G, "_LAUNCHERS", {})
-
-    def case(b=2, s_q=1, h_q=128, h_kv=1, nb=6):
-        q = torch.randn(b, s_q, h_q, 576).to(torch.bfloat16)
-        k = torch.randn(nb, 64, h_kv, 576).to(torch.bfloat16)
-        bt = torch.arange(b * 3, dtype=torch.int32).view(b, 3)
-        sl = torch.full((b,), 100, dtype=torch.int32)
-        sched = torch.zeros(4, 8, dtype=torch.int32)
-        ns = torch.zeros(b + 1, dtype=torch.int32)
-        acc = b + 4
-        return (q, k, bt, sl, sched, ns, 0.04, False, torch.empty(b, s_q, h_q, 512, dtype=q.dtype),
-                torch.empty(b, h_q, s_q), torch.empty(acc, s_q, h_q, 512), torch.empty(acc, s_q, h_q))
+    from test_mla_decode_gluon_ring import launch_case as case, stub_launches
+    fn = stub_launches(monkeypatch)
 
     names = [p.name for p in fn.params]
     assert names.index("TRIM") == names.index("QTMA") + 1 and names[-5] == "TRIM"
@@ -329,16 +312,6 @@ def _run(q, k, bt, sl, causal, combo=(None, None), sched_lens=None, scale=None):
     d = (l_on[fin] - l_off[fin]).abs()
     assert (d <= 1e-5 * l_off[fin].abs() + 1e-6).all(), float(d.max()) if d.numel() else 0.0
     return o_on, l_on
-
-
-def _case(b, s_q, s_k, h_q, h_kv, varlen, zero_frac=0.0, dtype=torch.bfloat16):
-    if varlen:
-        sl = torch.clamp(torch.normal(float(s_k), s_k / 2, (b,)), min=s_q).int()
-    else:
-        sl = torch.full((b,), s_k, dtype=torch.int32)
-    if zero_frac:
-        sl[torch.rand(b) < zero_frac] = 0
-    return make_case(b, s_q, h_q, h_kv, sl.tolist(), dtype=dtype, device="cuda")
 
 
 EDGE = [0, 1, 2, 63, 64, 65, 127, 129, 700, 3001]
