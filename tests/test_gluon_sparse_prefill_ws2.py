@@ -392,6 +392,25 @@ def test_gpu_gather_rows4_bit_identical(s_q, s_kv, topk, d_qk, sink, with_len):
 _Q_CPASYNC = re.compile(r"cp\.async\.cg\.shared\.global \[ %r\d+ \+ 0 \], \[ %rd\d+ \+ 0 \], 0x10, 0x10;")
 
 
+def _same_loops_no_spill(ptx0, ptx1, d_pe):
+    """ptxas both builds (skip without ptxas): ``ptx1`` spills 0 bytes, and its softmax (S + P V HGMMAs), PV (4
+    HGMMAs) and producer (LDGSTS) loops have ``ptx0``'s instruction counts with no spill instruction. Returns the two
+    ptxas reports."""
+    rep0, rep1 = ptxas_sm90_cached(ptx0), ptxas_sm90_cached(ptx1)
+    if rep0 is None or rep1 is None:
+        pytest.skip("ptxas not available")
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep1.log)
+    assert spill and int(spill.group(1)) == 0 and int(spill.group(2)) == 0, rep1.log
+    loops0, loops1 = sass_loops(rep0.sass), sass_loops(rep1.sass)
+    k_steps = (512 + d_pe) // 16
+    for pick in (lambda lp: n_hgmma(lp) == k_steps + 4, lambda lp: n_hgmma(lp) == 4,
+                 lambda lp: not n_hgmma(lp) and any("LDGSTS" in t for t in lp)):
+        l0, l1 = [lp for lp in loops0 if pick(lp)], [lp for lp in loops1 if pick(lp)]
+        assert len(l0) == len(l1) == 1
+        assert len(l1[0]) == len(l0[0]) and n_spill(l1[0]) == 0, (len(l1[0]), len(l0[0]), n_spill(l1[0]))
+    return rep0, rep1
+
+
 @functools.lru_cache(maxsize=None)
 def _compiled_qa(d_pe, has_len, has_sink, q_async):
     k = P.compile_sm90_ws2(d_pe, has_len, has_sink, q_async=q_async, o_stage=False)   # Q_ASYNC's own effect
@@ -450,18 +469,7 @@ def test_compile_q_async(d_pe, has_len, has_sink):
                 "cp.async.mbarrier.arrive", "setmaxnreg"):
         assert ptx1.count(pat) == ptx0.count(pat), pat
     assert ptx1.count("bar.sync") < ptx0.count("bar.sync")
-    rep0, rep1 = ptxas_sm90_cached(ptx0), ptxas_sm90_cached(ptx1)
-    if rep0 is None or rep1 is None:
-        pytest.skip("ptxas not available")
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep1.log)
-    assert spill and int(spill.group(1)) == 0 and int(spill.group(2)) == 0, rep1.log
-    loops0, loops1 = sass_loops(rep0.sass), sass_loops(rep1.sass)
-    k_steps = (512 + d_pe) // 16
-    for pick in (lambda lp: n_hgmma(lp) == k_steps + 4, lambda lp: n_hgmma(lp) == 4,
-                 lambda lp: not n_hgmma(lp) and any("LDGSTS" in t for t in lp)):
-        l0, l1 = [lp for lp in loops0 if pick(lp)], [lp for lp in loops1 if pick(lp)]
-        assert len(l0) == len(l1) == 1
-        assert len(l1[0]) == len(l0[0]) and n_spill(l1[0]) == 0, (len(l1[0]), len(l0[0]), n_spill(l1[0]))
+    rep0, rep1 = _same_loops_no_spill(ptx0, ptx1, d_pe)
 
     def count(sass, pred):
         return sum(1 for line in sass.splitlines() if pred(line))
@@ -654,18 +662,7 @@ def test_compile_o_stage(d_pe, has_len, has_sink, q_async):
         assert len(loads) == 16 and len(stores) == 16, bar
         assert last_stsm < min(loads) <= max(loads) < min(stores)
         assert bar in ptx1[last_stsm:min(loads)]
-    rep0, rep1 = ptxas_sm90_cached(ptx0), ptxas_sm90_cached(ptx1)
-    if rep0 is None or rep1 is None:
-        pytest.skip("ptxas not available")
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", rep1.log)
-    assert spill and int(spill.group(1)) == 0 and int(spill.group(2)) == 0, rep1.log
-    loops0, loops1 = sass_loops(rep0.sass), sass_loops(rep1.sass)
-    k_steps = (512 + d_pe) // 16
-    for pick in (lambda lp: n_hgmma(lp) == k_steps + 4, lambda lp: n_hgmma(lp) == 4,
-                 lambda lp: not n_hgmma(lp) and any("LDGSTS" in t for t in lp)):
-        l0, l1 = [lp for lp in loops0 if pick(lp)], [lp for lp in loops1 if pick(lp)]
-        assert len(l0) == len(l1) == 1
-        assert len(l1[0]) == len(l0[0]) and n_spill(l1[0]) == 0, (len(l1[0]), len(l0[0]), n_spill(l1[0]))
+    rep0, rep1 = _same_loops_no_spill(ptx0, ptx1, d_pe)
     stg = lambda sass, pat: sum(1 for t in sass.splitlines() if re.search(pat, t))   # noqa: E731
     assert stg(rep0.sass, r"\bSTG\.") == 132 and stg(rep1.sass, r"\bSTG\.") == 36
     assert stg(rep1.sass, r"\bSTG\.E\.128\b") == 32
