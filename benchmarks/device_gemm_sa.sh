@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Gluon FP8 GEMM "scales ahead" (session 19; gemm/_gluon_fp8.py module docstring, "Scales ahead"), first device run:
 #   GIT_SHA=<sha> OUT=$OUT bash benchmarks/device_gemm_sa.sh        (repo root, clean export)
-# 1. its GPU tests (tests/test_gemm_gluon.py -k scale_ahead: D bit-identical to the S4 EPI build at the 6 M = 4096
-#    shapes, partial tiles, 1-5 K blocks, the persistent small grid) under a hang guard (cap ${T_TESTS:-120} s);
-# 2. benchmarks/gemm_gluon.py --ab --sa: S4 EPI (+ A/A) vs scale_ahead 1 / 2 + cuBLAS, rotated rounds, the six (N, K)
-#    at M 4096 and 2048 (cap ${T_BENCH:-150} s; skipped when step 1 failed).
+# 1. its GPU tests (tests/test_gemm_gluon.py -k "scale_ahead or three_wg": D bit-identical to the S4 EPI build at the
+#    6 M = 4096 shapes, partial tiles, 1-5 K blocks, the persistent small grid; since the end of session 19 also the
+#    UNVERIFIED three-warpgroup configs GLUON_3WG) under a hang guard (cap ${T_TESTS:-120} s);
+# 2. benchmarks/gemm_gluon.py --ab --sa: S4 EPI (+ A/A) vs GLUON_SA + GLUON_3WG + cuBLAS, rotated rounds, the six
+#    (N, K) at M 4096 and 2048 (cap ${T_BENCH:-150} s; skipped when step 1 failed).
 # One tarball $OUT/gemm_sa.tgz + the summaries on stdout.
 DK_OUT_DEFAULT=/tmp/gemm_sa_out DK_PYTEST_TIMEOUT=60 . "$(dirname "$0")/_device_common.sh"
 
 echo "== 1. scale_ahead GPU tests (cap ${T_TESTS:-120}s, $XD)"
-timeout -k 5 "${T_TESTS:-120}" python3 -m pytest tests/test_gemm_gluon.py -m gpu -k scale_ahead -q -rfs \
+timeout -k 5 "${T_TESTS:-120}" python3 -m pytest tests/test_gemm_gluon.py -m gpu -k "scale_ahead or three_wg" -q -rfs \
   -p no:cacheprovider $TO $XD --junitxml="$W/sa_tests.xml" > "$W/sa_tests.log" 2>&1
 RC=$?
 echo "tests rc=$RC ($(el))"

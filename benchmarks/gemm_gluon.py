@@ -58,7 +58,8 @@ def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None, ms=No
     (where the epilogue is the largest share of a tile). ``budget_s``: shapes not started by then are skipped.
     ``ms``: run the six (N, K) at these M instead of 4096 (e.g. 1024, 2048: where the dispatch envelope ends).
     ``scale_ahead`` (session 19): the S4 EPI config (the M >= 1024 dispatch) twice (``..._epi`` and ``..._epi_aa``: the A/A
-    control) against ``G.GLUON_SA`` (scales two blocks ahead, 1 / 2), every round in a rotated order, plus cuBLAS;
+    control) against ``G.GLUON_SA`` (scales two blocks ahead, 1 / 2) and ``G.GLUON_3WG`` (three math warpgroups on
+    192-row tiles), every round in a rotated order, plus cuBLAS;
     prints per shape the median over rounds of the PAIRED ratio t_variant / t_s4_epi (< 1: faster)."""
     t0 = time.time()
     import triton
@@ -78,7 +79,7 @@ def run_ab(out_path, rounds=3, epi=False, all_shapes=False, budget_s=None, ms=No
            "env_DEEPKERNELS_DISABLE_GLUON": os.environ.get("DEEPKERNELS_DISABLE_GLUON", ""),
            "timing": "us = median over rounds of do_bench median (whole call, L2 flushed); graph_us = "
                      "do_bench_cudagraph (replay)", "rows": []}
-    gluon_cfgs = ([G.GLUON_WS_128_S4_EPI] + list(G.GLUON_SA) if scale_ahead else
+    gluon_cfgs = ([G.GLUON_WS_128_S4_EPI] + list(G.GLUON_SA) + list(G.GLUON_3WG) if scale_ahead else
                   [G.GLUON_WS_128_S4, G.GLUON_WS_128_S6] + list(G.GLUON_EPI) if epi else
                   [G.GLUON_WS_128_S4, G.GLUON_WS_128_S6, G.GLUON_WS_128_S4_PF, G.GLUON_WS_128_S6_PF])
     if scale_ahead:

@@ -10,6 +10,7 @@ Everything skips cleanly on a CPU box, under the interpreter, or when Gluon is n
 
 import dataclasses
 import os
+import re
 
 import pytest
 import torch
@@ -443,3 +444,64 @@ def test_gluon_scale_ahead_small_grid_persistent(shape, cfg):
     """3 programs for 64 tiles: the ring phase and the two register sets carry across tiles (K 256 / 384: 2 / 3 K
     blocks per tile, the even / odd tails)."""
     _run_and_check(*shape, cfg, num_sms=3)
+
+
+# ------------------------------------------------------------------ session 19: three math warpgroups (UNVERIFIED)
+@pytest.mark.compile
+@pytest.mark.parametrize("cfg", G.GLUON_3WG, ids=lambda c: c.name())
+def test_three_wg_compiles_without_spills(cfg):
+    """192-row tiles on _fp8_gluon_ws3_kernel (module docstring, "Three math warpgroups"): 512 threads at .maxnreg
+    128, setmaxnreg 152 for the three math warpgroups (56 for the producer), 0 spills, one innermost K loop per math
+    warpgroup (4 QGMMA plain, 8 with scale_ahead), shared memory within the sm90 limit and as accounted."""
+    from deepkernels.testing.compile import ptxas_sm90, sass_count, sass_loops
+    k = G._compile_sm90(cfg)
+    ptx = k.asm["ptx"]
+    assert ".reqntid 512" in ptx and ".maxnreg 128" in ptx
+    assert re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+(\d+)", ptx).count("152") == 3
+    assert "setmaxnreg.dec.sync.aligned.u32 \t56" in ptx
+    assert k.metadata.shared <= SM90_SMEM_LIMIT and k.metadata.shared >= cfg.smem_bytes()
+    rep = ptxas_sm90(ptx, sass=True)
+    if rep is None:
+        pytest.skip("ptxas not available")
+    assert rep.spills == (0, 0), rep.spills
+    loops = [lp for lp in sass_loops(rep.sass) if sass_count(lp, "QGMMA")]
+    assert len(loops) == 3 and all(sass_count(lp, "QGMMA") == 4 * (1 + (cfg.scale_ahead > 0)) for lp in loops)
+
+
+def test_three_wg_kernel_selection():
+    """The 192-row configs launch the three-warpgroup entry with a [64, 128] A box; every other config the
+    two-warpgroup entry with a [block_m, 128] box."""
+    assert G.ws_kernel(G.GLUON_WS_192_S4_EPI) is G._fp8_gluon_ws3_kernel and G.GLUON_WS_192_S4_EPI.a_box() == 64
+    for cfg in G.GLUON_CANDIDATES + G.GLUON_EPI + G.GLUON_SA:
+        assert G.ws_kernel(cfg) is G._fp8_gluon_ws_kernel and cfg.a_box() == cfg.block_m
+    assert (G.GLUON_WS_192_S4_EPI.producer_regs + 3 * G.GLUON_WS_192_S4_EPI.math_regs) == 4 * 128
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("cfg", G.GLUON_3WG, ids=lambda c: c.name())
+@pytest.mark.parametrize("shape", SHAPES_4096 + [(300, 1000, 576), (1, 128, 128), (129, 200, 256), (193, 64, 384),
+                                                 (300, 1001, 576), (1000, 1000, 640)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gluon_three_wg_bit_identical(shape, cfg):
+    """Three math warpgroups on 192-row tiles: every row's accumulation is the S4 EPI build's (same K blocks, same
+    products and FMA order), so D is bit-identical to it; poisoned outputs; partial tiles (M 300 / 129 / 193 / 1:
+    rows past M zero-filled by TMA, stores clipped), N 1001 on the register-epilogue fallback."""
+    m, n, k = shape
+    _run_and_check(m, n, k, cfg, sfa_mn_major=True)
+    A, B = _inputs(m, n, k)
+    d0 = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    d1 = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    G._launch_fp8_gluon(A[0], A[1], B[0], B[1], d0, G.GLUON_WS_128_S4_EPI)
+    G._launch_fp8_gluon(A[0], A[1], B[0], B[1], d1, cfg)
+    torch.cuda.synchronize()
+    assert torch.equal(d0, d1), float((d0.float() - d1.float()).abs().max())
+
+
+@pytest.mark.gpu
+@needs_gluon
+@pytest.mark.parametrize("cfg", G.GLUON_3WG, ids=lambda c: c.name())
+def test_gluon_three_wg_small_grid_persistent(cfg):
+    """3 programs for 6 x 8 tiles of 192 x 128: the ring phases (empty counting 3 arrivals) and the three epilogue
+    buffers carry across tiles."""
+    _run_and_check(1000, 1000, 640, cfg, num_sms=3)

@@ -72,6 +72,21 @@ K <= 2048 0.98-1.02; M 2048 K >= 7168 0.94-0.95 except (2112, 7168) 1.138 (2 wav
 K >= 7168 with >= 3 waves of tiles. The same K loop (:func:`_g_kloop_ahead`) runs in the grouped TMA-store entries
 (contiguous / masked ``SCALE_AHEAD``, configs with ``epi_tma`` only: the register-epilogue fallback drops it);
 refactoring the dense loop into that helper left every cross-compiled PTX identical (7 builds compared).
+
+Three math warpgroups (session 19, UNVERIFIED: written after the last device call, compile tier only; configs
+:data:`GLUON_3WG`, kernel :func:`_fp8_gluon_ws3_kernel`, not dispatched). The SA1 profile still shows each math
+warpgroup waiting on its own wgmma with only the other warpgroup's wgmma to overlap; a full in-warpgroup pipeline
+spills at 232-240 registers. Here a CTA computes a 192 x 128 tile with three 64-row math warpgroups, so while one
+promotes, two others have wgmmas queued. Triton 3.6 requires power-of-two TMA boxes and shared shapes, so A arrives
+as three [64, 128] boxes into three per-warpgroup rings (``_g_math(..., A_OWN=True)`` reads its own ring from row 0);
+``empty`` counts 3 arrivals; 4 warpgroups x 128 threads x 128 registers = the whole file, split 3 x 152 + 56 (ptxas:
+0 spills, math partitions up to R149 with scale_ahead, 4 stages + 3 epilogue buffers = 213 KB). Results must be
+bit-identical to S4 EPI (each row's K blocks, products and FMA order are the same). Prediction (H200, K >= 7168, M
+4096, against S6 EPI SA1): per 192-row K block the tensor work is 768 cycles against ~1,050 for 1.5 blocks today, so
+0.75-0.85 of the time if shared memory keeps up; the SS wgmma reads (3 x 24 KB) + the 40 KB TMA fill are ~146 B/clk
+per tensor-cycle (> 128 B/clk) if the fill shares the bank bandwidth -> ~0.85-0.95; 192-row tiles quantise worse at M
+4096 (22 row tiles, 9.3 waves at N 7168 vs 13.6): another +0-4 %. Falsifier: >= 1.0 at 4096x7168x16384. Device run:
+``benchmarks/device_gemm_sa.sh`` (its tests and ``--ab --sa`` include these configs).
 """
 from __future__ import annotations
 
@@ -112,6 +127,10 @@ class GluonConfig:
 
     def num_warps(self) -> int:
         return 4 if self.warp_spec else self.block_m // 16
+
+    def a_box(self) -> int:
+        """Rows of A's TMA box: ``block_m``, or 64 for the 192-row three-warpgroup tile (boxes are powers of two)."""
+        return 64 if self.block_m == 192 else self.block_m
 
     def maxnreg(self) -> int | None:
         if not self.warp_spec:
@@ -160,6 +179,13 @@ GLUON_WS_128_S4_EPI_SA2 = GluonConfig(128, 128, 4, overlap=False, epi_tma=True, 
 # S6 EPI SA1 is also a dense candidate (6 stages with the earlier scale loads)
 GLUON_WS_128_S6_EPI_SA1 = GluonConfig(128, 128, 6, overlap=False, epi_tma=True, scale_ahead=1)
 GLUON_SA = [GLUON_WS_128_S4_EPI_SA1, GLUON_WS_128_S4_EPI_SA2, GLUON_WS_128_S6_EPI_SA1]
+# session 19, UNVERIFIED (compile tier only; module docstring, "Three math warpgroups"): 192-row tiles on
+# _fp8_gluon_ws3_kernel, three 64-row math warpgroups + the producer warpgroup: 4 x 128 threads x 128 registers = the
+# whole register file, split as 3 x 152 (math) + 56 (producer)
+GLUON_WS_192_S4_EPI = GluonConfig(192, 128, 4, overlap=False, epi_tma=True, math_regs=152, producer_regs=56)
+GLUON_WS_192_S4_EPI_SA1 = GluonConfig(192, 128, 4, overlap=False, epi_tma=True, scale_ahead=1, math_regs=152,
+                                      producer_regs=56)
+GLUON_3WG = [GLUON_WS_192_S4_EPI, GLUON_WS_192_S4_EPI_SA1]
 
 
 # ----------------------------------------------------------------------------------------------- device code
@@ -321,8 +347,12 @@ def _g_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stri
             sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
             ROW0: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
             NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr, PREFETCH: gl.constexpr, EPI_TMA: gl.constexpr = False,
-            SCALE_AHEAD: gl.constexpr = 0):
+            SCALE_AHEAD: gl.constexpr = 0, A_OWN: gl.constexpr = False):
     """One math warpgroup: rows [ROW0, ROW0 + 64) of every BLOCK_M tile.
+
+    ``A_OWN`` (the three-warpgroup kernel, :func:`_fp8_gluon_ws3_kernel`): ``a_bufs`` is this warpgroup's own
+    [NUM_STAGES, 64, 128] A ring (read from row 0) instead of the tile's [NUM_STAGES, BLOCK_M, 128] ring (read from
+    row ROW0); plain and scale-ahead K loops only.
 
     ``SCALE_AHEAD`` (module docstring, "Scales ahead"): 1 = block kb's scales are loaded two blocks earlier, right
     after block kb - 2's wgmma issue, the K loop unrolled by two so no loop-carried register copy sits in front of a
@@ -377,7 +407,8 @@ def _g_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stri
                 it += 1
         elif SCALE_AHEAD > 0:
             acc, it = _g_kloop_ahead(a_bufs, b_bufs, ready, empty, it, zero, acc, sfa_rows, m_mask, sfa_sk,
-                                     sfb_base, sfb_sk, num_kb, ROW0, ROWS, NUM_STAGES, SCALE_AHEAD == 2)
+                                     sfb_base, sfb_sk, num_kb, 0 if A_OWN else ROW0, ROWS, NUM_STAGES,
+                                     SCALE_AHEAD == 2)
         elif PREFETCH:
             # scales of block kb+1 are loaded while block kb's wgmma runs (global-load latency off the path
             # between the wgmma wait and the promotion)
@@ -399,7 +430,7 @@ def _g_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stri
                 it += 1
         else:
             acc, it = _g_kloop(a_bufs, b_bufs, ready, empty, it, zero, acc, sfa_rows, m_mask, sfa_sk, sfb_base,
-                               sfb_sk, num_kb, ROW0, ROWS, NUM_STAGES)
+                               sfb_sk, num_kb, 0 if A_OWN else ROW0, ROWS, NUM_STAGES)
         if EPI_TMA:
             tma.store_wait(0)        # this warpgroup's previous tile has left the buffer (issued a mainloop ago)
             gl.thread_barrier()      # ... and every thread of the warpgroup knows it before writing the buffer
@@ -459,6 +490,81 @@ def _fp8_gluon_ws_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, strid
                        sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES,
                        OVERLAP, PREFETCH, EPI_TMA, SCALE_AHEAD)),
         ], [4], [MATH_REGS])
+
+
+@_jit
+def _g_producer3(a_desc, b_desc, a0, a1, a2, b_bufs, ready, empty, M, N, K, num_progs,
+                 BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """:func:`_g_producer` of the three-warpgroup kernel: per stage the tile's three 64-row A boxes into the math
+    warpgroups' own rings ``a0`` / ``a1`` / ``a2`` (TMA boxes and shared shapes must be powers of two) and B."""
+    pid = gl.program_id(0)
+    num_pid_m = gl.cdiv(M, 192)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    num_kb = gl.cdiv(K, 128)
+    it = 0
+    for tile_id in range(pid, num_tiles, num_progs):
+        pid_m, pid_n = _g_tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * 192
+        off_n = pid_n * BLOCK_N
+        for kb in range(num_kb):
+            slot = it % NUM_STAGES
+            mbarrier.wait(empty.index(slot), ((it // NUM_STAGES) & 1) ^ 1)
+            bar = ready.index(slot)
+            mbarrier.expect(bar, 3 * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(a_desc, [off_m, kb * 128], bar, a0.index(slot))
+            tma.async_copy_global_to_shared(a_desc, [off_m + 64, kb * 128], bar, a1.index(slot))
+            tma.async_copy_global_to_shared(a_desc, [off_m + 128, kb * 128], bar, a2.index(slot))
+            tma.async_copy_global_to_shared(b_desc, [off_n, kb * 128], bar, b_bufs.index(slot))
+            it += 1
+
+
+@_jit
+def _fp8_gluon_ws3_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
+                          sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
+                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
+                          NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr, MATH_REGS: gl.constexpr,
+                          PREFETCH: gl.constexpr = False, EPI_TMA: gl.constexpr = False,
+                          SCALE_AHEAD: gl.constexpr = 0):
+    """:func:`_fp8_gluon_ws_kernel` with 192-row tiles and THREE math warpgroups (session 19, UNVERIFIED; module
+    docstring, "Three math warpgroups"): ``a_desc``'s block is [64, 128]; each math warpgroup owns an A ring of
+    [NUM_STAGES, 64, 128] (and, with ``EPI_TMA``, a [64, BLOCK_N] epilogue buffer); ``empty`` counts 3 arrivals."""
+    gl.static_assert(BLOCK_M == 192)
+    gl.static_assert(BLOCK_N <= 128)
+    gl.static_assert(not OVERLAP and not PREFETCH)
+    a0 = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
+    a1 = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
+    a2 = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
+    if EPI_TMA:
+        e0 = gl.allocate_shared_memory(d_ptr.dtype, d_ptr.block_type.shape, d_ptr.layout)
+        e1 = gl.allocate_shared_memory(d_ptr.dtype, d_ptr.block_type.shape, d_ptr.layout)
+        e2 = gl.allocate_shared_memory(d_ptr.dtype, d_ptr.block_type.shape, d_ptr.layout)
+        d_0 = (d_ptr, e0)
+        d_1 = (d_ptr, e1)
+        d_2 = (d_ptr, e2)
+    else:
+        d_0 = d_ptr
+        d_1 = d_ptr
+        d_2 = d_ptr
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=3)      # one arrive per math partition
+    gl.warp_specialize([
+        (_g_producer3, (a_desc, b_desc, a0, a1, a2, b_bufs, ready, empty, M, N, K, num_progs, BLOCK_N, GROUP_M,
+                        NUM_STAGES)),
+        (_g_math, (a0, b_bufs, ready, empty, d_0, sfa_ptr, sfb_ptr, M, N, K, stride_dm, sfa_sm, sfa_sk, sfb_sn,
+                   sfb_sk, num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, False, False, EPI_TMA, SCALE_AHEAD,
+                   True)),
+        (_g_math, (a1, b_bufs, ready, empty, d_1, sfa_ptr, sfb_ptr, M, N, K, stride_dm, sfa_sm, sfa_sk, sfb_sn,
+                   sfb_sk, num_progs, 64, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, False, False, EPI_TMA, SCALE_AHEAD,
+                   True)),
+        (_g_math, (a2, b_bufs, ready, empty, d_2, sfa_ptr, sfb_ptr, M, N, K, stride_dm, sfa_sm, sfa_sk, sfb_sn,
+                   sfb_sk, num_progs, 128, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, False, False, EPI_TMA, SCALE_AHEAD,
+                   True)),
+    ], [4, 4, 4], [MATH_REGS, MATH_REGS, MATH_REGS])
 
 
 @_jit
@@ -1039,7 +1145,7 @@ def _go_dense(a, sfa, b, sfb, d, cfg, num_sms, launcher):
     m, k = a.shape
     n = b.shape[0]
     lay = _smem_layout()
-    a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [cfg.block_m, BLOCK_K], lay)
+    a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [cfg.a_box(), BLOCK_K], lay)
     b_desc = TensorDescriptor(b, [n, k], [b.stride(0), 1], [cfg.block_n, BLOCK_K], lay)
     tiles = ((m + cfg.block_m - 1) // cfg.block_m) * ((n + cfg.block_n - 1) // cfg.block_n)
     ints = (m, n, k, d.stride(0), sfa.stride(0), sfa.stride(1), sfb.stride(0), sfb.stride(1))
@@ -1055,7 +1161,7 @@ def _go_dense(a, sfa, b, sfb, d, cfg, num_sms, launcher):
         if launcher is not None:
             launcher((progs, ), a_desc, b_desc, d_arg, sfa, sfb, *ints, progs)
         else:
-            _fp8_gluon_ws_kernel[(progs, )](a_desc, b_desc, d_arg, sfa, sfb, *ints, progs, **ws_meta(cfg))
+            ws_kernel(cfg)[(progs, )](a_desc, b_desc, d_arg, sfa, sfb, *ints, progs, **ws_meta(cfg))
     else:
         _fp8_gluon_pipe_kernel[(tiles, )](
             a_desc, b_desc, d, sfa, sfb, *ints,
@@ -1066,7 +1172,7 @@ def _go_dense(a, sfa, b, sfb, d, cfg, num_sms, launcher):
 def _compile_sm90(cfg: GluonConfig):
     """Cross-compile the kernel for ``cfg`` for sm90 (no GPU needed). Returns the CompiledKernel."""
     lay = repr(_smem_layout())
-    sig = {"a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {BLOCK_K}],{lay}>",
+    sig = {"a_desc": f"tensordesc<fp8e4nv[{cfg.a_box()}, {BLOCK_K}],{lay}>",
            "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {BLOCK_K}],{lay}>",
            "d_ptr": "*bf16", "sfa_ptr": "*fp32", "sfb_ptr": "*fp32",
            "M": "i32", "N": "i32", "K": "i32", "stride_dm": "i32",
@@ -1076,7 +1182,7 @@ def _compile_sm90(cfg: GluonConfig):
         sig["d_ptr"] = f"tensordesc<bf16[64, {cfg.block_n}],{_d_smem_layout()!r}>"
         div16 = ("sfa_ptr", "sfb_ptr")
     if cfg.warp_spec:
-        fn = _fp8_gluon_ws_kernel
+        fn = ws_kernel(cfg)
         sig["num_progs"] = "i32"
         consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
                       OVERLAP=cfg.overlap, MATH_REGS=cfg.math_regs, PREFETCH=cfg.prefetch)
@@ -1149,6 +1255,11 @@ def _go_m_contiguous(a, sfa, b, sfb, d, gid, cfg, num_sms, launcher):
     else:
         m_contiguous_kernel(cfg)[(progs, )](*args, **m_contiguous_meta(cfg))
     return d
+
+
+def ws_kernel(cfg: GluonConfig):
+    """The dense warp-specialised kernel that runs ``cfg``: the three-warpgroup entry for 192-row tiles."""
+    return _fp8_gluon_ws3_kernel if cfg.block_m == 192 else _fp8_gluon_ws_kernel
 
 
 def ws_meta(cfg: GluonConfig) -> dict:
