@@ -25,6 +25,8 @@ import math
 
 import torch
 
+from ._softmax import softmax_lse
+
 __all__ = [
     "META_FIELDS", "SCHED_BLOCK", "FIXED_OVERHEAD_BLOCKS",
     "dense_decode", "flashmla_schedule", "linear_schedule", "num_sm_parts_dense",
@@ -71,12 +73,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, d_v: int, scale: float, limits: li
     lim = torch.tensor(limits, device=q.device)
     mask = pos[None, :] < lim[:, None]                                            # [s_q, n]
     s = torch.where(mask[:, None, :], s, torch.tensor(float("-inf"), dtype=dtype, device=q.device))
-    if n > 0:
-        lse = torch.logsumexp(s, dim=-1)
-    else:
-        lse = torch.full((s_q, h_q), float("-inf"), dtype=dtype, device=q.device)
-    empty = torch.isneginf(lse)
-    p = torch.exp(s - torch.where(empty, torch.zeros_like(lse), lse)[..., None])
+    p, lse, empty = softmax_lse(s)                    # max-shifted: exact at any finite scale
     p = torch.where(mask[:, None, :], p, torch.zeros_like(p))
     o = torch.einsum("skgn,nkd->skgd", p.reshape(s_q, h_kv, group, n), kf[..., :d_v]).reshape(s_q, h_q, d_v)
     o = torch.where(empty[..., None], torch.zeros_like(o), o)

@@ -14,6 +14,8 @@ import math
 
 import torch
 
+from ._softmax import softmax_lse
+
 __all__ = ["sparse_prefill_ref", "dense_prefill_ref", "sparse_valid_mask"]
 
 
@@ -70,10 +72,8 @@ def sparse_prefill_ref(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
         s = torch.einsum("nhd,ntd->nht", q[i0:i1].to(dtype), k) * sm_scale
         s = torch.where(valid[:, None, :], s, torch.full((), -math.inf, dtype=dtype, device=q.device))
         mx = s.amax(dim=-1)
-        l = torch.logsumexp(s, dim=-1)                                 # -inf for empty rows
-        empty = torch.isneginf(l)
+        p, l, empty = softmax_lse(s)                                   # max-shifted; lse -inf for empty rows
         l_safe = torch.where(empty, torch.zeros_like(l), l)
-        p = torch.exp(s - l_safe[..., None])
         o = torch.einsum("nht,ntd->nhd", p, k[..., :d_v])
         if attn_sink is not None:
             sink = attn_sink.to(dtype).to(q.device)[None, :]
@@ -125,10 +125,7 @@ def dense_prefill_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
             i = torch.arange(s_q, device=q.device)[:, None]
             j = torch.arange(s_k, device=q.device)[None, :]
             s = s.masked_fill(j > i + (s_k - s_q), -math.inf)
-        l = torch.logsumexp(s, dim=-1)                                           # [h, s_q]
-        empty = torch.isneginf(l)
-        l_safe = torch.where(empty, torch.zeros_like(l), l)
-        p = torch.exp(s - l_safe[..., None])
+        p, l, empty = softmax_lse(s)                                             # [h, s_q, s_k], [h, s_q]
         o = torch.matmul(p, vb)
         o = torch.where(empty[..., None], torch.zeros_like(o), o)
         out[q0:q1] = o.transpose(0, 1)

@@ -27,6 +27,7 @@ from typing import Optional
 import torch
 
 from ..quant.kvcache import KV_FORMATS, dequantize_kv_cache, kv_format_from_bytes_per_token
+from ._softmax import softmax_lse
 
 __all__ = ["sparse_decode_ref", "sparse_valid_mask", "detect_sparse_formats"]
 
@@ -125,10 +126,7 @@ def sparse_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, indices: torch.Ten
         valid = torch.cat(ms, dim=1)                                                  # [s_q, T]
         s = torch.einsum("shd,std->sht", q[i].to(compute_dtype), k) * scale
         s = torch.where(valid[:, None, :], s, torch.full_like(s, float("-inf")))
-        lse = torch.logsumexp(s, dim=-1) if s.shape[-1] > 0 else torch.full(s.shape[:2], float("-inf"),
-                                                                           dtype=compute_dtype, device=dev)
-        empty = torch.isneginf(lse)
-        p = torch.exp(s - torch.where(empty, torch.zeros_like(lse), lse)[..., None])
+        p, lse, empty = softmax_lse(s)                                                # max-shifted
         p = torch.where(valid[:, None, :], p, torch.zeros_like(p))
         o = torch.einsum("sht,std->shd", p, k[..., :head_dim_v])
         if sink is not None:
