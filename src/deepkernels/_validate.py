@@ -8,7 +8,8 @@ from typing import Iterable, Sequence
 import torch
 
 __all__ = ["check_tensor", "check_dtype", "check_shape", "check_compiled_dims", "overlaps", "check_distinct_elements",
-           "check_int32_extent", "check_scale", "rewrite_nonpositive_scale", "INT32_MAX"]
+           "check_int32_extent", "check_scale", "rewrite_nonpositive_scale", "check_int", "check_int_tuple",
+           "check_gemm_recipe", "INT32_MAX"]
 
 INT32_MAX = 2**31 - 1
 
@@ -104,10 +105,80 @@ def check_scale(name: str, value, *, finite: bool = True) -> float:
         raise TypeError(f"{name} must be a real number (float, int, NumPy scalar or one-element tensor), got "
                         f"{type(value).__name__} {value!r}")
     else:
-        v = float(value)
+        try:
+            v = float(value)
+        except OverflowError:  # e.g. 10**400 or Fraction(10**400): beyond the float range, so not finite
+            raise ValueError(f"{name} must be finite (within the float range), got a {type(value).__name__} of "
+                             f"magnitude about 2^{_magnitude_bits(value)}") from None
     if finite and not math.isfinite(v):
         raise ValueError(f"{name} must be finite, got {value}")
     return v
+
+
+def _magnitude_bits(value) -> int:
+    """log2 of ``|value|`` rounded down, for a number too large to print or convert (``str`` of a Python int
+    over 4300 digits raises)."""
+    try:
+        return int(abs(value)).bit_length() - 1
+    except Exception:  # pragma: no cover
+        return 1024
+
+
+def check_int(name: str, value, *, min_value: int | None = None, exc: type = TypeError) -> int:
+    """An integer argument as a Python int: any ``numbers.Integral`` (Python int, NumPy integer scalar), not bool
+    (nor float, str, None: no silent truncation). Raises ``exc`` (default TypeError) naming the argument for a
+    non-integer and ValueError for a value below ``min_value``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise exc(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    v = int(value)
+    if min_value is not None and v < min_value:
+        raise ValueError(f"{name} must be >= {min_value}, got {v}")
+    return v
+
+
+def check_int_tuple(name: str, value, length: int) -> tuple[int, ...]:
+    """A tuple / list of ``length`` integers (``numbers.Integral``, not bool or float) as a tuple of Python ints.
+    TypeError naming the argument for another type or a non-integer entry, ValueError for a wrong length."""
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(f"{name} must be a tuple of {length} ints, got {type(value).__name__} {value!r}")
+    if len(value) != length:
+        raise ValueError(f"{name} must be a tuple of {length} ints, got {len(value)} entries: {tuple(value)!r}")
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"{name} must be a tuple of {length} ints, got {type(v).__name__} {v!r} in "
+                            f"{tuple(value)!r}")
+    return tuple(int(v) for v in value)
+
+
+def check_gemm_recipe(recipe, recipe_a, recipe_b, supported: Sequence[tuple[int, int, int]],
+                      what: str) -> tuple[int, int, int] | None:
+    """DeepGEMM's FP8 scale-granularity arguments (docs/spec/gemm.md §1.1) as one ``(gran_m, gran_n, gran_k)``.
+
+    ``recipe`` is a 3-tuple; ``recipe_a`` / ``recipe_b`` are ``(gran_mn, gran_k)`` per operand, given together,
+    and map to ``(recipe_a[0], recipe_b[0], gran_k)`` (both must share gran_k): ``(1, 128)`` + ``(128, 128)`` is
+    ``(1, 128, 128)``, ``(1, 128)`` + ``(1, 128)`` is ``(1, 1, 128)``. At most one of the two spellings may be
+    set. Returns None when neither is (the op's default), else the recipe, which must be in ``supported`` (the
+    same rule for both spellings). TypeError / ValueError naming the argument(s) and showing the value(s)."""
+    if recipe is not None and (recipe_a is not None or recipe_b is not None):
+        raise ValueError(f"pass either recipe or recipe_a + recipe_b, not both; got recipe={recipe!r}, "
+                         f"recipe_a={recipe_a!r}, recipe_b={recipe_b!r}")
+    if (recipe_a is None) != (recipe_b is None):
+        raise ValueError(f"recipe_a and recipe_b must be given together; got recipe_a={recipe_a!r}, "
+                         f"recipe_b={recipe_b!r}")
+    if recipe is not None:
+        r = check_int_tuple("recipe", recipe, 3)
+        if r not in supported:
+            raise ValueError(f"{what} support recipe {' or '.join(map(str, supported))} on SM90, got recipe={r}")
+        return r
+    if recipe_a is None:
+        return None
+    ra = check_int_tuple("recipe_a", recipe_a, 2)
+    rb = check_int_tuple("recipe_b", recipe_b, 2)
+    r = (ra[0], rb[0], ra[1])
+    if ra[1] != rb[1] or r not in supported:
+        ok = " or ".join(f"recipe_a={(s[0], s[2])} + recipe_b={(s[1], s[2])} (recipe {s})" for s in supported)
+        raise ValueError(f"{what} support {ok} on SM90, got recipe_a={ra}, recipe_b={rb}")
+    return r
 
 
 def rewrite_nonpositive_scale(q: torch.Tensor, scale: float):

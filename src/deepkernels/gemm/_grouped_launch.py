@@ -12,7 +12,8 @@ import torch
 
 from .._backend import ensure_tma_allocator, interpret_mode
 from .._launch import KernelLauncher
-from .._validate import INT32_MAX, check_distinct_elements, check_int32_extent, check_tensor  # noqa: F401 (INT32_MAX re-exported)
+from .._validate import (INT32_MAX, check_distinct_elements, check_gemm_recipe,  # noqa: F401 (INT32_MAX re-exported)
+                         check_int32_extent, check_tensor)
 from ..quant.fp8 import ceil_div
 from . import dense as _dense
 from ._configs import GemmConfig
@@ -60,15 +61,15 @@ def check_fp8_pair(name: str, x, ndim: int):
 
 
 def check_m_recipe(recipe, recipe_a, recipe_b) -> None:
-    """M-grouped FP8 on SM90: only the (1, 128, 128) recipe (1x128 activations, 128x128 weights)."""
-    if recipe is not None and (recipe_a is not None or recipe_b is not None):
-        raise ValueError("pass either recipe or recipe_a + recipe_b, not both")
-    if (recipe_a is None) != (recipe_b is None):
-        raise ValueError("recipe_a and recipe_b must be given together")
-    if recipe is not None and tuple(int(r) for r in recipe) != (1, 128, 128):
-        raise ValueError(f"m-grouped FP8 GEMMs support recipe (1, 128, 128) only on SM90, got {tuple(recipe)}")
-    if recipe_a is not None and (tuple(recipe_a) != (1, 128) or tuple(recipe_b) not in ((128, 128), (1, 128))):
-        raise ValueError(f"recipe_a must be (1, 128) and recipe_b (128, 128), got {recipe_a}, {recipe_b}")
+    """M-grouped FP8 on SM90: only the (1, 128, 128) recipe (1x128 activations, 128x128 weights), spelled
+    ``recipe=(1, 128, 128)`` or ``recipe_a=(1, 128), recipe_b=(128, 128)`` (one rule for both spellings:
+    :func:`deepkernels._validate.check_gemm_recipe`, shared with the dense GEMMs)."""
+    check_gemm_recipe(recipe, recipe_a, recipe_b, ((1, 128, 128),), "m-grouped FP8 GEMMs")
+
+
+def check_k_recipe(recipe) -> None:
+    """K-grouped FP8: only the (1, 1, 128) recipe (per-token scales on both operands)."""
+    check_gemm_recipe(recipe, None, None, ((1, 1, 128),), "k-grouped FP8 GEMMs")
 
 
 def k_major(name: str, t: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,8 @@ import torch
 
 from .._backend import ensure_tma_allocator, gluon_disabled, interpret_mode, use_kernels
 from .._launch import KernelLauncher
-from .._validate import check_compiled_dims, check_distinct_elements, check_int32_extent, check_tensor, overlaps
+from .._validate import (check_compiled_dims, check_distinct_elements, check_gemm_recipe, check_int32_extent,
+                         check_tensor, overlaps)
 from ..quant.fp8 import ceil_div
 from ..reference import gemm as _ref
 from ._bf16_kernels import _bf16_gemm_nt_kernel
@@ -271,7 +272,23 @@ def _c_sig(c, d):
     return (_tsig(c), c is d, c.data_ptr() == d.data_ptr())
 
 
-def _fp8_sig(a, b, d, c, recipe, compiled_dims, cfg):
+def _recipe_sig(r):
+    """A recipe argument for a plan signature: None, or a tuple of exact ints. Anything else (floats, bools, NumPy
+    ints, which compare and hash equal to ints) raises TypeError, so the call takes the full (validating) path:
+    ``(True, 128, 128)`` must never hit the plan of ``(1, 128, 128)``."""
+    if r is None:
+        return None
+    t = tuple(r)
+    for x in t:
+        if type(x) is not int:
+            raise TypeError
+    return t
+
+
+_FP8_RECIPES = ((1, 128, 128), (1, 1, 128))
+
+
+def _fp8_sig(a, b, d, c, recipe, recipe_a, recipe_b, compiled_dims, cfg):
     """Hashable signature of an FP8 call, or None when it has unusual argument types (full path)."""
     try:
         if type(a) not in (tuple, list) or type(b) not in (tuple, list) or len(a) != 2 or len(b) != 2:
@@ -280,8 +297,10 @@ def _fp8_sig(a, b, d, c, recipe, compiled_dims, cfg):
         bd, sb = b
         if type(ad) is not _T or type(sa) is not _T or type(bd) is not _T or type(sb) is not _T or type(d) is not _T:
             return None
+        recipes = None if recipe is None and recipe_a is None and recipe_b is None else \
+            (_recipe_sig(recipe), _recipe_sig(recipe_a), _recipe_sig(recipe_b))
         return (_tsig(ad), _tsig(sa), _tsig(bd), _tsig(sb), _tsig(d), _c_sig(c, d),
-                None if recipe is None else tuple(recipe), compiled_dims, cfg, _NUM_SMS, _interp())
+                recipes, compiled_dims, cfg, _NUM_SMS, _interp())
     except Exception:
         return None
 
@@ -504,7 +523,7 @@ def _bf16_plan(a, a_kmajor, b, b_kmajor, d, c, cfg: GemmConfig | None) -> _Bf16P
 
 
 # --------------------------------------------------------------------------------------------- public ops
-def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=None,
+def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=None, recipe_a=None, recipe_b=None,
                 compiled_dims: str = "nk", disable_ue8m0_cast: bool = False, *, _config: GemmConfig | None = None
                 ) -> None:
     """FP8 block-scaled GEMM ``d = c + a @ b.T`` (DeepGEMM ``fp8_gemm_nt`` / ``fp8_fp4_gemm_nt``, SM90 semantics).
@@ -522,7 +541,10 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=Non
         c: optional ``[M, N]`` of d's dtype, row-major; ``c is d`` accumulates in place. Added in FP32 before the
             single final rounding.
         recipe: None (SM90 default ``(1, 128, 128)``; ``(1, 1, 128)`` inferred from an ``[N, *]`` sfb),
-            ``(1, 128, 128)`` or ``(1, 1, 128)``.
+            ``(1, 128, 128)`` or ``(1, 1, 128)``: a tuple / list of ints ``(gran_m, gran_n, gran_k)``.
+        recipe_a, recipe_b: upstream's per-operand spelling ``(gran_mn, gran_k)``, given together and not with
+            ``recipe``: ``(1, 128)`` + ``(128, 128)`` is recipe ``(1, 128, 128)``, ``(1, 128)`` + ``(1, 128)`` is
+            ``(1, 1, 128)``.
         compiled_dims: accepted for compatibility (a compile-cache knob upstream; no effect on results).
         disable_ue8m0_cast: accepted for compatibility (SM100-only upstream; ignored on SM90).
 
@@ -531,12 +553,13 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=Non
     (K tails are zero-filled). ``m == 0 or n == 0``: no-op; ``k == 0``: ``d = c`` or zeros.
 
     Raises:
-        TypeError for wrong types/dtypes; ValueError for shape mismatches, wrong scale shapes, unsupported
-        recipes, misaligned strides, a ``d`` whose rows overlap in memory (e.g. an ``expand``-ed view; a
-        broadcast ``c`` is fine), or M, N or K >= 2^31 (32-bit TMA coordinates; M·N beyond 2^31 is fine: D offsets
-        are int64) -- all before any allocation or launch.
+        TypeError for wrong types/dtypes (a recipe / recipe_a / recipe_b that is not a tuple or list of ints);
+        ValueError for shape mismatches, wrong scale shapes, unsupported recipes (or recipe together with
+        recipe_a / recipe_b, or only one of recipe_a / recipe_b), misaligned strides, a ``d`` whose rows overlap
+        in memory (e.g. an ``expand``-ed view; a broadcast ``c`` is fine), or M, N or K >= 2^31 (32-bit TMA
+        coordinates; M·N beyond 2^31 is fine: D offsets are int64) -- all before any allocation or launch.
     """
-    sig = _fp8_sig(a, b, d, c, recipe, compiled_dims, _config)
+    sig = _fp8_sig(a, b, d, c, recipe, recipe_a, recipe_b, compiled_dims, _config)
     plan = _lookup(_FP8_PLANS, sig)
     if plan is not None:  # same signature as a validated call: same verdict, launch directly
         plan(a[0], a[1], b[0], b[1], d, c)
@@ -544,6 +567,7 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=Non
     a_data, sfa = _check_fp8_pair("a", a)
     b_data, sfb = _check_fp8_pair("b", b)
     check_compiled_dims(compiled_dims)
+    recipe = check_gemm_recipe(recipe, recipe_a, recipe_b, _FP8_RECIPES, "dense FP8 GEMMs")
     m, k = a_data.shape
     n, kb_ = b_data.shape
     if kb_ != k:
@@ -605,28 +629,34 @@ class _in_caller_layout:
                          f"{self.core} on the transposed views{scales}, which reported: {exc}") from exc
 
 
-def fp8_gemm_nn(a, b, d, c=None, recipe=None, compiled_dims: str = "nk", disable_ue8m0_cast: bool = False) -> None:
+def fp8_gemm_nn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims: str = "nk",
+                disable_ue8m0_cast: bool = False) -> None:
     """``d = c + a @ b``: a ``([M, K], sfa [M, ceil(K/128)])``, b ``([K, N], sfb [ceil(K/128), ceil(N/128)])``.
 
-    View onto :func:`fp8_gemm_nt` with ``b`` and its scales transposed (DeepGEMM ``fp8_gemm_nn``)."""
+    View onto :func:`fp8_gemm_nt` with ``b`` and its scales transposed (DeepGEMM ``fp8_gemm_nn``).
+    c, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast and the errors raised: as :func:`fp8_gemm_nt`."""
     with _in_caller_layout("fp8_gemm_nn", a, b, "a [M, K], b [K, N]"):
-        fp8_gemm_nt(a, _t(b), d, c, recipe, compiled_dims, disable_ue8m0_cast)
+        fp8_gemm_nt(a, _t(b), d, c, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
 
 
-def fp8_gemm_tn(a, b, d, c=None, recipe=None, compiled_dims: str = "mn", disable_ue8m0_cast: bool = False) -> None:
+def fp8_gemm_tn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims: str = "mn",
+                disable_ue8m0_cast: bool = False) -> None:
     """``d = c + a.T @ b``: a ``([K, M], sfa [ceil(K/128), M])``, b ``([K, N], sfb [ceil(K/128), ceil(N/128)])``.
 
-    View onto :func:`fp8_gemm_nt` with both operands (and scales) transposed (DeepGEMM ``fp8_gemm_tn``)."""
+    View onto :func:`fp8_gemm_nt` with both operands (and scales) transposed (DeepGEMM ``fp8_gemm_tn``).
+    c, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast and the errors raised: as :func:`fp8_gemm_nt`."""
     with _in_caller_layout("fp8_gemm_tn", a, b, "a [K, M], b [K, N]"):
-        fp8_gemm_nt(_t(a), _t(b), d, c, recipe, compiled_dims, disable_ue8m0_cast)
+        fp8_gemm_nt(_t(a), _t(b), d, c, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
 
 
-def fp8_gemm_tt(a, b, d, c=None, recipe=None, compiled_dims: str = "mn", disable_ue8m0_cast: bool = False) -> None:
+def fp8_gemm_tt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims: str = "mn",
+                disable_ue8m0_cast: bool = False) -> None:
     """``d = c + a.T @ b.T``: a ``([K, M], sfa [ceil(K/128), M])``, b ``([N, K], sfb)``.
 
-    View onto :func:`fp8_gemm_nt` with ``a`` and its scales transposed (DeepGEMM ``fp8_gemm_tt``)."""
+    View onto :func:`fp8_gemm_nt` with ``a`` and its scales transposed (DeepGEMM ``fp8_gemm_tt``).
+    c, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast and the errors raised: as :func:`fp8_gemm_nt`."""
     with _in_caller_layout("fp8_gemm_tt", a, b, "a [K, M], b [N, K]"):
-        fp8_gemm_nt(_t(a), b, d, c, recipe, compiled_dims, disable_ue8m0_cast)
+        fp8_gemm_nt(_t(a), b, d, c, recipe, recipe_a, recipe_b, compiled_dims, disable_ue8m0_cast)
 
 
 fp8_fp4_gemm_nt, fp8_fp4_gemm_nn, fp8_fp4_gemm_tn, fp8_fp4_gemm_tt = fp8_gemm_nt, fp8_gemm_nn, fp8_gemm_tn, fp8_gemm_tt

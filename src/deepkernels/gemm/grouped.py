@@ -26,6 +26,8 @@ Documented differences from upstream SM90 (a superset unless noted):
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from .._backend import gluon_disabled, use_kernels
@@ -72,7 +74,8 @@ def set_mk_alignment_for_contiguous_layout(alignment: int) -> None:
 
 def get_theoretical_mk_alignment_for_contiguous_layout(expected_m: int | None = None) -> int:
     """The alignment the SM90 kernels are built around: 128 for any ``expected_m`` (DeepGEMM, SM90 branch)."""
-    if expected_m is not None and (isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m < 0):
+    if expected_m is not None and (isinstance(expected_m, bool) or not isinstance(expected_m, numbers.Integral)
+                                   or expected_m < 0):
         raise ValueError(f"expected_m must be None or an int >= 0, got {expected_m!r}")
     return 128
 
@@ -103,8 +106,11 @@ _NOSIG = object()
 
 
 def _int(x):
-    """``x`` for an exact int, else a marker that sends the call down the full (validating) path."""
-    return x if type(x) is int else _NOSIG
+    """``x`` for an exact int (NumPy integers as the int they equal), else a marker that sends the call down the
+    full (validating) path."""
+    if type(x) is int:
+        return x
+    return int(x) if isinstance(x, numbers.Integral) and not isinstance(x, bool) else _NOSIG
 
 
 def _hashable(x):
@@ -124,7 +130,8 @@ def _fp8_sig(kind, a, b, d, idx, rest):
             return None
         if any(x is _NOSIG for x in rest):
             return None
-        rest = tuple(_hashable(x) for x in rest)
+        # rest[:3]: recipe, recipe_a, recipe_b -- exact ints only (a (True, 128, 128) hashes like (1, 128, 128))
+        rest = tuple(_dense._recipe_sig(x) for x in rest[:3]) + tuple(_hashable(x) for x in rest[3:])
         sig = (kind, True, _tsig(a[0]), _tsig(a[1]), _tsig(b[0]), _tsig(b[1]), _tsig(d), _tsig(idx), rest,
                _env_sig())
         hash(sig)
@@ -430,13 +437,15 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, grouped_layout: torc
             Values are checked for a CPU tensor (ValueError: per-row id other than -1 outside ``[0, G)``; psum
             decreasing or outside ``[0, M_sum]``). On CUDA they are not (no host sync): an out-of-range per-row id
             makes a padding row (0); a bad psum layout gives unspecified rows, never an out-of-bounds access.
-        recipe / recipe_a / recipe_b: None or ``(1, 128, 128)`` / ``(1, 128)`` + ``(128, 128)``.
+        recipe / recipe_a / recipe_b: None, ``recipe=(1, 128, 128)`` or ``recipe_a=(1, 128)`` +
+            ``recipe_b=(128, 128)`` (tuples / lists of ints; not both spellings; recipe_a and recipe_b together).
+            Anything else (e.g. per-row weight scales, ``(1, 1, 128)`` or ``recipe_b=(1, 128)``) is a ValueError.
         compiled_dims, disable_ue8m0_cast, ensure_zero_padding, expected_m_for_psum_layout: accepted for
             compatibility (compile-cache / SM100 / heuristic knobs upstream; no effect on results here).
 
-    ``M_sum == 0`` is a no-op. Raises TypeError (types, dtypes) or ValueError (shapes, scale shapes, recipes,
-    K % 16 != 0, N, K or G == 0, extents >= 2^31, overlapping rows of d, grouped_layout values on CPU) before
-    launch.
+    ``M_sum == 0`` is a no-op. Raises TypeError (types, dtypes, a recipe that is not a tuple of ints) or
+    ValueError (shapes, scale shapes, recipes, K % 16 != 0, N, K or G == 0, extents >= 2^31, overlapping rows of
+    d, grouped_layout values on CPU) before launch.
     """
     sig = _fp8_sig("contiguous", a, b, d, grouped_layout, (recipe, recipe_a, recipe_b, compiled_dims,
                                                            use_psum_layout, _MK_ALIGNMENT, _config, _CONTIG_SFA_COPY))
@@ -513,8 +522,10 @@ def _masked(a_data, b_data, sfa, sfb, d, masked_m, expected_m, compiled_dims, _c
     if min(g_num, m_max, n, k) <= 0:
         raise ValueError(f"need G, M_max, N, K > 0 (DeepGEMM asserts), got a {list(a_data.shape)}, "
                          f"b {list(b_data.shape)}")
-    if isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m <= 0:
-        raise ValueError(f"expected_m must be an int > 0 (a tuning hint), got {expected_m!r}")
+    if isinstance(expected_m, bool) or not isinstance(expected_m, numbers.Integral) or expected_m <= 0:
+        raise ValueError(f"expected_m must be an int > 0 (a tuning hint; Python or NumPy integer), got "
+                         f"{type(expected_m).__name__} {expected_m!r}")
+    expected_m = int(expected_m)
     _L.check_out("d", d, [g_num, m_max, n], (torch.bfloat16, torch.float32))
     _L.check_index("masked_m", masked_m, [g_num], a_data.device)
     if not is_fp8 and k % 64:
@@ -559,7 +570,8 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
         masked_m: int32 ``[G]`` on a's device: valid rows per group (0 allowed; clamped to ``[0, M_max]``). Read
             on the device only, never on the host: the call can be captured in a CUDA graph and replayed with new
             counts (the grid depends on shapes only).
-        expected_m: int > 0, a tuning hint (tile height); never affects results.
+        expected_m: int > 0 (a Python int or NumPy integer; not bool), a tuning hint (tile height); never affects
+            results.
         recipe / recipe_a / recipe_b, compiled_dims, disable_ue8m0_cast: as the contiguous op.
 
     Raises TypeError/ValueError before launch for bad types, shapes, scale shapes, recipes, expected_m <= 0,
@@ -700,15 +712,14 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks_cpu=None, grouped
         grouped_layout: int32 ``[G]`` on the device with the same values (old name ``ks_tensor``; None: built from
             ks_cpu). Offsets are derived from it on the device and clamped to the buffers.
         c: ``[G, M, N]`` float32 or None (zeros); ``c is d`` accumulates in place.
-        recipe: must be ``(1, 1, 128)``. use_psum_layout: must be False (SM90).
+        recipe: None or ``(1, 1, 128)`` (a tuple / list of ints). use_psum_layout: must be False (SM90).
 
     Deterministic: every output tile is owned by one program and summed in a fixed order (bit-identical runs).
     Raises TypeError/ValueError before launch for bad types, shapes, ks values or scale shapes.
     """
     a_data, sfa = _L.check_fp8_pair("a", a, None)
     b_data, sfb = _L.check_fp8_pair("b", b, None)
-    if recipe is not None and tuple(int(r) for r in recipe) != (1, 1, 128):
-        raise ValueError(f"k-grouped FP8 GEMMs need recipe (1, 1, 128), got {recipe}")
+    _L.check_k_recipe(recipe)
     ks_cpu, grouped_layout = _ks_args(ks_cpu, grouped_layout, ks, ks_tensor, use_psum_layout, a_data.device)
     _k_grouped(a_data, b_data, sfa, sfb, d, c, ks_cpu, grouped_layout, False, compiled_dims, _config)
 
@@ -725,8 +736,7 @@ def k_grouped_fp8_gemm_tn_contiguous(a, b, d: torch.Tensor, ks_cpu=None, grouped
     """
     a_data, sfa = _L.check_fp8_pair("a", a, 2)
     b_data, sfb = _L.check_fp8_pair("b", b, 2)
-    if recipe is not None and tuple(int(r) for r in recipe) != (1, 1, 128):
-        raise ValueError(f"k-grouped FP8 GEMMs need recipe (1, 1, 128), got {recipe}")
+    _L.check_k_recipe(recipe)
     ks_cpu, grouped_layout = _ks_args(ks_cpu, grouped_layout, ks, ks_tensor, use_psum_layout, a_data.device)
     _k_grouped(a_data, b_data, sfa, sfb, d, c, ks_cpu, grouped_layout, True, compiled_dims, _config)
 

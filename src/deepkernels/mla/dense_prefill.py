@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .._backend import device_of, interpret_mode, use_kernels
 from .._triton_helpers import rne_bf16 as _rne_bf16
-from .._validate import check_scale, check_tensor, rewrite_nonpositive_scale
+from .._validate import check_int, check_scale, check_tensor, rewrite_nonpositive_scale
 from ..reference.mla_prefill import dense_prefill_ref
 from . import _gluon_dense_prefill as _gdp
 
@@ -217,7 +217,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
         k: ``[total_k, h_k, d_qk]``, v: ``[total_k, h_k, 128]``, same dtype as q; ``h % h_k == 0`` (GQA).
         cu_seqlens_qo, cu_seqlens_kv: ``[b + 1]`` int32 prefix sums of the per-sequence lengths
             (non-decreasing, starting at 0, ending at total_q / total_k; zero-length sequences allowed).
-        max_seqlen_qo: int >= every query length (sizes the grid); max_seqlen_kv: accepted, unused.
+        max_seqlen_qo: int >= every query length (sizes the grid); max_seqlen_kv: int >= 0, unused. Python or
+            NumPy integers (not bool, float or str: TypeError naming the argument; a negative one: ValueError).
         dropout_p: must be 0. softmax_scale: default ``d_qk ** -0.5``; any finite real (as FlashMLA; <= 0 is exact:
             the kernels, whose running max is in raw-score units, run on ``-q`` with ``|scale|``, or on ``q * 0``
             with scale 1 for 0). causal: bottom-right aligned, row i of
@@ -229,8 +230,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
         view of a contiguous ``[h, total_q]`` buffer, as upstream. Rows that see no key: out 0, lse +inf.
 
     Raises:
-        TypeError / ValueError naming the argument for bad dtypes, shapes, devices, head dims, dropout, a
-        non-finite ``softmax_scale`` (or one that is not a real number / one-element tensor: TypeError), or
+        TypeError / ValueError naming the argument for bad dtypes, shapes, devices, head dims, dropout,
+        non-integer or negative ``max_seqlen_qo`` / ``max_seqlen_kv``, a non-finite ``softmax_scale`` (also one
+        beyond the float range, e.g. ``10**400``; one that is not a real number / one-element tensor: TypeError), or
         a ``max_seqlen_qo`` smaller than a sequence (checked on CPU inputs; on CUDA it is checked only
         when ``cu_seqlens_qo`` is on the host, to avoid a device sync).
 
@@ -259,9 +261,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
         raise ValueError(f"dropout_p must be 0.0, got {dropout_p}")
     if deterministic:
         raise ValueError("deterministic=True is not supported (upstream asserts it is False)")
-    max_seqlen_qo = int(max_seqlen_qo)
-    if max_seqlen_qo < 0:
-        raise ValueError(f"max_seqlen_qo must be >= 0, got {max_seqlen_qo}")
+    max_seqlen_qo = check_int("max_seqlen_qo", max_seqlen_qo, min_value=0)
+    check_int("max_seqlen_kv", max_seqlen_kv, min_value=0)
     if softmax_scale is None:
         softmax_scale = d_qk ** -0.5
     softmax_scale = check_scale("softmax_scale", softmax_scale)   # any finite real; <= 0 rewritten for the kernels
@@ -297,9 +298,12 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, head_dim_qk, d
                                      causal=False, deterministic=False, is_varlen=True):
     """Packed variant (FlashMLA): ``qkv [total, h, 2*head_dim_qk + d_v]`` split along the **last** dim as
     ``q = [..., :d]``, ``k = [..., d:2d]``, ``v = [..., 2d:]`` (views, no copy); same cu_seqlens for q and k.
-    Returns ``(out, lse)`` as :func:`flash_attn_varlen_func`."""
+    ``head_dim_qk`` (192 or 128) and ``max_seqlen`` are integers (Python or NumPy, not bool / float / str:
+    TypeError naming the argument; head_dim_qk < 1 or max_seqlen < 0: ValueError). Returns ``(out, lse)`` and
+    raises as :func:`flash_attn_varlen_func`."""
     check_tensor("qkv", qkv, ndim=3)
-    d = int(head_dim_qk)
+    d = check_int("head_dim_qk", head_dim_qk, min_value=1)
+    max_seqlen = check_int("max_seqlen", max_seqlen, min_value=0)
     if qkv.shape[-1] <= 2 * d:
         raise ValueError(f"qkv last dim must exceed 2*head_dim_qk={2 * d}, got shape {list(qkv.shape)}")
     return flash_attn_varlen_func(qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:], cu_seqlens, cu_seqlens,
@@ -310,9 +314,11 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_qo, cu_seqlens_kv, max_seq
                                     dropout_p=0.0, softmax_scale=None, causal=False, deterministic=False,
                                     is_varlen=True):
     """Packed-KV variant (FlashMLA): ``kv [total_k, h_k, head_dim_qk + d_v]`` split along the last dim as
-    ``k = [..., :d]``, ``v = [..., d:]`` (views). Returns ``(out, lse)`` as :func:`flash_attn_varlen_func`."""
+    ``k = [..., :d]``, ``v = [..., d:]`` (views). ``head_dim_qk`` is an integer (Python or NumPy, not bool / float
+    / str: TypeError naming it; < 1: ValueError). Returns ``(out, lse)`` and raises as
+    :func:`flash_attn_varlen_func`."""
     check_tensor("kv", kv, ndim=3)
-    d = int(head_dim_qk)
+    d = check_int("head_dim_qk", head_dim_qk, min_value=1)
     if kv.shape[-1] <= d:
         raise ValueError(f"kv last dim must exceed head_dim_qk={d}, got shape {list(kv.shape)}")
     return flash_attn_varlen_func(q, kv[..., :d], kv[..., d:], cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
