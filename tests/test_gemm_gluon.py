@@ -382,6 +382,18 @@ def test_gluon_epi_small_grid_persistent(shape, cfg):
     _run_and_check(*shape, cfg, num_sms=3)
 
 
+def _check_same_as_s4_epi(m, n, k, cfg):
+    """``cfg`` passes :func:`_run_and_check` (poisoned D, calc_diff) and its D equals the S4 EPI build's bit for bit."""
+    _run_and_check(m, n, k, cfg, sfa_mn_major=True)
+    A, B = _inputs(m, n, k)
+    d0 = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    d1 = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    G._launch_fp8_gluon(A[0], A[1], B[0], B[1], d0, G.GLUON_WS_128_S4_EPI)
+    G._launch_fp8_gluon(A[0], A[1], B[0], B[1], d1, cfg)
+    torch.cuda.synchronize()
+    assert torch.equal(d0, d1), float((d0.float() - d1.float()).abs().max())
+
+
 # ------------------------------------------------------------------ session 19: scales two blocks ahead (opt-in)
 @pytest.mark.compile
 @pytest.mark.parametrize("cfg", G.GLUON_SA + [dataclasses.replace(G.GLUON_WS_128_S4, scale_ahead=1)], ids=lambda c: c.name())
@@ -424,15 +436,7 @@ def test_gluon_scale_ahead_bit_identical(shape, cfg):
     """scale_ahead 1 / 2 change only when scales are loaded and when the ready barrier is waited for: D bit-identical
     to the S4 EPI build (poisoned outputs, 1-5 K blocks incl. odd counts and a masked K tail, partial tiles, N 1001
     on the register-epilogue fallback), and within the FP8 calc_diff bound of the float64 product."""
-    m, n, k = shape
-    _run_and_check(m, n, k, cfg, sfa_mn_major=True)
-    A, B = _inputs(m, n, k)
-    d0 = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    d1 = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    G._launch_fp8_gluon(A[0], A[1], B[0], B[1], d0, G.GLUON_WS_128_S4_EPI)
-    G._launch_fp8_gluon(A[0], A[1], B[0], B[1], d1, cfg)
-    torch.cuda.synchronize()
-    assert torch.equal(d0, d1), float((d0.float() - d1.float()).abs().max())
+    _check_same_as_s4_epi(*shape, cfg)
 
 
 @pytest.mark.gpu
@@ -487,15 +491,7 @@ def test_gluon_three_wg_bit_identical(shape, cfg):
     """Three math warpgroups on 192-row tiles: every row's accumulation is the S4 EPI build's (same K blocks, same
     products and FMA order), so D is bit-identical to it; poisoned outputs; partial tiles (M 300 / 129 / 193 / 1:
     rows past M zero-filled by TMA, stores clipped), N 1001 on the register-epilogue fallback."""
-    m, n, k = shape
-    _run_and_check(m, n, k, cfg, sfa_mn_major=True)
-    A, B = _inputs(m, n, k)
-    d0 = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    d1 = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-    G._launch_fp8_gluon(A[0], A[1], B[0], B[1], d0, G.GLUON_WS_128_S4_EPI)
-    G._launch_fp8_gluon(A[0], A[1], B[0], B[1], d1, cfg)
-    torch.cuda.synchronize()
-    assert torch.equal(d0, d1), float((d0.float() - d1.float()).abs().max())
+    _check_same_as_s4_epi(*shape, cfg)
 
 
 @pytest.mark.gpu
