@@ -417,15 +417,14 @@ def _use_gluon(m: int, n: int, k: int, d, c, sfb_per_row: bool):
     A D that TMA cannot address (``_gluon_fp8.d_tma_ok``: row stride or base not 16-byte aligned -- part of the
     cached plan's signature) gets the register-epilogue config where that one beat the Triton table (K >= 7168,
     results/gemm_gluon-h200-2026-11-29.json: S4 for N <= 2112, S6 above) and the Triton table elsewhere.
-    Session 19: at M >= 2048 (measured there only), K >= 7168 with >= 3 waves of 128x128 tiles (``3 * get_num_sms()``) the same config with the scales
-    loaded two blocks ahead (``GLUON_WS_128_S4_EPI_SA1``, bit-identical): paired rotated rounds with an A/A control
-    (H200, git 3a72eb4f3309, results/gemm_sa-h200-2026-11-30-s19.json), t / t_S4_EPI at M 4096: (7168, 16384) 0.923,
-    (4096, 7168) 0.946, (2112, 7168) 0.946; M 2048: 0.942 / 0.949 (A/A 0.943 / 0.979 there), but (2112, 7168) at
-    M 2048 (272 tiles, ~2 waves) 1.138 (A/A 1.023); K <= 2048: 0.98-1.09 (no gain). A second run (git 8c8709d35356,
-    results/gemm_sa-h200-2026-11-30-s19b.json, A/A 0.983-1.023) with the 6-stage twin ``GLUON_WS_128_S6_EPI_SA1``, M
-    4096: S6 SA1 0.945 / 0.904 / 0.941 at K >= 7168 (N 7168 / 4096 / 2112), 0.948 at (24576, 1536), 0.953 at (7168,
-    2048), 0.991 at (32768, 512); S4 SA1 0.930 / 0.926 / 0.952 / 0.976 / 0.978 / 1.014 -> S6 SA1 at M >= 2048 (S4 SA1
-    measured at 2048 only), K >= 1536, >= 3 waves of tiles; the rest S4 EPI."""
+    Session 19 (scales two blocks ahead of their wgmma, bit-identical; paired rotated rounds with an A/A control, H200):
+    first run (git 3a72eb4f3309, results/gemm_sa-h200-2026-11-30-s19.json), ``GLUON_WS_128_S4_EPI_SA1`` / S4 EPI at
+    M 4096: (7168, 16384) 0.923, (4096, 7168) 0.946, (2112, 7168) 0.946, K <= 2048 0.98-1.02; M 2048 K >= 7168
+    0.942 / 0.949 but (2112, 7168) 1.138 (272 tiles, ~2 waves; A/A 1.023). Second run (git 8c8709d35356,
+    results/gemm_sa-h200-2026-11-30-s19b.json, A/A 0.983-1.023), M 4096, the 6-stage twin ``GLUON_WS_128_S6_EPI_SA1``:
+    0.945 / 0.904 / 0.941 at K >= 7168 (N 7168 / 4096 / 2112), 0.948 at (24576, 1536), 0.953 at (7168, 2048), 0.991
+    at (32768, 512); S4 SA1 0.930 / 0.926 / 0.952 / 0.976 / 0.978 / 1.014. So: S6 SA1 at M >= 2048 (SA measured at
+    2048 and 4096 only), K >= 1536 and >= 3 waves of 128 x 128 tiles (``3 * get_num_sms()``); the rest S4 EPI."""
     if m < 1024 or sfb_per_row or c is not None or d.dtype != torch.bfloat16 or not d.is_cuda:
         return None
     if interpret_mode() or gluon_disabled("gemm"):

@@ -691,8 +691,8 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     16-B aligned base and row pitch): :func:`q_tma_supported`.
 
     ``trim``: the TRIM option (module docstring): the softmax warpgroup masks only tiles that can hold a masked token
-    and folds the scale into one FFMA per score; None takes :data:`DISPATCH_TRIM` at >= :data:`DISPATCH_MIN_ROWS` rows (on;
-    ``DEEPKERNELS_DENSE_DECODE_VARIANT=0`` also keeps it off). Any combination with ``half_tiles`` / ``q_tma``."""
+    and folds the scale into one FFMA per score; None takes :data:`DISPATCH_TRIM` (on) at >= :data:`DISPATCH_MIN_ROWS`
+    rows (``DEEPKERNELS_DENSE_DECODE_VARIANT=0`` keeps it off). Any combination with ``half_tiles`` / ``q_tma``."""
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
     if trim is None:     # measured at >= DISPATCH_MIN_ROWS rows only (h_q 64 / 128)
         trim = (DISPATCH_TRIM and os.environ.get("DEEPKERNELS_DENSE_DECODE_VARIANT", "") != "0"
