@@ -202,10 +202,20 @@ def _g_tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @_jit
-def _g_load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, slot, off_m, off_n, kb, pred):
+def _g_load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, slot, off_m, off_n, kb, pred, A_PARTS: gl.constexpr = 1):
+    """One ring stage by TMA on ``ready[slot]``: A's tile rows and B. ``A_PARTS`` > 1 (the three-warpgroup kernel:
+    TMA boxes and shared shapes must be powers of two): ``a_bufs`` is a tuple of per-warpgroup rings, each loaded with
+    the next ``a_desc`` box of rows."""
     bar = ready.index(slot)
-    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(a_desc, [off_m, kb * 128], bar, a_bufs.index(slot), pred=pred)
+    if A_PARTS == 1:
+        mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(a_desc, [off_m, kb * 128], bar, a_bufs.index(slot), pred=pred)
+    else:
+        BOX: gl.constexpr = a_desc.block_type.shape[0]
+        mbarrier.expect(bar, A_PARTS * a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
+        for i in gl.static_range(A_PARTS):
+            tma.async_copy_global_to_shared(a_desc, [off_m + i * BOX, kb * 128], bar, a_bufs[i].index(slot),
+                                            pred=pred)
     tma.async_copy_global_to_shared(b_desc, [off_n, kb * 128], bar, b_bufs.index(slot), pred=pred)
 
 
@@ -221,7 +231,9 @@ def _g_store_tile(d_ptr, acc, off_m, off_n, M, N, stride_dm,
 
 @_jit
 def _g_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, num_progs,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr):
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr,
+                A_PARTS: gl.constexpr = 1):
+    """The TMA producer partition: every tile's K blocks into the ring (``A_PARTS``: :func:`_g_load_stage`)."""
     pid = gl.program_id(0)
     num_pid_m = gl.cdiv(M, BLOCK_M)
     num_pid_n = gl.cdiv(N, BLOCK_N)
@@ -236,7 +248,7 @@ def _g_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, num_progs
             slot = it % NUM_STAGES
             phase = (it // NUM_STAGES) & 1
             mbarrier.wait(empty.index(slot), phase ^ 1)  # fresh barriers count as a completed phase 1
-            _g_load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, slot, off_m, off_n, kb, True)
+            _g_load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, slot, off_m, off_n, kb, True, A_PARTS)
             it += 1
 
 
@@ -493,33 +505,6 @@ def _fp8_gluon_ws_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, strid
 
 
 @_jit
-def _g_producer3(a_desc, b_desc, a0, a1, a2, b_bufs, ready, empty, M, N, K, num_progs,
-                 BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """:func:`_g_producer` of the three-warpgroup kernel: per stage the tile's three 64-row A boxes into the math
-    warpgroups' own rings ``a0`` / ``a1`` / ``a2`` (TMA boxes and shared shapes must be powers of two) and B."""
-    pid = gl.program_id(0)
-    num_pid_m = gl.cdiv(M, 192)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
-    num_tiles = num_pid_m * num_pid_n
-    num_kb = gl.cdiv(K, 128)
-    it = 0
-    for tile_id in range(pid, num_tiles, num_progs):
-        pid_m, pid_n = _g_tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
-        off_m = pid_m * 192
-        off_n = pid_n * BLOCK_N
-        for kb in range(num_kb):
-            slot = it % NUM_STAGES
-            mbarrier.wait(empty.index(slot), ((it // NUM_STAGES) & 1) ^ 1)
-            bar = ready.index(slot)
-            mbarrier.expect(bar, 3 * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(a_desc, [off_m, kb * 128], bar, a0.index(slot))
-            tma.async_copy_global_to_shared(a_desc, [off_m + 64, kb * 128], bar, a1.index(slot))
-            tma.async_copy_global_to_shared(a_desc, [off_m + 128, kb * 128], bar, a2.index(slot))
-            tma.async_copy_global_to_shared(b_desc, [off_n, kb * 128], bar, b_bufs.index(slot))
-            it += 1
-
-
-@_jit
 def _fp8_gluon_ws3_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
                           sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
@@ -553,8 +538,8 @@ def _fp8_gluon_ws3_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stri
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=3)      # one arrive per math partition
     gl.warp_specialize([
-        (_g_producer3, (a_desc, b_desc, a0, a1, a2, b_bufs, ready, empty, M, N, K, num_progs, BLOCK_N, GROUP_M,
-                        NUM_STAGES)),
+        (_g_producer, (a_desc, b_desc, (a0, a1, a2), b_bufs, ready, empty, M, N, K, num_progs, BLOCK_M, BLOCK_N,
+                       GROUP_M, NUM_STAGES, 3)),
         (_g_math, (a0, b_bufs, ready, empty, d_0, sfa_ptr, sfb_ptr, M, N, K, stride_dm, sfa_sm, sfa_sk, sfb_sn,
                    sfb_sk, num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, False, False, EPI_TMA, SCALE_AHEAD,
                    True)),
