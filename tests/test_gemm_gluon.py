@@ -454,7 +454,7 @@ def test_gluon_scale_ahead_small_grid_persistent(shape, cfg):
 @pytest.mark.compile
 @pytest.mark.parametrize("cfg", G.GLUON_3WG, ids=lambda c: c.name())
 def test_three_wg_compiles_without_spills(cfg):
-    """192-row tiles on _fp8_gluon_ws3_kernel (module docstring, "Three math warpgroups"): 512 threads at .maxnreg
+    """192-row tiles (BLOCK_M 192 of _fp8_gluon_ws_kernel; module docstring, "Three math warpgroups"): 512 threads at .maxnreg
     128, setmaxnreg 152 for the three math warpgroups (56 for the producer), 0 spills, one innermost K loop per math
     warpgroup (4 QGMMA plain, 8 with scale_ahead), shared memory within the sm90 limit and as accounted."""
     from deepkernels.testing.compile import ptxas_sm90, sass_count, sass_loops
@@ -473,11 +473,10 @@ def test_three_wg_compiles_without_spills(cfg):
 
 
 def test_three_wg_kernel_selection():
-    """The 192-row configs launch the three-warpgroup entry with a [64, 128] A box; every other config the
-    two-warpgroup entry with a [block_m, 128] box."""
-    assert G.ws_kernel(G.GLUON_WS_192_S4_EPI) is G._fp8_gluon_ws3_kernel and G.GLUON_WS_192_S4_EPI.a_box() == 64
+    """The 192-row configs use a [64, 128] A box (one per math warpgroup); every other config a [block_m, 128] box."""
+    assert G.GLUON_WS_192_S4_EPI.a_box() == 64
     for cfg in G.GLUON_CANDIDATES + G.GLUON_EPI + G.GLUON_SA:
-        assert G.ws_kernel(cfg) is G._fp8_gluon_ws_kernel and cfg.a_box() == cfg.block_m
+        assert cfg.a_box() == cfg.block_m
     assert (G.GLUON_WS_192_S4_EPI.producer_regs + 3 * G.GLUON_WS_192_S4_EPI.math_regs) == 4 * 128
 
 

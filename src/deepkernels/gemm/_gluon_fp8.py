@@ -74,8 +74,8 @@ K >= 7168 with >= 3 waves of tiles. The same K loop (:func:`_g_kloop_ahead`) run
 refactoring the dense loop into that helper left every cross-compiled PTX identical (7 builds compared).
 
 Three math warpgroups (session 19, UNVERIFIED: written after the last device call, compile tier only; configs
-:data:`GLUON_3WG`, kernel :func:`_fp8_gluon_ws3_kernel`, not dispatched). The SA1 profile still shows each math
-warpgroup waiting on its own wgmma with only the other warpgroup's wgmma to overlap; a full in-warpgroup pipeline
+:data:`GLUON_3WG`: ``BLOCK_M`` 192 of :func:`_fp8_gluon_ws_kernel`; not dispatched). The SA1 profile still shows each
+math warpgroup waiting on its own wgmma with only the other warpgroup's wgmma to overlap; a full in-warpgroup pipeline
 spills at 232-240 registers. Here a CTA computes a 192 x 128 tile with three 64-row math warpgroups, so while one
 promotes, two others have wgmmas queued. Triton 3.6 requires power-of-two TMA boxes and shared shapes, so A arrives
 as three [64, 128] boxes into three per-warpgroup rings (``_g_math(..., A_OWN=True)`` reads its own ring from row 0);
@@ -179,9 +179,9 @@ GLUON_WS_128_S4_EPI_SA2 = GluonConfig(128, 128, 4, overlap=False, epi_tma=True, 
 # S6 EPI SA1 is also a dense candidate (6 stages with the earlier scale loads)
 GLUON_WS_128_S6_EPI_SA1 = GluonConfig(128, 128, 6, overlap=False, epi_tma=True, scale_ahead=1)
 GLUON_SA = [GLUON_WS_128_S4_EPI_SA1, GLUON_WS_128_S4_EPI_SA2, GLUON_WS_128_S6_EPI_SA1]
-# session 19, UNVERIFIED (compile tier only; module docstring, "Three math warpgroups"): 192-row tiles on
-# _fp8_gluon_ws3_kernel, three 64-row math warpgroups + the producer warpgroup: 4 x 128 threads x 128 registers = the
-# whole register file, split as 3 x 152 (math) + 56 (producer)
+# session 19, UNVERIFIED (compile tier only; module docstring, "Three math warpgroups"): 192-row tiles (BLOCK_M 192
+# of _fp8_gluon_ws_kernel), three 64-row math warpgroups + the producer warpgroup: 4 x 128 threads x 128 registers =
+# the whole register file, split as 3 x 152 (math) + 56 (producer)
 GLUON_WS_192_S4_EPI = GluonConfig(192, 128, 4, overlap=False, epi_tma=True, math_regs=152, producer_regs=56)
 GLUON_WS_192_S4_EPI_SA1 = GluonConfig(192, 128, 4, overlap=False, epi_tma=True, scale_ahead=1, math_regs=152,
                                       producer_regs=56)
@@ -362,8 +362,8 @@ def _g_math(a_bufs, b_bufs, ready, empty, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stri
             SCALE_AHEAD: gl.constexpr = 0, A_OWN: gl.constexpr = False):
     """One math warpgroup: rows [ROW0, ROW0 + 64) of every BLOCK_M tile.
 
-    ``A_OWN`` (the three-warpgroup kernel, :func:`_fp8_gluon_ws3_kernel`): ``a_bufs`` is this warpgroup's own
-    [NUM_STAGES, 64, 128] A ring (read from row 0) instead of the tile's [NUM_STAGES, BLOCK_M, 128] ring (read from
+    ``A_OWN`` (the three-warpgroup build, ``BLOCK_M`` 192 of :func:`_fp8_gluon_ws_kernel`): ``a_bufs`` is this
+    warpgroup's own [NUM_STAGES, 64, 128] A ring (read from row 0) instead of the tile's [NUM_STAGES, BLOCK_M, 128] ring (read from
     row ROW0); plain and scale-ahead K loops only.
 
     ``SCALE_AHEAD`` (module docstring, "Scales ahead"): 1 = block kb's scales are loaded two blocks earlier, right
@@ -465,25 +465,54 @@ def _fp8_gluon_ws_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, strid
                          SCALE_AHEAD: gl.constexpr = 0):
     """Persistent warp-specialised FP8 1D2D GEMM: TMA producer (default partition) + BLOCK_M//64 math
     warpgroups (worker partitions, 4 warps each). ``EPI_TMA``: ``d_ptr`` is a TensorDescriptor of D (bf16, block
-    [64, BLOCK_N]) instead of a pointer, and each math warpgroup stores through its own shared buffer + TMA."""
-    gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128)
+    [64, BLOCK_N]) instead of a pointer, and each math warpgroup stores through its own shared buffer + TMA.
+    ``BLOCK_M`` 192 (session 19, UNVERIFIED; module docstring, "Three math warpgroups"): three math warpgroups;
+    TMA boxes and shared shapes must be powers of two, so ``a_desc``'s block is [64, 128] and each warpgroup owns an A
+    ring (and epilogue buffer), read from row 0 (``_g_math(..., A_OWN=True)``)."""
+    gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128 or BLOCK_M == 192)
     gl.static_assert(BLOCK_N <= 128)
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
+    if BLOCK_M == 192:
+        gl.static_assert(not OVERLAP and not PREFETCH)
+        a_bufs = (gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout),
+                  gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout),
+                  gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout))
+    else:
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
     if EPI_TMA:
         gl.static_assert(not OVERLAP and not PREFETCH)
-        epi = gl.allocate_shared_memory(d_ptr.dtype, [BLOCK_M // 64] + d_ptr.block_type.shape, d_ptr.layout)
-        d_0 = (d_ptr, epi.index(0))
-        d_1 = (d_ptr, epi.index(BLOCK_M // 64 - 1))
+        if BLOCK_M == 192:
+            d_0 = (d_ptr, gl.allocate_shared_memory(d_ptr.dtype, d_ptr.block_type.shape, d_ptr.layout))
+            d_1 = (d_ptr, gl.allocate_shared_memory(d_ptr.dtype, d_ptr.block_type.shape, d_ptr.layout))
+            d_2 = (d_ptr, gl.allocate_shared_memory(d_ptr.dtype, d_ptr.block_type.shape, d_ptr.layout))
+        else:
+            epi = gl.allocate_shared_memory(d_ptr.dtype, [BLOCK_M // 64] + d_ptr.block_type.shape, d_ptr.layout)
+            d_0 = (d_ptr, epi.index(0))
+            d_1 = (d_ptr, epi.index(BLOCK_M // 64 - 1))
     else:
         d_0 = d_ptr
         d_1 = d_ptr
+        d_2 = d_ptr
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=BLOCK_M // 64)  # one arrive per math partition
-    if BLOCK_M == 128:
+    if BLOCK_M == 192:
+        gl.warp_specialize([
+            (_g_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, num_progs, BLOCK_M, BLOCK_N,
+                           GROUP_M, NUM_STAGES, 3)),
+            (_g_math, (a_bufs[0], b_bufs, ready, empty, d_0, sfa_ptr, sfb_ptr, M, N, K, stride_dm, sfa_sm, sfa_sk,
+                       sfb_sn, sfb_sk, num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, False, False, EPI_TMA,
+                       SCALE_AHEAD, True)),
+            (_g_math, (a_bufs[1], b_bufs, ready, empty, d_1, sfa_ptr, sfb_ptr, M, N, K, stride_dm, sfa_sm, sfa_sk,
+                       sfb_sn, sfb_sk, num_progs, 64, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, False, False, EPI_TMA,
+                       SCALE_AHEAD, True)),
+            (_g_math, (a_bufs[2], b_bufs, ready, empty, d_2, sfa_ptr, sfb_ptr, M, N, K, stride_dm, sfa_sm, sfa_sk,
+                       sfb_sn, sfb_sk, num_progs, 128, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, False, False, EPI_TMA,
+                       SCALE_AHEAD, True)),
+        ], [4, 4, 4], [MATH_REGS, MATH_REGS, MATH_REGS])
+    elif BLOCK_M == 128:
         gl.warp_specialize([
             (_g_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, num_progs,
                            BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
@@ -502,54 +531,6 @@ def _fp8_gluon_ws_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, strid
                        sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES,
                        OVERLAP, PREFETCH, EPI_TMA, SCALE_AHEAD)),
         ], [4], [MATH_REGS])
-
-
-@_jit
-def _fp8_gluon_ws3_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, stride_dm,
-                          sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
-                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-                          NUM_STAGES: gl.constexpr, OVERLAP: gl.constexpr, MATH_REGS: gl.constexpr,
-                          PREFETCH: gl.constexpr = False, EPI_TMA: gl.constexpr = False,
-                          SCALE_AHEAD: gl.constexpr = 0):
-    """:func:`_fp8_gluon_ws_kernel` with 192-row tiles and THREE math warpgroups (session 19, UNVERIFIED; module
-    docstring, "Three math warpgroups"): ``a_desc``'s block is [64, 128]; each math warpgroup owns an A ring of
-    [NUM_STAGES, 64, 128] (and, with ``EPI_TMA``, a [64, BLOCK_N] epilogue buffer); ``empty`` counts 3 arrivals."""
-    gl.static_assert(BLOCK_M == 192)
-    gl.static_assert(BLOCK_N <= 128)
-    gl.static_assert(not OVERLAP and not PREFETCH)
-    a0 = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
-    a1 = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
-    a2 = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
-    if EPI_TMA:
-        e0 = gl.allocate_shared_memory(d_ptr.dtype, d_ptr.block_type.shape, d_ptr.layout)
-        e1 = gl.allocate_shared_memory(d_ptr.dtype, d_ptr.block_type.shape, d_ptr.layout)
-        e2 = gl.allocate_shared_memory(d_ptr.dtype, d_ptr.block_type.shape, d_ptr.layout)
-        d_0 = (d_ptr, e0)
-        d_1 = (d_ptr, e1)
-        d_2 = (d_ptr, e2)
-    else:
-        d_0 = d_ptr
-        d_1 = d_ptr
-        d_2 = d_ptr
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=3)      # one arrive per math partition
-    gl.warp_specialize([
-        (_g_producer, (a_desc, b_desc, (a0, a1, a2), b_bufs, ready, empty, M, N, K, num_progs, BLOCK_M, BLOCK_N,
-                       GROUP_M, NUM_STAGES, 3)),
-        (_g_math, (a0, b_bufs, ready, empty, d_0, sfa_ptr, sfb_ptr, M, N, K, stride_dm, sfa_sm, sfa_sk, sfb_sn,
-                   sfb_sk, num_progs, 0, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, False, False, EPI_TMA, SCALE_AHEAD,
-                   True)),
-        (_g_math, (a1, b_bufs, ready, empty, d_1, sfa_ptr, sfb_ptr, M, N, K, stride_dm, sfa_sm, sfa_sk, sfb_sn,
-                   sfb_sk, num_progs, 64, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, False, False, EPI_TMA, SCALE_AHEAD,
-                   True)),
-        (_g_math, (a2, b_bufs, ready, empty, d_2, sfa_ptr, sfb_ptr, M, N, K, stride_dm, sfa_sm, sfa_sk, sfb_sn,
-                   sfb_sk, num_progs, 128, BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES, False, False, EPI_TMA, SCALE_AHEAD,
-                   True)),
-    ], [4, 4, 4], [MATH_REGS, MATH_REGS, MATH_REGS])
 
 
 @_jit
@@ -1146,7 +1127,7 @@ def _go_dense(a, sfa, b, sfb, d, cfg, num_sms, launcher):
         if launcher is not None:
             launcher((progs, ), a_desc, b_desc, d_arg, sfa, sfb, *ints, progs)
         else:
-            ws_kernel(cfg)[(progs, )](a_desc, b_desc, d_arg, sfa, sfb, *ints, progs, **ws_meta(cfg))
+            _fp8_gluon_ws_kernel[(progs, )](a_desc, b_desc, d_arg, sfa, sfb, *ints, progs, **ws_meta(cfg))
     else:
         _fp8_gluon_pipe_kernel[(tiles, )](
             a_desc, b_desc, d, sfa, sfb, *ints,
@@ -1167,7 +1148,7 @@ def _compile_sm90(cfg: GluonConfig):
         sig["d_ptr"] = f"tensordesc<bf16[64, {cfg.block_n}],{_d_smem_layout()!r}>"
         div16 = ("sfa_ptr", "sfb_ptr")
     if cfg.warp_spec:
-        fn = ws_kernel(cfg)
+        fn = _fp8_gluon_ws_kernel
         sig["num_progs"] = "i32"
         consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, NUM_STAGES=cfg.num_stages,
                       OVERLAP=cfg.overlap, MATH_REGS=cfg.math_regs, PREFETCH=cfg.prefetch)
@@ -1240,11 +1221,6 @@ def _go_m_contiguous(a, sfa, b, sfb, d, gid, cfg, num_sms, launcher):
     else:
         m_contiguous_kernel(cfg)[(progs, )](*args, **m_contiguous_meta(cfg))
     return d
-
-
-def ws_kernel(cfg: GluonConfig):
-    """The dense warp-specialised kernel that runs ``cfg``: the three-warpgroup entry for 192-row tiles."""
-    return _fp8_gluon_ws3_kernel if cfg.block_m == 192 else _fp8_gluon_ws_kernel
 
 
 def ws_meta(cfg: GluonConfig) -> dict:

@@ -393,7 +393,7 @@ class _GluonPlan:
 
         self.launcher = None
         if self.config.warp_spec:
-            self.launcher = KernelLauncher(G.ws_kernel(self.config), G.ws_meta(self.config), cache_descriptors=True)
+            self.launcher = KernelLauncher(G._fp8_gluon_ws_kernel, G.ws_meta(self.config), cache_descriptors=True)
         G._launch_fp8_gluon(a, sfa, b, sfb, d, config=self.config, num_sms=get_num_sms(), launcher=self.launcher)
         if d.shape[0] and d.shape[1] and a.shape[1]:     # a plan only exists for non-empty work; belt and braces
             self.go = G._go_dense
