@@ -19,6 +19,8 @@
 #   el                                  seconds since T0 ("N s")
 #   junit_json NAME "suite" [CAP] [K]   benchmarks/junit_summary.py on $W/NAME.xml with $W/env.json ->
 #                                       $W/NAME.json (prints the counts); capped at CAP s (10), killed K s (2) later
+#   gpu_tests NAME "suite" CAP ARGS...  pytest ARGS -m gpu (-q, $TO, $XD) under a CAP s cap -> $W/NAME.log / .xml;
+#                                       prints its rc, last lines and failures, then junit_json NAME; returns the rc
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 export GIT_SHA="${GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
@@ -30,6 +32,18 @@ T0=$(date +%s)
 el() { echo "$(( $(date +%s) - T0 )) s"; }
 junit_json() {
   timeout -k "${4:-2}" "${3:-10}" python3 benchmarks/junit_summary.py "$W/$1.xml" "$W/env.json" "$W/$1.json" "$2"
+}
+gpu_tests() {
+  local name=$1 suite=$2 cap=$3 rc
+  shift 3
+  # shellcheck disable=SC2086
+  timeout -k 5 "$cap" python3 -m pytest "$@" -m gpu -q -rfs -p no:cacheprovider $TO $XD --junitxml="$W/$name.xml" \
+    > "$W/$name.log" 2>&1
+  rc=$?
+  echo "tests rc=$rc ($(el))"
+  tail -3 "$W/$name.log"; grep -E "^FAILED|^ERROR" "$W/$name.log" | head -20
+  junit_json "$name" "$suite"
+  return $rc
 }
 [ "${DK_SHOW_SHA:-1}" = 1 ] && echo "GIT_SHA=$GIT_SHA"
 timeout -k 2 "${DK_ENV_CAP:-15}" python3 -c 'import json, sys; from deepkernels.bench.runner import provenance

@@ -10,12 +10,8 @@
 DK_OUT_DEFAULT=/tmp/gemm_sa_out DK_PYTEST_TIMEOUT=60 . "$(dirname "$0")/_device_common.sh"
 
 echo "== 1. scale_ahead GPU tests (cap ${T_TESTS:-120}s, $XD)"
-timeout -k 5 "${T_TESTS:-120}" python3 -m pytest tests/test_gemm_gluon.py -m gpu -k "scale_ahead or three_wg" -q -rfs \
-  -p no:cacheprovider $TO $XD --junitxml="$W/sa_tests.xml" > "$W/sa_tests.log" 2>&1
+gpu_tests sa_tests "gemm gluon scale_ahead" "${T_TESTS:-120}" tests/test_gemm_gluon.py -k "scale_ahead or three_wg"
 RC=$?
-echo "tests rc=$RC ($(el))"
-tail -3 "$W/sa_tests.log"; grep -E "^FAILED|^ERROR" "$W/sa_tests.log" | head -20
-junit_json sa_tests "gemm gluon scale_ahead"
 
 if [ "$RC" != 0 ]; then
   echo "== 2. bench SKIPPED (tests rc $RC)"

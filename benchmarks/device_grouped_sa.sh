@@ -9,12 +9,8 @@
 DK_OUT_DEFAULT=/tmp/grouped_sa_out DK_PYTEST_TIMEOUT=60 . "$(dirname "$0")/_device_common.sh"
 
 echo "== 1. grouped scale_ahead GPU tests (cap ${T_TESTS:-120}s, $XD)"
-timeout -k 5 "${T_TESTS:-120}" python3 -m pytest tests/test_grouped_gluon_epi.py -m gpu -k scale_ahead -q -rfs \
-  -p no:cacheprovider $TO $XD --junitxml="$W/gsa_tests.xml" > "$W/gsa_tests.log" 2>&1
+gpu_tests gsa_tests "grouped gluon scale_ahead" "${T_TESTS:-120}" tests/test_grouped_gluon_epi.py -k scale_ahead
 RC=$?
-echo "tests rc=$RC ($(el))"
-tail -3 "$W/gsa_tests.log"; grep -E "^FAILED|^ERROR" "$W/gsa_tests.log" | head -20
-junit_json gsa_tests "grouped gluon scale_ahead"
 
 if [ "$RC" != 0 ]; then
   echo "== 2. bench SKIPPED (tests rc $RC)"

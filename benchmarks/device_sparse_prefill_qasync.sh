@@ -26,12 +26,8 @@ K="q_async"; FLAGS="--qasync"; R=6
 if [ "${OSTAGE:-1}" = 1 ]; then K="q_async or o_stage"; FLAGS="--qasync --ostage"; R=5; fi
 
 echo "== 1. GPU tests -k \"$K\" (cap ${T_QA_TESTS:-75}s, $XD)"
-timeout -k 3 "${T_QA_TESTS:-75}" python3 -m pytest $F -m gpu -k "$K" -q -rfs -p no:cacheprovider $TO $XD \
-  --junitxml="$W/qa_tests.xml" > "$W/qa_tests.log" 2>&1
+gpu_tests qa_tests "sparse prefill ws2 q_async / o_stage" "${T_QA_TESTS:-75}" $F -k "$K"
 RC=$?
-echo "tests rc=$RC ($(el))"
-tail -3 "$W/qa_tests.log"; grep -E "^FAILED|^ERROR" "$W/qa_tests.log" | head -20
-junit_json qa_tests "sparse prefill ws2 q_async / o_stage"
 
 if [ "$RC" != 0 ]; then
   echo "== 2. bench SKIPPED (tests rc $RC)"
