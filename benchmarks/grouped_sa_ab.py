@@ -30,12 +30,7 @@ def main(argv=None) -> int:
     from triton.testing import do_bench
     from deepkernels.bench.paired import record_rounds, save_rows, time_rotated
     from deepkernels.gemm import _gluon_fp8 as G
-    from deepkernels.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
-    from grouped_gemm import CONTIGUOUS, MASKED, MASKED_M_MAX
-
-    def fp8_b(g, n, k):
-        q = [per_block_cast_to_fp8(torch.randn(n, k, device="cuda", dtype=torch.bfloat16)) for _ in range(g)]
-        return torch.stack([x[0] for x in q]), torch.stack([x[1] for x in q])
+    from grouped_gemm import CONTIGUOUS, MASKED, MASKED_M_MAX, fp8_rows, fp8_weights
 
     rows = []
     for kind, shapes in (("contiguous", CONTIGUOUS), ("masked", MASKED)):
@@ -43,17 +38,16 @@ def main(argv=None) -> int:
         variants = {"base": base, "base_aa": base, "sa1": replace(base, scale_ahead=1)}
         for g, m, n, k in shapes:
             torch.manual_seed(0)
-            b, sfb = fp8_b(g, n, k)
+            b, sfb = fp8_weights(g, n, k, "cuda")
             if kind == "contiguous":
-                a, sfa = per_token_cast_to_fp8(torch.randn(g * m, k, device="cuda", dtype=torch.bfloat16))
+                a, sfa = fp8_rows(g * m, k, "cuda")
                 gid = torch.arange(g, device="cuda", dtype=torch.int32).repeat_interleave(m)
                 d = {v: torch.empty(g * m, n, device="cuda", dtype=torch.bfloat16) for v in variants}
                 launch = {v: (lambda v=v, c=c: G._launch_fp8_gluon_m_contiguous(a, sfa, b, sfb, d[v], gid, c))
                           for v, c in variants.items()}
                 flop = 2.0 * g * m * n * k
             else:
-                q = [per_token_cast_to_fp8(torch.randn(MASKED_M_MAX, k, device="cuda", dtype=torch.bfloat16))
-                     for _ in range(g)]
+                q = [fp8_rows(MASKED_M_MAX, k, "cuda") for _ in range(g)]
                 a, sfa = torch.stack([x[0] for x in q]), torch.stack([x[1] for x in q])
                 mm = torch.full((g, ), m, device="cuda", dtype=torch.int32)
                 d = {v: torch.empty(g, MASKED_M_MAX, n, device="cuda", dtype=torch.bfloat16) for v in variants}
