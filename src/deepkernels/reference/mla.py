@@ -73,8 +73,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, d_v: int, scale: float, limits: li
     lim = torch.tensor(limits, device=q.device)
     mask = pos[None, :] < lim[:, None]                                            # [s_q, n]
     s = torch.where(mask[:, None, :], s, torch.tensor(float("-inf"), dtype=dtype, device=q.device))
-    p, lse, empty = softmax_lse(s)                    # max-shifted: exact at any finite scale
-    p = torch.where(mask[:, None, :], p, torch.zeros_like(p))
+    p, lse, empty = softmax_lse(s)   # max-shifted; masked (-inf) scores give p = 0 exactly
     o = torch.einsum("skgn,nkd->skgd", p.reshape(s_q, h_kv, group, n), kf[..., :d_v]).reshape(s_q, h_q, d_v)
     o = torch.where(empty[..., None], torch.zeros_like(o), o)
     lse = torch.where(empty, torch.full_like(lse, float("inf")), lse)

@@ -126,8 +126,7 @@ def sparse_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, indices: torch.Ten
         valid = torch.cat(ms, dim=1)                                                  # [s_q, T]
         s = torch.einsum("shd,std->sht", q[i].to(compute_dtype), k) * scale
         s = torch.where(valid[:, None, :], s, torch.full_like(s, float("-inf")))
-        p, lse, empty = softmax_lse(s)                                                # max-shifted
-        p = torch.where(valid[:, None, :], p, torch.zeros_like(p))
+        p, lse, empty = softmax_lse(s)   # max-shifted; masked (-inf) scores give p = 0 exactly
         o = torch.einsum("sht,std->shd", p, k[..., :head_dim_v])
         if sink is not None:
             o = o / (1 + torch.exp(sink[None, :] - lse))[..., None]                     # sink=+inf -> 0, -inf -> 1
