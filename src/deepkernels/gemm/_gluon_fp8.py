@@ -1042,6 +1042,12 @@ def masked_d_tma_ok(d: torch.Tensor) -> bool:
     return d.dim() == 3 and d_tma_ok(d[0]) and (d.shape[0] == 1 or d.stride(0) == d.shape[1] * d.stride(1))
 
 
+def grouped_register_twin(cfg: GluonConfig) -> GluonConfig:
+    """The register-epilogue config a grouped TMA-store config falls back to for a D that TMA cannot address: the
+    grouped register entries have no ``SCALE_AHEAD`` (the dense kernel keeps it)."""
+    return replace(cfg, epi_tma=False, scale_ahead=0)
+
+
 def m_contiguous_kernel(cfg: GluonConfig):
     """The contiguous kernel that runs ``cfg``: the TMA-store-epilogue entry point for ``cfg.epi_tma`` configs."""
     return _fp8_gluon_m_contiguous_epi_kernel if cfg.epi_tma else _fp8_gluon_m_contiguous_kernel
@@ -1211,8 +1217,8 @@ def _go_m_contiguous(a, sfa, b, sfb, d, gid, cfg, num_sms, launcher):
     if cfg.epi_tma:
         if d_tma_ok(d):
             d_args = (d, TensorDescriptor(d, [m, n], [d.stride(0), 1], [64, cfg.block_n], _d_smem_layout()))
-        else:  # D not TMA-able: the register epilogue of the same config (that entry has no scale_ahead)
-            cfg = replace(cfg, epi_tma=False, scale_ahead=0)
+        else:  # D not TMA-able: the register epilogue of the same config
+            cfg = grouped_register_twin(cfg)
             launcher = None
     args = (a_desc, b_desc, *d_args, sfa, sfb, gid, m, n, k, g_num, d.stride(0), sfa.stride(0), sfa.stride(1),
             sfb.stride(0), sfb.stride(1), sfb.stride(2), progs)
@@ -1324,8 +1330,8 @@ def _go_m_masked(a, sfa, b, sfb, d, masked_m, cfg, num_sms, launcher):
         if masked_d_tma_ok(d):  # rows of group g at g * M_max + row of the [G * M_max, N] view
             d_args = (d, TensorDescriptor(d, [g_num * m_max, n], [d.stride(1), 1], [64, cfg.block_n],
                                           _d_smem_layout()))
-        else:  # D not TMA-able as one [G * M_max, N] matrix: the register epilogue (no scale_ahead there)
-            cfg = replace(cfg, epi_tma=False, scale_ahead=0)
+        else:  # D not TMA-able as one [G * M_max, N] matrix: the register epilogue of the same config
+            cfg = grouped_register_twin(cfg)
             launcher = None
     args = (a_desc, b_desc, *d_args, sfa, sfb, masked_m, m_max, n, k, g_num, d.stride(0), d.stride(1),
             sfa.stride(0), sfa.stride(1), sfa.stride(2), sfb.stride(0), sfb.stride(1), sfb.stride(2), progs)

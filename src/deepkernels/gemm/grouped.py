@@ -291,8 +291,7 @@ class _GluonPlan:
         from . import _gluon_fp8 as G
         if self.config.epi_tma and not (G.masked_d_tma_ok(d) if self.masked else G.d_tma_ok(d)):
             # d's strides and 16-B alignment are part of the plan's signature: the register-epilogue twin for good
-            from dataclasses import replace
-            self.config = replace(self.config, epi_tma=False, scale_ahead=0)   # the register entries have no SA
+            self.config = G.grouped_register_twin(self.config)
         if self.masked:
             self.launcher = KernelLauncher(G.m_masked_kernel(self.config), G.m_masked_meta(self.config),
                                            cache_descriptors=True)
