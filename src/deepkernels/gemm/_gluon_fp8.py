@@ -73,7 +73,7 @@ K >= 7168 with >= 3 waves of tiles. The same K loop (:func:`_g_kloop_ahead`) run
 (contiguous / masked ``SCALE_AHEAD``, configs with ``epi_tma`` only: the register-epilogue fallback drops it);
 refactoring the dense loop into that helper left every cross-compiled PTX identical (7 builds compared).
 
-Three math warpgroups (session 19, UNVERIFIED: written after the last device call, compile tier only; configs
+Three math warpgroups (session 19; first GPU run session 20, outcome below; configs
 :data:`GLUON_3WG`: ``BLOCK_M`` 192 of :func:`_fp8_gluon_ws_kernel`; not dispatched). The SA1 profile still shows each
 math warpgroup waiting on its own wgmma with only the other warpgroup's wgmma to overlap; a full in-warpgroup pipeline
 spills at 232-240 registers. Here a CTA computes a 192 x 128 tile with three 64-row math warpgroups, so while one
@@ -87,6 +87,11 @@ bit-identical to S4 EPI (each row's K blocks, products and FMA order are the sam
 per tensor-cycle (> 128 B/clk) if the fill shares the bank bandwidth -> ~0.85-0.95; 192-row tiles quantise worse at M
 4096 (22 row tiles, 9.3 waves at N 7168 vs 13.6): another +0-4 %. Falsifier: >= 1.0 at 4096x7168x16384. Device run:
 ``benchmarks/device_gemm_sa.sh`` (its tests and ``--ab --sa`` include these configs).
+Outcome (session 20, git f4b6ff9, ``results/gemm_3wg-h200-2026-11-30-s20.json``): the GPU tests pass (71/71 of
+``-k "scale_ahead or three_wg"``, D bit-identical to S4 EPI); paired against S6 EPI SA1 (5 rotated rounds, A/A of the
+S4 EPI base 0.95-1.07) the 3WG SA1 build is **1.067** at 4096x7168x16384 (falsified: >= 1.0), 1.05-1.11 at the other
+K >= 7168 shapes with N >= 4096, better only where its tile count quantises better (4096x2112x7168: 0.944; K 512
+0.93-0.96 without SA). Not dispatched; kept as configs for the wave-quantisation case (see ``notes/gemm_gluon.md``).
 """
 from __future__ import annotations
 
@@ -179,7 +184,8 @@ GLUON_WS_128_S4_EPI_SA2 = GluonConfig(128, 128, 4, overlap=False, epi_tma=True, 
 # S6 EPI SA1 is also a dense candidate (6 stages with the earlier scale loads)
 GLUON_WS_128_S6_EPI_SA1 = GluonConfig(128, 128, 6, overlap=False, epi_tma=True, scale_ahead=1)
 GLUON_SA = [GLUON_WS_128_S4_EPI_SA1, GLUON_WS_128_S4_EPI_SA2, GLUON_WS_128_S6_EPI_SA1]
-# session 19, UNVERIFIED (compile tier only; module docstring, "Three math warpgroups"): 192-row tiles (BLOCK_M 192
+# session 19 (GPU-verified session 20, not dispatched: 1.05-1.11x the time of S6 EPI SA1 at K >= 7168, module docstring,
+# "Three math warpgroups"): 192-row tiles (BLOCK_M 192
 # of _fp8_gluon_ws_kernel), three 64-row math warpgroups + the producer warpgroup: 4 x 128 threads x 128 registers =
 # the whole register file, split as 3 x 152 (math) + 56 (producer)
 GLUON_WS_192_S4_EPI = GluonConfig(192, 128, 4, overlap=False, epi_tma=True, math_regs=152, producer_regs=56)
@@ -466,8 +472,8 @@ def _fp8_gluon_ws_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, strid
     """Persistent warp-specialised FP8 1D2D GEMM: TMA producer (default partition) + BLOCK_M//64 math
     warpgroups (worker partitions, 4 warps each). ``EPI_TMA``: ``d_ptr`` is a TensorDescriptor of D (bf16, block
     [64, BLOCK_N]) instead of a pointer, and each math warpgroup stores through its own shared buffer + TMA.
-    ``BLOCK_M`` 192 (session 19, UNVERIFIED; module docstring, "Three math warpgroups"): three math warpgroups;
-    TMA boxes and shared shapes must be powers of two, so ``a_desc``'s block is [64, 128] and each warpgroup owns an A
+    ``BLOCK_M`` 192 (session 19, GPU-tested session 20, not dispatched; module docstring, "Three math warpgroups"):
+    three math warpgroups; TMA boxes and shared shapes must be powers of two, so ``a_desc``'s block is [64, 128] and each warpgroup owns an A
     ring (and epilogue buffer), read from row 0 (``_g_math(..., A_OWN=True)``)."""
     gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128 or BLOCK_M == 192)
     gl.static_assert(BLOCK_N <= 128)
