@@ -1,0 +1,384 @@
+"""Gluon sm90 FP8 1D2D GEMM for small M (M <= 128, decode-time GEMMs), issue #3 (>= 3000 GB/s at M <= 128).
+
+``D[M, N] (bf16) = A[M, K] (e4m3, 1x128 scales sfa) @ B[N, K]^T (e4m3, 128x128 scales sfb)`` with the same per-block
+FP32 promotion as :mod:`deepkernels.gemm._gluon_fp8` (a fresh wgmma partial per 128-wide K block, ``acc += P * (sa *
+sb)``, one BF16 rounding). NOT dispatched (dense.py's M <= 128 rows still run the Triton table); opt-in through
+:func:`launch_fp8_gemm_small`. UNVERIFIED on a GPU when written (session 20): compile tier only.
+
+Why a separate kernel: at M <= 128 the GEMM is a B stream (B is 3-117 MB, A + D + scales < 10 %), so the kernel must
+keep every SM reading B with enough bytes in flight, and split the work evenly over the 132 SMs:
+
+* one CTA owns all M rows (``BLOCK_M`` 64: one math warpgroup; 128: two, rows 0-63 / 64-127, sharing each B stage),
+  so B is read once (the Triton table configs use 64-row tiles: at M 128 B is fetched twice, once per row tile);
+* work item = (N tile, K split): the N tiles x ``split`` K ranges (``kps`` = ceil(kb / split) K blocks each) are
+  spread over a persistent grid of min(items, SMs) CTAs; :func:`pick_config` chooses BLOCK_N (64 / 128) and the split
+  so that the items fill the SMs in (nearly) whole waves;
+* the producer warpgroup streams A + B stages through a deep ring (6-12 stages, ~192 KB: 96-128 KB of B in flight per
+  SM against the ~30 KB per SM that 4 TB/s x ~1 us of HBM latency needs) and runs on into the next item's K blocks
+  while the math warpgroups finish the previous item;
+* split-K reduction, ``mode``:
+  - ``"fixup"`` (default): one kernel. Every split stores its FP32 partial into ``ws [S, M, N]``, then a per-(tile,
+    warpgroup) counter is incremented (``thread_barrier`` then one ``atom.acq_rel.gpu``: the CUTLASS semaphore
+    pattern, no spinning so it cannot hang); the split that arrives last resets the counter to 0 and sums ``ws[0] +
+    ... + ws[S-1]`` in that fixed order from 0.0 -- exactly :func:`_gemm_splitk_reduce_kernel`'s order, so the result
+    does not depend on who arrives last and equals the dispatched split-K path bit for bit when the splits do.
+    The counters live in a zeroed int32 buffer per (device, stream) that the kernel leaves zeroed again.
+  - ``"reduce"``: the same partials, then dense.py's ``_splitk_finish`` (the separate reduce kernel of the dispatched
+    path): one more launch (~2-4 us of a 5-15 us call) and a full FP32 pass, for comparison.
+  Byte / latency arithmetic (benchmarks/notes/gemm_small.md): the partials are S x M x N x 4 B, written and re-read
+  from L2 (M 128, N 4096, S 4: 8 MB vs 29 MB of B), the fixup's extra latency is one L2 round trip per split
+  (~1-2 us, overlapped with the other CTAs' streaming), while a second kernel costs a launch gap plus its own
+  ramp-up; atomics into a zeroed FP32 workspace would need a memset and a cast kernel (3 launches) and are not
+  deterministic.
+
+M from 1 to 128 (TMA zero-fills rows >= M; stores are masked), any N (the last N tile is clipped), K any multiple of
+16 (the K tail of the last 128-block is zero-filled by TMA, as in the large-M kernel); ``S x M x N < 2^31`` for the
+int32 workspace offsets (else no split).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .._gluon import IMPORT_ERROR as _IMPORT_ERROR, available, gl, mbarrier, TensorDescriptor
+from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
+from .._launch import cached_launcher, spec_key
+from ._gluon_fp8 import BLOCK_K, _g_kloop, _g_kloop_ahead, _g_load_stage, _g_store_tile, _num_sms, _smem_layout
+
+__all__ = ["SmallConfig", "pick_config", "launch_fp8_gemm_small", "SMALL_CANDIDATES"]
+
+_SMEM_RING = 196608  # bytes of shared memory given to the A + B ring (the rest: barriers, scratch)
+
+
+def default_stages(block_m: int, block_n: int) -> int:
+    """Ring depth filling ~192 KB: 64x128 8, 128x128 6, 64x64 12, 128x64 8."""
+    return max(2, min(12, _SMEM_RING // ((block_m + block_n) * BLOCK_K)))
+
+
+@dataclass(frozen=True)
+class SmallConfig:
+    block_m: int = 64           # 64 (M <= 64: one math warpgroup) or 128 (two)
+    block_n: int = 128          # 64 or 128 (one scalar sfb per K block)
+    num_stages: int = 0         # 0: default_stages(block_m, block_n)
+    split: int = 1              # requested K splits (clamped so that every split has >= 1 K block)
+    mode: str = "fixup"         # "fixup" (in-kernel last-arriver reduce) or "reduce" (separate reduce kernel)
+    scale_ahead: int = 0        # 1: _gluon_fp8's scales-two-blocks-ahead K loop (same FMA order)
+    math_regs: int = 232
+    producer_regs: int = 40
+
+    def stages(self) -> int:
+        return self.num_stages or default_stages(self.block_m, self.block_n)
+
+    def name(self) -> str:
+        return (f"small_{self.block_m}x{self.block_n}_s{self.stages()}_k{self.split}"
+                f"{'' if self.mode == 'fixup' else '_' + self.mode}{f'_sa{self.scale_ahead}' if self.scale_ahead else ''}")
+
+    def maxnreg(self) -> int:
+        n_math = self.block_m // 64
+        return (self.producer_regs + n_math * self.math_regs) // (1 + n_math) // 8 * 8
+
+    def smem_bytes(self) -> int:
+        return self.stages() * (self.block_m + self.block_n) * BLOCK_K + 2 * 8 * self.stages()
+
+
+# compile-tier set: every (BLOCK_M, BLOCK_N) x reduction kind the picker or the bench can produce
+SMALL_CANDIDATES = [SmallConfig(bm, bn, split=2, mode=md) for bm in (64, 128) for bn in (64, 128)
+                    for md in ("fixup", "reduce")] + [SmallConfig(64, 128, split=1), SmallConfig(128, 128, split=1),
+                                                      SmallConfig(128, 128, split=2, scale_ahead=1)]
+
+
+# ----------------------------------------------------------------------------------------------- device code
+
+@_jit
+def _s_item(item, S, KPS, num_kb):
+    """Work item -> (N tile, split, first K block, end K block); the splits of one tile are consecutive items."""
+    tile = item // S
+    s = item - tile * S
+    kb0 = s * KPS
+    kb1 = gl.minimum(kb0 + KPS, num_kb)
+    return tile, s, kb0, kb1
+
+
+@_jit
+def _s_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, N, K, S, KPS, num_progs,
+                BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """TMA producer: A rows [0, BLOCK_M) + B rows of the item's N tile, K blocks [kb0, kb1), item after item."""
+    pid = gl.program_id(0)
+    num_items = gl.cdiv(N, BLOCK_N) * S
+    num_kb = gl.cdiv(K, 128)
+    it = 0
+    for item in range(pid, num_items, num_progs):
+        tile, s, kb0, kb1 = _s_item(item, S, KPS, num_kb)
+        for kb in range(kb0, kb1):
+            slot = it % NUM_STAGES
+            mbarrier.wait(empty.index(slot), ((it // NUM_STAGES) & 1) ^ 1)  # fresh barriers: phase 1 complete
+            _g_load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, slot, 0, tile * BLOCK_N, kb, True)
+            it += 1
+
+
+@_jit
+def _s_offsets(off_m, off_n, M, N, ROWS: gl.constexpr, BLOCK_N: gl.constexpr, L: gl.constexpr):
+    """int32 offsets ``m * N + n`` of a [ROWS, BLOCK_N] slice of one workspace plane and its in-bounds mask."""
+    offs_m = off_m + gl.arange(0, ROWS, gl.SliceLayout(1, L))
+    offs_n = off_n + gl.arange(0, BLOCK_N, gl.SliceLayout(0, L))
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    return offs_m[:, None] * N + offs_n[None, :], mask
+
+
+@_jit
+def _s_fixup(ws_ptr, d_ptr, S, off_m, off_n, M, N, stride_dm, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+             L: gl.constexpr):
+    """Last split of a tile: ``D = bf16(0 + ws[0] + ws[1] + ... + ws[S-1])`` (the reduce kernel's order per
+    element). Four 16-row chunks in a row-major blocked layout (4 consecutive columns per thread): the whole 64-row
+    slice at once in the wgmma layout spilled (64 scalar addresses + two 64-register tiles per thread)."""
+    CH: gl.constexpr = 16
+    LB: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (BLOCK_N // 4), BLOCK_N // 4], [4, 1], [1, 0])
+    plane = M * N
+    for c in gl.static_range(ROWS // CH):
+        offs, mask = _s_offsets(off_m + c * CH, off_n, M, N, CH, BLOCK_N, LB)
+        tot = gl.zeros([CH, BLOCK_N], gl.float32, LB)
+        for j in range(S):
+            tot += gl.load(ws_ptr + j * plane + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        _g_store_tile(d_ptr, tot, off_m + c * CH, off_n, M, N, stride_dm, CH, BLOCK_N, LB)
+
+
+@_jit
+def _s_math(a_bufs, b_bufs, ready, empty, d_ptr, ws_ptr, cnt_ptr, sfa_ptr, sfb_ptr, M, N, K, S, KPS, stride_dm,
+            sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
+            ROW0: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+            SPLIT_MODE: gl.constexpr, SCALE_AHEAD: gl.constexpr):
+    """One math warpgroup: rows [ROW0, ROW0 + 64) of every item. SPLIT_MODE 0: BF16 store into D (no split);
+    1: FP32 partial into ws[s] (separate reduce); 2: partial + counter, the last split reduces (module docstring)."""
+    ROWS: gl.constexpr = 64
+    L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                instr_shape=[16, BLOCK_N, 32])
+    pid = gl.program_id(0)
+    num_items = gl.cdiv(N, BLOCK_N) * S
+    num_kb = gl.cdiv(K, 128)
+    zero = gl.zeros([ROWS, BLOCK_N], gl.float32, L)
+    offs_m = ROW0 + gl.arange(0, ROWS, gl.SliceLayout(1, L))
+    m_mask = offs_m < M
+    sfa_rows = sfa_ptr + offs_m.to(gl.int64) * sfa_sm
+    it = 0
+    for item in range(pid, num_items, num_progs):
+        tile, s, kb0, kb1 = _s_item(item, S, KPS, num_kb)
+        off_n = tile * BLOCK_N
+        sfb_base = sfb_ptr + (off_n // 128).to(gl.int64) * sfb_sn + kb0.to(gl.int64) * sfb_sk
+        sfa_k = sfa_rows + kb0.to(gl.int64) * sfa_sk
+        acc = gl.zeros([ROWS, BLOCK_N], gl.float32, L)
+        if SCALE_AHEAD > 0:
+            acc, it = _g_kloop_ahead(a_bufs, b_bufs, ready, empty, it, zero, acc, sfa_k, m_mask, sfa_sk, sfb_base,
+                                     sfb_sk, kb1 - kb0, ROW0, ROWS, NUM_STAGES, False)
+        else:
+            acc, it = _g_kloop(a_bufs, b_bufs, ready, empty, it, zero, acc, sfa_k, m_mask, sfa_sk, sfb_base, sfb_sk,
+                               kb1 - kb0, ROW0, ROWS, NUM_STAGES)
+        if SPLIT_MODE == 0:
+            _g_store_tile(d_ptr, acc, ROW0, off_n, M, N, stride_dm, ROWS, BLOCK_N, L)
+        else:
+            offs, mask = _s_offsets(ROW0, off_n, M, N, ROWS, BLOCK_N, L)
+            gl.store(ws_ptr + s * (M * N) + offs, acc, mask=mask)
+            if SPLIT_MODE == 2:
+                gl.thread_barrier()   # every thread's partial is stored before the release below
+                cnt = cnt_ptr + tile * (BLOCK_M // 64) + ROW0 // 64
+                old = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+                if old == S - 1:      # last split of this (tile, warpgroup): every other partial is visible
+                    gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")   # leave the counter zeroed
+                    _s_fixup(ws_ptr, d_ptr, S, ROW0, off_n, M, N, stride_dm, ROWS, BLOCK_N, L)
+
+
+@_jit
+def _fp8_small_kernel(a_desc, b_desc, d_ptr, ws_ptr, cnt_ptr, sfa_ptr, sfb_ptr, M, N, K, S, KPS, stride_dm,
+                      sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                      MATH_REGS: gl.constexpr, SPLIT_MODE: gl.constexpr, SCALE_AHEAD: gl.constexpr):
+    """Persistent warp-specialised small-M FP8 GEMM: TMA producer (default partition, 4 warps) + BLOCK_M // 64 math
+    warpgroups; items = N tiles x S K-splits (module docstring)."""
+    gl.static_assert(BLOCK_M == 64 or BLOCK_M == 128)
+    gl.static_assert(BLOCK_N <= 128)
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=BLOCK_M // 64)  # one arrive per math warpgroup
+    if BLOCK_M == 128:
+        gl.warp_specialize([
+            (_s_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, N, K, S, KPS, num_progs,
+                           BLOCK_N, NUM_STAGES)),
+            (_s_math, (a_bufs, b_bufs, ready, empty, d_ptr, ws_ptr, cnt_ptr, sfa_ptr, sfb_ptr, M, N, K, S, KPS,
+                       stride_dm, sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs, 0, BLOCK_M, BLOCK_N, NUM_STAGES,
+                       SPLIT_MODE, SCALE_AHEAD)),
+            (_s_math, (a_bufs, b_bufs, ready, empty, d_ptr, ws_ptr, cnt_ptr, sfa_ptr, sfb_ptr, M, N, K, S, KPS,
+                       stride_dm, sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs, 64, BLOCK_M, BLOCK_N, NUM_STAGES,
+                       SPLIT_MODE, SCALE_AHEAD)),
+        ], [4, 4], [MATH_REGS, MATH_REGS])
+    else:
+        gl.warp_specialize([
+            (_s_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, N, K, S, KPS, num_progs,
+                           BLOCK_N, NUM_STAGES)),
+            (_s_math, (a_bufs, b_bufs, ready, empty, d_ptr, ws_ptr, cnt_ptr, sfa_ptr, sfb_ptr, M, N, K, S, KPS,
+                       stride_dm, sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs, 0, BLOCK_M, BLOCK_N, NUM_STAGES,
+                       SPLIT_MODE, SCALE_AHEAD)),
+        ], [4], [MATH_REGS])
+
+
+# ----------------------------------------------------------------------------------------------- host code
+
+def split_plan(num_kb: int, split: int) -> tuple[int, int]:
+    """(S, kps): K blocks per split ``kps = ceil(num_kb / split)`` and the splits that get work, ``S = ceil(num_kb /
+    kps)`` (so no split is empty)."""
+    split = max(1, min(split, num_kb))
+    kps = -(-num_kb // split)
+    return -(-num_kb // kps), kps
+
+
+# cost model of pick_config (benchmarks/notes/gemm_small.md): achievable HBM read rate, per-item overhead of the
+# persistent loop (epilogue not hidden behind the next item's stream) and the fixed cost of a split (partial store,
+# counter round trip, L2 re-read by the last split)
+_HBM_BPS = 4.0e12
+_L2_BPS = 8.0e12
+_T_ITEM_US = 0.25
+_T_SPLIT_US = 0.8
+
+
+def model_us(m: int, n: int, k: int, block_n: int, split: int, num_sms: int) -> float:
+    """Modelled kernel time (us) of (BLOCK_N, split): the busiest CTA's bytes (its items x K blocks x the B tile +
+    a quarter of the A tile, A being L2-resident) at 1/num_sms of the HBM rate, plus per-item and split costs."""
+    bm = 64 if m <= 64 else 128
+    num_kb = -(-k // 128)
+    s_eff, kps = split_plan(num_kb, split)
+    tiles = -(-n // block_n)
+    items = tiles * s_eff
+    rounds = -(-items // num_sms)
+    busiest = rounds * kps * BLOCK_K * (block_n + 0.25 * bm)
+    t = busiest * num_sms / _HBM_BPS * 1e6 + rounds * _T_ITEM_US
+    if s_eff > 1:
+        t += _T_SPLIT_US + 2 * s_eff * m * n * 4 / _L2_BPS * 1e6
+    return t
+
+
+def pick_config(m: int, n: int, k: int, num_sms: int, mode: str = "fixup") -> SmallConfig:
+    """The (BLOCK_N, split) of smallest :func:`model_us` (BLOCK_N 128 first on ties: fewer A re-reads)."""
+    bm = 64 if m <= 64 else 128
+    num_kb = -(-k // 128)
+    best = None
+    for bn in (128, 64):
+        seen = set()
+        for split in range(1, 17):
+            s_eff, _ = split_plan(num_kb, split)
+            if s_eff in seen or s_eff * m * n >= 2 ** 31:
+                continue
+            seen.add(s_eff)
+            t = model_us(m, n, k, bn, s_eff, num_sms)
+            if best is None or t < best[0] - 1e-9:
+                best = (t, bn, s_eff)
+    _, bn, s = best
+    return SmallConfig(bm, bn, split=s, mode=mode)
+
+
+_COUNTERS: dict = {}
+_KEEP: list = []        # every counter buffer ever handed out (a captured CUDA graph may still point at one)
+_LAUNCHERS: dict = {}
+
+
+def _counters(device: torch.device, need: int) -> torch.Tensor:
+    """Zeroed int32 counters of the fixup mode, one buffer per (device, current stream): the kernel leaves them
+    zeroed, so the buffer is reused across calls and CUDA-graph replays; calls on one stream are ordered, calls on
+    different streams get different buffers (two GEMMs running concurrently must not share counters). A buffer is
+    never freed (a captured graph may hold its address); a call that needs more than the current one (64 Ki counters
+    = N up to 2^21 at BLOCK_N 64 and two warpgroups) gets a new, larger one."""
+    key = (device.index if device.index is not None else torch.cuda.current_device(),
+           torch.cuda.current_stream(device).cuda_stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < need:
+        buf = _COUNTERS[key] = torch.zeros(max(need, 65536), dtype=torch.int32, device=device)
+        _KEEP.append(buf)
+    return buf
+
+
+def small_meta(cfg: SmallConfig, split_mode: int) -> dict:
+    """Constexprs + compile options of :func:`_fp8_small_kernel` for ``cfg`` (a KernelLauncher's ``meta``)."""
+    return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NUM_STAGES=cfg.stages(), MATH_REGS=cfg.math_regs,
+                SPLIT_MODE=split_mode, SCALE_AHEAD=cfg.scale_ahead, num_warps=4, maxnreg=cfg.maxnreg())
+
+
+def launch_fp8_gemm_small(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
+                          cfg: SmallConfig | None = None, num_sms: int | None = None) -> torch.Tensor:
+    """``d = (a * sfa) @ (b * sfb)^T`` in BF16 for M <= 128 (module docstring); returns d.
+
+    a ``[M, K]`` / b ``[N, K]`` float8_e4m3fn K-major (stride(-1) == 1, 16-B aligned rows and base; K % 16 == 0);
+    sfa ``[M, ceil(K/128)]`` float32 in any layout (read through its strides); sfb ``[ceil(N/128), ceil(K/128)]``
+    float32 (any strides); d ``[M, N]`` bfloat16 with stride(-1) == 1 (any row stride). The layouts dense.py passes to
+    ``_launch_fp8_gluon``. ``cfg`` None: :func:`pick_config`; ``cfg.block_m`` must cover M (64 for M <= 64, else 128).
+    ``num_sms``: persistent grid cap (default: the device's SM count). Raises ValueError / TypeError for bad inputs,
+    RuntimeError without Gluon or under ``TRITON_INTERPRET``."""
+    if not available():
+        raise RuntimeError(f"Gluon is not importable: {_IMPORT_ERROR!r}")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("Gluon kernels have no interpreter support (TRITON_INTERPRET is set)")
+    for name, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("d", d)):
+        if not t.is_cuda:
+            raise ValueError(f"{name} must be a CUDA tensor")
+    if a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
+        raise TypeError("a and b must be float8_e4m3fn")
+    if sfa.dtype != torch.float32 or sfb.dtype != torch.float32 or d.dtype != torch.bfloat16:
+        raise TypeError("sfa/sfb must be float32 and d bfloat16")
+    m, k = a.shape
+    n, k2 = b.shape
+    kb = (k + 127) // 128
+    if k2 != k or tuple(d.shape) != (m, n) or tuple(sfa.shape) != (m, kb) or tuple(sfb.shape) != ((n + 127) // 128, kb):
+        raise ValueError(f"shape mismatch: a {tuple(a.shape)} sfa {tuple(sfa.shape)} b {tuple(b.shape)} "
+                         f"sfb {tuple(sfb.shape)} d {tuple(d.shape)}")
+    if m > 128:
+        raise ValueError(f"the small-M kernel covers M <= 128, got M = {m}")
+    if (a.stride(1) != 1 and k > 1) or (b.stride(1) != 1 and k > 1) or (d.stride(1) != 1 and n > 1):
+        raise ValueError("a, b must be K-major and d row-major")
+    if m == 0 or n == 0:
+        return d
+    if k == 0:
+        return d.zero_()
+    sms = num_sms or _num_sms(a.device)
+    cfg = cfg or pick_config(m, n, k, sms)
+    if cfg.block_m not in (64, 128) or cfg.block_n not in (64, 128) or m > cfg.block_m or \
+            cfg.mode not in ("fixup", "reduce") or cfg.scale_ahead not in (0, 1):
+        raise ValueError(f"bad small-M config for M = {m}: {cfg}")
+    s_eff, kps = split_plan(kb, cfg.split)
+    if s_eff * m * n >= 2 ** 31:   # int32 workspace offsets
+        s_eff, kps = 1, kb
+    split_mode = 0 if s_eff == 1 else (2 if cfg.mode == "fixup" else 1)
+    tiles = (n + cfg.block_n - 1) // cfg.block_n
+    lay = _smem_layout()
+    a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [cfg.block_m, BLOCK_K], lay)
+    b_desc = TensorDescriptor(b, [n, k], [b.stride(0), 1], [cfg.block_n, BLOCK_K], lay)
+    ws = d if s_eff == 1 else torch.empty((s_eff, m, n), dtype=torch.float32, device=d.device)
+    cnt = _counters(d.device, tiles * (cfg.block_m // 64))
+    progs = max(1, min(tiles * s_eff, sms))
+    args = (a_desc, b_desc, d, ws, cnt, sfa, sfb, m, n, k, s_eff, kps, d.stride(0), sfa.stride(0), sfa.stride(1),
+            sfb.stride(0), sfb.stride(1), progs)
+    launcher = cached_launcher(_LAUNCHERS, _fp8_small_kernel, (cfg, split_mode, spec_key(*args)),
+                               lambda: small_meta(cfg, split_mode), cache_descriptors=True)
+    launcher((progs, ), *args)
+    if split_mode == 1:
+        from .dense import _splitk_finish
+        _splitk_finish(ws, d, False, s_eff)
+    return d
+
+
+def _compile_sm90_small(cfg: SmallConfig, split_mode: int | None = None):
+    """Cross-compile :func:`_fp8_small_kernel` for ``cfg`` for sm90 (no GPU needed); ``split_mode`` None: 0 for
+    ``cfg.split == 1``, else 2 (fixup) / 1 (reduce). Returns the CompiledKernel."""
+    if split_mode is None:
+        split_mode = 0 if cfg.split == 1 else (2 if cfg.mode == "fixup" else 1)
+    lay = repr(_smem_layout())
+    sig = {"a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {BLOCK_K}],{lay}>",
+           "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {BLOCK_K}],{lay}>",
+           "d_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "sfa_ptr": "*fp32", "sfb_ptr": "*fp32",
+           "M": "i32", "N": "i32", "K": "i32", "S": "i32", "KPS": "i32", "stride_dm": "i32",
+           "sfa_sm": "i32", "sfa_sk": "i32", "sfb_sn": "i32", "sfb_sk": "i32", "num_progs": "i32"}
+    meta = small_meta(cfg, split_mode)
+    opts = {"num_warps": meta.pop("num_warps"), "maxnreg": meta.pop("maxnreg")}
+    return _compile_sm90_gluon(_fp8_small_kernel, sig, meta, ("d_ptr", "ws_ptr", "cnt_ptr", "sfa_ptr", "sfb_ptr"),
+                               **opts)
