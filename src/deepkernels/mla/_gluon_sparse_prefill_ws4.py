@@ -173,7 +173,7 @@ from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 from .._launch import cached_launcher, spec_key
 from . import _gluon_sparse_prefill as _gsp
 from ._gluon_sparse_prefill import BLOCK_H, D_V, WS_MAXNREG, _g_ws_rows, supported
-from ._gluon_sparse_prefill_ws2 import _p2_prologue, _p2_valid, _p2_write_half
+from ._gluon_sparse_prefill_ws2 import _p2_prologue, _p2_valid, _p2_write_half, _p2_write_half_staged, _q_async
 
 __all__ = ["available", "supported_ws4", "launch_sparse_prefill_gluon_ws4", "compile_sm90_ws4", "DISPATCH",
            "WS4_MAXNREG", "WS4_WG1_REGS", "WS4_PRODUCER_REGS", "WS4_NUM_WARPS"]
@@ -219,6 +219,32 @@ def _w4_gather(buf_n, buf_p, kv_ptr, idx_row, start, n, s_kv, stride_kvs, COL0: 
 
 
 @_jit
+def _w4_idx(idx_row, start, n, s_kv):
+    """IDX_AHEAD (session 20): the 64 indices of top-k positions [start, start + 64) in the 4-rows gather layout
+    (-1 at positions >= n: never read), as ``_w4_gather`` loads them with ``ROWS4``."""
+    L4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    offs_n = start + gl.arange(0, 64, gl.SliceLayout(1, L4))
+    return gl.load(idx_row + offs_n, mask=offs_n < n, other=-1)
+
+
+@_jit
+def _w4_gather_idx(buf_n, buf_p, kv_ptr, idx, s_kv, stride_kvs, COL0: gl.constexpr, ROPE: gl.constexpr,
+                   D_PE: gl.constexpr):
+    """``_w4_gather`` with ``ROWS4`` from indices loaded ahead (:func:`_w4_idx`; IDX_AHEAD): the same validity,
+    row addresses and masked 16-byte cp.async (with ``ROWS4`` the NoPE and RoPE layouts are the same, so one index
+    vector serves both), hence the same bytes in the same places."""
+    L4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    ok = (idx >= 0) & (idx < s_kv)
+    rows = kv_ptr + gl.where(ok, idx, 0).to(gl.int64)[:, None] * stride_kvs
+    offs_d = COL0 + gl.arange(0, 256, gl.SliceLayout(0, L4))
+    async_copy.async_copy_global_to_shared(buf_n, rows + offs_d[None, :], mask=ok[:, None])
+    if ROPE:
+        if D_PE > 0:
+            offs_p = gl.arange(0, D_PE, gl.SliceLayout(0, L4))
+            async_copy.async_copy_global_to_shared(buf_p, rows + 512 + offs_p[None, :], mask=ok[:, None])
+
+
+@_jit
 def _w4_signal(bar):
     """``bar`` completes when every producer thread's cp.asyncs so far have landed (WS2's scheme, count 1)."""
     async_copy.mbarrier_arrive(bar)
@@ -228,14 +254,18 @@ def _w4_signal(bar):
 @_jit
 def _w4_producer(kv_n, kv_p, rdy, fre, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is, H_Q,
                  D_PE: gl.constexpr, HAS_LEN: gl.constexpr, WHOLE: gl.constexpr = False,
-                 ROWS4: gl.constexpr = False):
+                 ROWS4: gl.constexpr = False, IDX_AHEAD: gl.constexpr = False):
     """Worker partition (4 warps): per pair the halves V0L, V1R, V0R, V1L (study 1.4), each after ``fre[h]`` (parity
     ``ph ^ 1``), signalled on ``rdy[h]``. ``WHOLE`` (ablation F2b): a slot is refilled only when BOTH its halves are
-    free (V0L waits ``fre[0]`` and ``fre[1]``, V1R ``fre[3]`` and ``fre[2]``; same gather order)."""
+    free (V0L waits ``fre[0]`` and ``fre[1]``, V1R ``fre[3]`` and ``fre[2]``; same gather order). ``IDX_AHEAD``
+    (session 20, opt-in; needs ``ROWS4``, not with ``WHOLE``): :func:`_w4_producer_ahead`."""
     tok = (gl.program_id(0) // (H_Q // 64)).to(gl.int64)
     n, num_blocks = _g_ws_rows(len_ptr, tok, topk, HAS_LEN)
     num_pairs = (num_blocks + 1) // 2
     idx_row = idx_ptr + tok * stride_is
+    if IDX_AHEAD:
+        _w4_producer_ahead(kv_n, kv_p, rdy, fre, kv_ptr, idx_row, n, num_pairs, s_kv, stride_kvs, D_PE)
+        return
     for i in range(num_pairs):
         ph = (i & 1) ^ 1
         j0 = i * 128
@@ -261,6 +291,40 @@ def _w4_producer(kv_n, kv_p, rdy, fre, kv_ptr, idx_ptr, len_ptr, s_kv, topk, str
         _w4_gather(kv_n.index(1).slice(0, 256, dim=1), kv_p.index(1), kv_ptr, idx_row, j0 + 64, n, s_kv,
                    stride_kvs, 0, False, D_PE, ROWS4)
         _w4_signal(rdy.index(2))
+
+
+@_jit
+def _w4_producer_ahead(kv_n, kv_p, rdy, fre, kv_ptr, idx_row, n, num_pairs, s_kv, stride_kvs, D_PE: gl.constexpr):
+    """IDX_AHEAD (session 20): :func:`_w4_producer`'s pair loop (same waits, parities, gathers, order and signals)
+    with each block's 64 indices loaded once per pair and one pair AHEAD: pair 0's before the loop, pair i+1's
+    block-0 indices right after pair i's last use of block 0 (V0R) and its block-1 indices after V1L, i.e. before
+    the ``fre`` waits that precede their first use. Without it every one of the 4 half gathers of a pair loads its
+    indices after its ``fre`` wait, so a dependent global load (~570 cycles in WS2's producer, session-20 profile)
+    sits between the consumer's release and the first cp.async of the half, on the release -> ready chain.
+    Positions >= n load -1 (masked), never dereferenced, as before."""
+    i0 = _w4_idx(idx_row, 0, n, s_kv)
+    i1 = _w4_idx(idx_row, 64, n, s_kv)
+    for i in range(num_pairs):
+        ph = (i & 1) ^ 1
+        j0 = i * 128
+        mbarrier.wait(fre.index(0), ph)
+        _w4_gather_idx(kv_n.index(0).slice(0, 256, dim=1), kv_p.index(0), kv_ptr, i0, s_kv, stride_kvs, 0, False,
+                       D_PE)
+        _w4_signal(rdy.index(0))
+        mbarrier.wait(fre.index(3), ph)
+        _w4_gather_idx(kv_n.index(1).slice(256, 256, dim=1), kv_p.index(1), kv_ptr, i1, s_kv, stride_kvs, 256, True,
+                       D_PE)
+        _w4_signal(rdy.index(3))
+        mbarrier.wait(fre.index(1), ph)
+        _w4_gather_idx(kv_n.index(0).slice(256, 256, dim=1), kv_p.index(0), kv_ptr, i0, s_kv, stride_kvs, 256, True,
+                       D_PE)
+        _w4_signal(rdy.index(1))
+        i0 = _w4_idx(idx_row, j0 + 128, n, s_kv)
+        mbarrier.wait(fre.index(2), ph)
+        _w4_gather_idx(kv_n.index(1).slice(0, 256, dim=1), kv_p.index(1), kv_ptr, i1, s_kv, stride_kvs, 0, False,
+                       D_PE)
+        _w4_signal(rdy.index(2))
+        i1 = _w4_idx(idx_row, j0 + 192, n, s_kv)
 
 
 @_jit
@@ -312,10 +376,12 @@ def _w4_bars(bars):
 def _w4_wg0(q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, q_ptr, idx_ptr, len_ptr, sink_ptr,
             out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_qs, stride_qh, stride_is, stride_os,
             stride_oh, H_Q, D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
-            SYM: gl.constexpr = False):
+            SYM: gl.constexpr = False, Q_ASYNC: gl.constexpr = False, O_STAGE: gl.constexpr = False):
     """Default partition = WG0 (module docstring): even blocks' S + softmax, O[:, :256]. ``SYM`` (ablation F2a):
     WG0 waits for the combined max (``MX1``) BEFORE its exp2s, so both softmaxes run at the same time (the session-14
-    seesaw order); P0 is then already at the combined max (no second rescale)."""
+    seesaw order); P0 is then already at the combined max (no second rescale). ``Q_ASYNC`` / ``O_STAGE`` (session
+    20, opt-in): WS2's Q by one cp.async batch (``_p2_prologue``) / out[:, :256] staged in ``q_n[0][:, :256]``
+    (``_p2_write_half_staged``; after ``FIN1`` both warpgroups' last S completed: Q is dead)."""
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     L_PA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
@@ -323,7 +389,7 @@ def _w4_wg0(q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, q_ptr,
     LR: gl.constexpr = gl.SliceLayout(1, S_L)
     mx0, mx1, p0r, p1r, qbar, fin0, fin1 = _w4_bars(bars)
     tok, hb, n, num_blocks, idx_row = _p2_prologue(q_n.index(0), q_p.index(0), q_ptr, idx_ptr, len_ptr, topk, stride_qs, stride_qh,
-                                                   stride_is, H_Q, D_PE, HAS_LEN)
+                                                   stride_is, H_Q, D_PE, HAS_LEN, Q_ASYNC)
     mbarrier.arrive(qbar)           # Q stored, fenced and barrier'd by the prologue
     num_pairs = (num_blocks + 1) // 2
     m_i = gl.full([64], float("-inf"), gl.float32, LR)   # running (combined) max of raw q.k
@@ -416,16 +482,21 @@ def _w4_wg0(q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, q_ptr,
     mbarrier.wait(fin1, 0)
     l_tot = l_i + s_m1.load(LR)
     inv = _w4_inv(m_i, l_tot, tok, hb, sink_ptr, ml_ptr, lse_ptr, sm_scale, H_Q, HAS_SINK, False, S_L)
-    _p2_write_half(acc, gl.convert_layout(inv, gl.SliceLayout(1, O_L)), tok, hb, out_ptr, stride_os, stride_oh, 0,
-                   O_L)
+    if O_STAGE:
+        _p2_write_half_staged(acc, gl.convert_layout(inv, gl.SliceLayout(1, O_L)), tok, hb, out_ptr, stride_os,
+                              stride_oh, q_n.index(0).slice(0, 256, dim=1), 0, O_L)
+    else:
+        _p2_write_half(acc, gl.convert_layout(inv, gl.SliceLayout(1, O_L)), tok, hb, out_ptr, stride_os, stride_oh,
+                       0, O_L)
 
 
 @_jit
 def _w4_wg1(q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, idx_ptr, len_ptr, sink_ptr, out_ptr,
             ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_is, stride_os, stride_oh, H_Q,
-            D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr):
+            D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, O_STAGE: gl.constexpr = False):
     """Worker partition = WG1 (module docstring): odd blocks' S + softmax from WG0's max, O[:, 256:], lse /
-    max_logits."""
+    max_logits. ``O_STAGE`` (session 20, opt-in): out[:, 256:] staged in ``q_n[0][:, 256:]`` (after ``FIN0``
+    both warpgroups' last S completed)."""
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     L_PA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
@@ -492,8 +563,12 @@ def _w4_wg1(q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, idx_pt
     mbarrier.wait(fin0, 0)
     l_tot = s_m0.load(LR) + l_i
     inv = _w4_inv(m_i, l_tot, tok, hb, sink_ptr, ml_ptr, lse_ptr, sm_scale, H_Q, HAS_SINK, True, S_L)
-    _p2_write_half(acc, gl.convert_layout(inv, gl.SliceLayout(1, O_L)), tok, hb, out_ptr, stride_os, stride_oh, 256,
-                   O_L)
+    if O_STAGE:
+        _p2_write_half_staged(acc, gl.convert_layout(inv, gl.SliceLayout(1, O_L)), tok, hb, out_ptr, stride_os,
+                              stride_oh, q_n.index(0).slice(256, 256, dim=1), 256, O_L)
+    else:
+        _p2_write_half(acc, gl.convert_layout(inv, gl.SliceLayout(1, O_L)), tok, hb, out_ptr, stride_os, stride_oh,
+                       256, O_L)
 
 
 @_jit
@@ -503,11 +578,15 @@ def _sparse_prefill_gluon_ws4_kernel(
     stride_qs, stride_qh, stride_kvs, stride_is, stride_os, stride_oh, H_Q,
     D_PE: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, WG1_REGS: gl.constexpr, SYM: gl.constexpr = False, WHOLE: gl.constexpr = False,
-    ROWS4: gl.constexpr = False,
+    ROWS4: gl.constexpr = False, Q_ASYNC: gl.constexpr = False, O_STAGE: gl.constexpr = False,
+    IDX_AHEAD: gl.constexpr = False,
 ):
     """The WS / WS2 kernels' runtime arguments; constexprs: D_PE, HAS_LEN, HAS_SINK, the producer's and WG1's
     setmaxnreg; ablations ``SYM`` (symmetric max exchange) / ``WHOLE`` (whole-slot refill), both off by default (PTX
-    unchanged). Partitions: WG0 (default, 4 warps), WG1 (4), producer (4)."""
+    unchanged). Partitions: WG0 (default, 4 warps), WG1 (4), producer (4). ``ROWS4``: the 4-rows NoPE gather
+    (session 18); ``Q_ASYNC`` / ``O_STAGE`` (session 20): WS2's dispatched Q prologue / staged output epilogue
+    (module docstring, "Session 20"); ``IDX_AHEAD`` (session 20): the producer's indices one pair ahead
+    (:func:`_w4_producer_ahead`; with ROWS4); all off by default."""
     SH_N: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 512], gl.bfloat16)
     SH_P: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
     SH_V: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
@@ -535,18 +614,19 @@ def _sparse_prefill_gluon_ws4_kernel(
     gl.warp_specialize([
         (_w4_wg0, (q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, q_ptr, idx_ptr, len_ptr, sink_ptr,
                    out_ptr, ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_qs, stride_qh, stride_is,
-                   stride_os, stride_oh, H_Q, D_PE, HAS_LEN, HAS_SINK, SYM)),
+                   stride_os, stride_oh, H_Q, D_PE, HAS_LEN, HAS_SINK, SYM, Q_ASYNC, O_STAGE)),
         (_w4_wg1, (q_n, q_p, kv_n, kv_p, s_s0, s_s1, s_m0, s_m1, rdy, fre, bars, idx_ptr, len_ptr, sink_ptr, out_ptr,
                    ml_ptr, lse_ptr, s_kv, topk, sm_scale, scale_log2, stride_is, stride_os, stride_oh, H_Q, D_PE,
-                   HAS_LEN, HAS_SINK)),
+                   HAS_LEN, HAS_SINK, O_STAGE)),
         (_w4_producer, (kv_n, kv_p, rdy, fre, kv_ptr, idx_ptr, len_ptr, s_kv, topk, stride_kvs, stride_is, H_Q, D_PE,
-                        HAS_LEN, WHOLE, ROWS4)),
+                        HAS_LEN, WHOLE, ROWS4, IDX_AHEAD)),
     ], [4, 4], [WG1_REGS, PRODUCER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------- host code
 
-_CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "WG1_REGS", "SYM", "WHOLE", "ROWS4")  # param. order
+_CONSTEXPRS = ("D_PE", "HAS_LEN", "HAS_SINK", "PRODUCER_REGS", "WG1_REGS", "SYM", "WHOLE", "ROWS4", "Q_ASYNC",
+               "O_STAGE", "IDX_AHEAD")  # parameter order
 _LAUNCHERS: dict = {}
 _LAUNCHER_LIMIT = 1024
 
@@ -557,23 +637,40 @@ def _flag(x) -> bool:
     return x
 
 
+def _idx_ahead(idx_ahead, gather_rows4, whole_slot) -> bool:
+    """The IDX_AHEAD constexpr: ``idx_ahead`` (a bool), which needs the 4-rows gather layout and the default
+    (non-WHOLE) refill order."""
+    if _flag(idx_ahead) and (not _flag(gather_rows4) or _flag(whole_slot)):
+        raise ValueError("idx_ahead needs gather_rows4=True and whole_slot=False")
+    return idx_ahead
+
+
 def launch_sparse_prefill_gluon_ws4(out, max_logits, lse, q, kv, indices, sm_scale, attn_sink=None,
                                     topk_length=None, *, wg1_regs=None, producer_regs=None, maxnreg=None,
-                                    sym_max: bool = False, whole_slot: bool = False, gather_rows4: bool = False):
+                                    sym_max: bool = False, whole_slot: bool = False, gather_rows4: bool = False,
+                                    q_async: bool = False, o_stage: bool = False, idx_ahead: bool = False):
     """Drop-in for :func:`_gluon_sparse_prefill_ws2.launch_sparse_prefill_gluon_ws2` (same out-parameter contract;
     the caller checked :func:`supported_ws4`, else uses WS2). Keyword-only tuning knobs: WG1 / producer
     ``setmaxnreg``, launch ``maxnreg``; ablations (module docstring, falsifier F2; ValueError unless bools)
     ``sym_max`` (symmetric max exchange) and ``whole_slot`` (whole-slot refill); ``gather_rows4`` (session 18): the
-    NoPE gathers 4 rows x 8 lanes per warp instruction (``_w4_gather``'s ``ROWS4``). Cached :class:`deepkernels._launch.KernelLauncher` keyed by (constexpr names,
+    NoPE gathers 4 rows x 8 lanes per warp instruction (``_w4_gather``'s ``ROWS4``); ``q_async`` / ``o_stage``
+    (session 20): WS2's Q by one cp.async batch (only for a q with 16-byte vectors: WS2's ``_q_async`` guard) / the
+    output staged through the dead Q tile; ``idx_ahead`` (session 20): the producer's indices one pair ahead
+    (needs ``gather_rows4``, not with ``whole_slot``: ValueError); all bools, default off. Cached :class:`deepkernels._launch.KernelLauncher` keyed by (constexpr names,
     constexprs, options, :func:`deepkernels._launch.spec_key` of the arguments)."""
     s_q, h_q, d_qk = q.shape
     if s_q == 0:
         return
     args, ints = _gsp.launch_args(out, max_logits, lse, q, kv, indices, attn_sink, topk_length)
-    names = _CONSTEXPRS
     constexprs = (d_qk - D_V, topk_length is not None, attn_sink is not None,
                   producer_regs or WS4_PRODUCER_REGS, wg1_regs or WS4_WG1_REGS, _flag(sym_max), _flag(whole_slot),
                   _flag(gather_rows4))
+    s20 = (_q_async(_flag(q_async), q), _flag(o_stage), _idx_ahead(idx_ahead, gather_rows4, whole_slot))
+    names = _CONSTEXPRS
+    if any(s20):
+        constexprs = constexprs + s20
+    else:       # the session-20 switches off = the kernel's defaults: the launch meta of the build before them
+        names = _CONSTEXPRS[:len(constexprs)]
     opts = (WS4_NUM_WARPS, maxnreg or WS4_MAXNREG)
     launcher = cached_launcher(_LAUNCHERS, _sparse_prefill_gluon_ws4_kernel,
                                (names, constexprs, opts, spec_key(*args, *ints)),
@@ -584,12 +681,14 @@ def launch_sparse_prefill_gluon_ws4(out, max_logits, lse, q, kv, indices, sm_sca
 
 def compile_sm90_ws4(d_pe: int = 64, has_len: bool = False, has_sink: bool = False, wg1_regs=None,
                      producer_regs=None, maxnreg=None, sym_max: bool = False, whole_slot: bool = False,
-                     gather_rows4: bool = False):
+                     gather_rows4: bool = False, q_async: bool = False, o_stage: bool = False,
+                     idx_ahead: bool = False):
     """Cross-compile the kernel for sm90 (no GPU needed) with the divisibility facts of an aligned launch. Returns
     the CompiledKernel (``.asm['ptx']``, ``.metadata.shared``)."""
     consts = dict(zip(_CONSTEXPRS, (d_pe, has_len, has_sink, producer_regs or WS4_PRODUCER_REGS,
                                     wg1_regs or WS4_WG1_REGS, _flag(sym_max), _flag(whole_slot),
-                                    _flag(gather_rows4))))
+                                    _flag(gather_rows4), _flag(q_async), _flag(o_stage),
+                                    _idx_ahead(idx_ahead, gather_rows4, whole_slot))))
     return _compile_sm90_gluon(_sparse_prefill_gluon_ws4_kernel, _gsp.SIG, consts, _gsp.HINTED,
                                num_warps=WS4_NUM_WARPS,
                                maxnreg=maxnreg or WS4_MAXNREG)
