@@ -145,6 +145,10 @@ def test_small_vs_reference_and_dispatched(shape):
     ref = _dispatched(A, B, m, n)
     diff = float(calc_diff(d.double(), ref.double()))
     assert diff < 1e-6, f"vs dispatched fp8_gemm_nt: calc_diff {diff}"
+    if m in (64, 128):   # the scales-ahead twin of the pick (benchmarks/gemm_small.py's small_sa1): same FMA order
+        auto = S.pick_config(m, n, k, S._num_sms(d.device))
+        d2, _ = _run(A, B, n, S.SmallConfig(auto.block_m, auto.block_n, split=auto.split, scale_ahead=1))
+        assert torch.equal(d2, d), "scale_ahead 1 changed D"
     assert _counters_zero(), "fixup counters left non-zero"
 
 
@@ -158,11 +162,11 @@ ALT_CFGS = [S.SmallConfig(64, 64, split=3), S.SmallConfig(64, 128, split=2, mode
 @needs_gluon
 @needs_cuda
 @pytest.mark.parametrize("cfg", ALT_CFGS, ids=lambda c: c.name())
-@pytest.mark.parametrize("shape", [(1, 1000, 1088), (64, 2112, 7168), (65, 576, 576), (100, 4096, 7168),
-                                   (128, 7168, 2048), (33, 264, 2048)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(1, 1000, 1088), (33, 264, 2048), (65, 576, 576), (100, 2112, 7168)],
+                         ids=lambda s: "x".join(map(str, s)))
 def test_small_configs_partial_tiles(shape, cfg):
-    """Both reduction modes, every tile shape, N not a multiple of the tile (1000, 2112, 576, 264), K tails (1088 =
-    8.5 blocks, 576 = 4.5), MN-major sfa."""
+    """Both reduction modes, every tile shape, N not a multiple of the tile (1000, 264, 576, 2112), K tails (1088 =
+    8.5 blocks, 576 = 4.5), M = 1 and partial second warpgroups (65, 100), MN-major sfa."""
     m, n, k = shape
     if m > cfg.block_m:
         pytest.skip("config covers 64 rows")
@@ -206,10 +210,16 @@ def test_small_repeat_and_graph_replay():
     with torch.cuda.stream(side):
         S.launch_fp8_gemm_small(A[0], A[1], B[0], B[1], d, cfg)
     torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    torch.cuda.synchronize()
+    # captured on the default capture stream (counters allocated + memset inside the graph) and on the warmed-up
+    # side stream (its eagerly zeroed counters, as benchmarks/gemm_small.py captures)
+    g1 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g1):
         S.launch_fp8_gemm_small(A[0], A[1], B[0], B[1], d, cfg)
-    for _ in range(3):
+    g2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g2, stream=side):
+        S.launch_fp8_gemm_small(A[0], A[1], B[0], B[1], d, cfg)
+    for g in (g1, g2, g1, g2, g2):
         d.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()

@@ -84,9 +84,9 @@ class SmallConfig:
 
 
 # compile-tier set: every (BLOCK_M, BLOCK_N) x reduction kind the picker or the bench can produce
-SMALL_CANDIDATES = [SmallConfig(bm, bn, split=2, mode=md) for bm in (64, 128) for bn in (64, 128)
-                    for md in ("fixup", "reduce")] + [SmallConfig(64, 128, split=1), SmallConfig(128, 128, split=1),
-                                                      SmallConfig(128, 128, split=2, scale_ahead=1)]
+SMALL_CANDIDATES = [SmallConfig(bm, bn, split=sp, mode=md, scale_ahead=sa) for bm in (64, 128) for bn in (64, 128)
+                    for sp, md, sa in ((2, "fixup", 0), (2, "reduce", 0), (1, "fixup", 0), (2, "fixup", 1),
+                                       (1, "fixup", 1))]
 
 
 # ----------------------------------------------------------------------------------------------- device code
@@ -287,13 +287,20 @@ _LAUNCHERS: dict = {}
 def _counters(device: torch.device, need: int) -> torch.Tensor:
     """Zeroed int32 counters of the fixup mode, one buffer per (device, current stream): the kernel leaves them
     zeroed, so the buffer is reused across calls and CUDA-graph replays; calls on one stream are ordered, calls on
-    different streams get different buffers (two GEMMs running concurrently must not share counters). A buffer is
+    different streams get different buffers (two GEMMs running concurrently must not share counters). Graphs
+    captured on one stream share that stream's buffer: replay them in stream order (not concurrently). A buffer is
     never freed (a captured graph may hold its address); a call that needs more than the current one (64 Ki counters
-    = N up to 2^21 at BLOCK_N 64 and two warpgroups) gets a new, larger one."""
+    = N up to 2^21 at BLOCK_N 64 and two warpgroups) gets a new, larger one. During a capture on a stream without a
+    buffer (no eager call on it yet, e.g. ``torch.cuda.graph``'s default capture stream) the buffer cannot be zeroed
+    eagerly: that graph gets a buffer of its own whose zeroing (a memset node) is part of the graph."""
     key = (device.index if device.index is not None else torch.cuda.current_device(),
            torch.cuda.current_stream(device).cuda_stream)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < need:
+        if torch.cuda.is_current_stream_capturing():
+            buf = torch.zeros(need, dtype=torch.int32, device=device)      # memset captured into this graph
+            _KEEP.append(buf)
+            return buf
         buf = _COUNTERS[key] = torch.zeros(max(need, 65536), dtype=torch.int32, device=device)
         _KEEP.append(buf)
     return buf
@@ -353,8 +360,9 @@ def launch_fp8_gemm_small(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, s
     lay = _smem_layout()
     a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [cfg.block_m, BLOCK_K], lay)
     b_desc = TensorDescriptor(b, [n, k], [b.stride(0), 1], [cfg.block_n, BLOCK_K], lay)
-    ws = d if s_eff == 1 else torch.empty((s_eff, m, n), dtype=torch.float32, device=d.device)
-    cnt = _counters(d.device, tiles * (cfg.block_m // 64))
+    # unused pointer arguments (no split: ws; no fixup: counters) get sfb: no allocation, no counter buffer
+    ws = sfb if s_eff == 1 else torch.empty((s_eff, m, n), dtype=torch.float32, device=d.device)
+    cnt = _counters(d.device, tiles * (cfg.block_m // 64)) if split_mode == 2 else sfb
     progs = max(1, min(tiles * s_eff, sms))
     args = (a_desc, b_desc, d, ws, cnt, sfa, sfb, m, n, k, s_eff, kps, d.stride(0), sfa.stride(0), sfa.stride(1),
             sfb.stride(0), sfb.stride(1), progs)
@@ -375,7 +383,8 @@ def _compile_sm90_small(cfg: SmallConfig, split_mode: int | None = None):
     lay = repr(_smem_layout())
     sig = {"a_desc": f"tensordesc<fp8e4nv[{cfg.block_m}, {BLOCK_K}],{lay}>",
            "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {BLOCK_K}],{lay}>",
-           "d_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "sfa_ptr": "*fp32", "sfb_ptr": "*fp32",
+           "d_ptr": "*bf16", "ws_ptr": "*fp32", "cnt_ptr": "*i32" if split_mode == 2 else "*fp32",
+           "sfa_ptr": "*fp32", "sfb_ptr": "*fp32",
            "M": "i32", "N": "i32", "K": "i32", "S": "i32", "KPS": "i32", "stride_dm": "i32",
            "sfa_sm": "i32", "sfa_sk": "i32", "sfb_sn": "i32", "sfb_sk": "i32", "num_progs": "i32"}
     meta = small_meta(cfg, split_mode)

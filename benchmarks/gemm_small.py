@@ -1,0 +1,246 @@
+"""Small-M Gluon FP8 GEMM (``deepkernels.gemm._gluon_fp8_small``, session 20, not dispatched) vs the dispatched
+``dk.fp8_gemm_nt`` (Triton table at M <= 128) vs cuBLAS blockwise (``torch._scaled_mm``, 1x128 MN-major sfa x 128x128
+sfb, as benchmarks/gemm_gluon.py calls it; refuses N % 128 != 0), at the issue-#3 shapes M in {64, 128} x the six
+DeepSeek-V3 (N, K).
+
+Variants per shape (each checked once before timing: NaN-poisoned D, calc_diff < 1e-3 against the dequantised FP32
+product, no NaN left; a variant failing its check is recorded and not timed):
+  dispatched, dispatched_aa   the public op twice (A/A control: its paired ratio is the noise floor)
+  small_auto                  launch_fp8_gemm_small with pick_config (fixup split-K)
+  small_auto_reduce           the same split with the separate reduce kernel (only when the pick splits K)
+  small_sa1                   small_auto with the scales-ahead K loop (``--no-sa`` drops it: at BLOCK_N 64 one
+                              warpgroup's serial chain per K block -- scale loads, wgmma, promotion -- is close to
+                              the ~500 cycles in which an 8 KB B stage arrives, so the early scale loads may count)
+  small_twin                  the dispatched table config's BLOCK_N and split (when it differs from the pick)
+  small_alt                   the other BLOCK_N at its best modelled split (when it differs)
+  small_split2x               the pick with twice the splits (when the K blocks allow it)
+  cublas                      torch._scaled_mm blockwise (N % 128 == 0 only; writes a fresh tensor)
+Timing: R rotated rounds (``--rounds``, default 5; round r starts at variant r mod n); per round and variant one
+CUDA-graph replay time (primary: a graph holding one call, replayed under ``triton.testing.do_bench`` with its L2
+flush, as ``deepkernels bench`` times graphs) and one whole-call time (do_bench of the Python call). Per variant:
+median over rounds, GB/s (bytes = A + B + D + scales, as ``deepkernels bench`` counts them), and the median over
+rounds of the PAIRED ratio t_variant / t_dispatched of the same round (graph and call; < 1 faster). SUMMARY line per
+shape. JSON (rewritten after every shape) with provenance (GPU, torch / triton versions, GIT_SHA).
+
+Usage: PYTHONPATH=src python benchmarks/gemm_small.py [--out PATH] [--rounds 5] [--rep-ms 20] [--ms 64,128]
+       [--budget-s 90] [--variants small_auto,dispatched,...] [--no-sa]; ``--dry-run``: print the plan (variants / configs per
+       shape from the picker and the table) without a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+
+
+def nbytes(m, n, k):
+    kb = (k + 127) // 128
+    return m * k + n * k + 2 * m * n + 4 * (m * kb + ((n + 127) // 128) * kb)
+
+
+def configs(m, n, k, num_sms, with_sa=False):
+    """{variant: SmallConfig} of the small-M kernel at this shape (module docstring); ``with_sa``: + small_sa1."""
+    from deepkernels.gemm import _gluon_fp8_small as S
+    from deepkernels.gemm._configs import select_fp8_config
+    auto = S.pick_config(m, n, k, num_sms)
+    num_kb = (k + 127) // 128
+    out = {"small_auto": auto}
+    if auto.split > 1:
+        out["small_auto_reduce"] = S.SmallConfig(auto.block_m, auto.block_n, split=auto.split, mode="reduce")
+    if with_sa:
+        out["small_sa1"] = S.SmallConfig(auto.block_m, auto.block_n, split=auto.split, scale_ahead=1)
+    t = select_fp8_config(m, n, k, num_sms)
+    twin = S.SmallConfig(auto.block_m, t.block_n, split=t.split_k)
+    if (twin.block_n, twin.split) != (auto.block_n, auto.split) and t.block_n in (64, 128):
+        out["small_twin"] = twin
+    other = 64 if auto.block_n == 128 else 128
+    best = min(((S.model_us(m, n, k, other, s, num_sms), s) for s in range(1, 17)
+                if S.split_plan(num_kb, s)[0] == s and s * m * n < 2 ** 31))
+    alt = S.SmallConfig(auto.block_m, other, split=best[1])
+    if all((alt.block_n, alt.split) != (c.block_n, c.split) for c in out.values()):
+        out["small_alt"] = alt
+    s2, _ = S.split_plan(num_kb, 2 * auto.split)
+    if s2 > auto.split and s2 * m * n < 2 ** 31:
+        out["small_split2x"] = S.SmallConfig(auto.block_m, auto.block_n, split=s2)
+    return out
+
+
+def _inputs(m, n, k):
+    from deepkernels.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    return per_token_cast_to_fp8(a, use_ue8m0=False), per_block_cast_to_fp8(b, use_ue8m0=False)
+
+
+def _graph(fn):
+    """A CUDA graph holding one call of ``fn``, warmed up on a side stream and captured on that same stream (the
+    small-M kernel's fixup counters of that stream are then allocated and zeroed eagerly, as in a serving loop that
+    warms up before capturing; ``torch.cuda.graph``'s default capture stream would add a memset node instead)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=side):
+        fn()
+    torch.cuda.synchronize()
+    return g
+
+
+def run(args):
+    import triton
+    import triton.testing
+    import deepkernels as dk
+    from deepkernels.bench.paired import round_stats, rotation
+    from deepkernels.bench.runner import provenance
+    from deepkernels.gemm import _gluon_fp8_small as S
+    from deepkernels.testing import calc_diff
+
+    t0 = time.time()
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    res = dict(provenance=provenance(), git_sha_env=os.environ.get("GIT_SHA", ""), rounds=args.rounds,
+               rep_ms=args.rep_ms, triton=triton.__version__,
+               timing="graph_us: do_bench (L2 flushed) of a CUDA graph replaying one call; us: do_bench of the whole "
+                      "call; per variant median over rotated rounds; paired = median over rounds of t / t_dispatched",
+               rows=[])
+    want = set(args.variants.split(",")) if args.variants else None
+    shapes = [(m, n, k) for m in args.ms for n, k in NK]
+    for m, n, k in shapes:
+        if time.time() - t0 > args.budget_s:
+            res["rows"].append({"shape": [m, n, k], "skipped": "time budget"})
+            print(f"{m}x{n}x{k}: skipped (time budget)", flush=True)
+            continue
+        row = {"shape": [m, n, k], "bytes": nbytes(m, n, k), "flops": 2 * m * n * k, "impls": {}}
+        A, B = _inputs(m, n, k)
+        sa = A[1].repeat_interleave(128, 1)[:, :k]
+        sb = B[1].repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+        ref = (A[0].float() * sa) @ (B[0].float() * sb).T
+        del sa, sb
+        cfgs = configs(m, n, k, num_sms, args.sa)
+        impls, outs = {}, {}
+        for name in ("dispatched", "dispatched_aa"):
+            d = outs[name] = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            impls[name] = (lambda d=d, A=A, B=B: dk.fp8_gemm_nt(A, B, d))
+        for name, cfg in cfgs.items():
+            d = outs[name] = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            impls[name] = (lambda d=d, c=cfg, A=A, B=B: S.launch_fp8_gemm_small(A[0], A[1], B[0], B[1], d, c))
+            row["impls"][name] = {"config": cfg.name()}
+        if n % 128 == 0:
+            sfa_c, sfb_c = A[1].T.contiguous().T, B[1].contiguous().T
+            cub = {}
+            impls["cublas"] = lambda A=A, B=B, sfa_c=sfa_c, sfb_c=sfb_c, cub=cub: cub.__setitem__("d", torch._scaled_mm(
+                A[0], B[0].T, scale_a=sfa_c, scale_b=sfb_c, out_dtype=torch.bfloat16))
+        if want:
+            impls = {nm: f for nm, f in impls.items() if nm in want or nm == "dispatched"}
+        ok, graphs = [], {}
+        for name, fn in impls.items():
+            e = row["impls"].setdefault(name, {})
+            try:
+                if name in outs:
+                    outs[name].fill_(float("nan"))
+                fn()
+                torch.cuda.synchronize()
+                got = cub["d"] if name == "cublas" else outs[name]
+                e["nan"] = bool(torch.isnan(got).any())
+                e["diff"] = float(calc_diff(torch.nan_to_num(got.float(), nan=1e4), ref))
+                if e["diff"] >= 1e-3 or e["nan"]:
+                    e["error"] = "failed its check: not timed"
+                    continue
+                if name != "dispatched" and name != "cublas" and "dispatched" in outs:
+                    e["bit_identical_to_dispatched"] = bool(torch.equal(got, outs["dispatched"]))
+                graphs[name] = _graph(fn)
+                ok.append(name)
+            except Exception as ex:  # noqa: BLE001
+                e["error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
+        g_ms = {nm: [] for nm in ok}
+        c_ms = {nm: [] for nm in ok}
+        for r in range(args.rounds):
+            for name in rotation(ok, r):
+                g_ms[name].append(triton.testing.do_bench(graphs[name].replay, warmup=3, rep=args.rep_ms,
+                                                          return_mode="median"))
+                c_ms[name].append(triton.testing.do_bench(impls[name], warmup=3, rep=args.rep_ms,
+                                                          return_mode="median"))
+        gst = round_stats(g_ms, "dispatched" if "dispatched" in ok else None)
+        cst = round_stats(c_ms, "dispatched" if "dispatched" in ok else None)
+        for name in ok:
+            e = row["impls"][name]
+            e["graph_us_rounds"] = [x * 1e3 for x in g_ms[name]]
+            e["us_rounds"] = [x * 1e3 for x in c_ms[name]]
+            e["graph_us"] = gst[name]["ms"] * 1e3
+            e["us"] = cst[name]["ms"] * 1e3
+            e["graph_gbps"] = row["bytes"] / e["graph_us"] / 1e3
+            e["gbps"] = row["bytes"] / e["us"] / 1e3
+            e["graph_tflops"] = row["flops"] / e["graph_us"] / 1e6
+            if "paired_time_ratio_median" in gst[name]:
+                e["graph_paired_vs_dispatched"] = gst[name]["paired_time_ratio_median"]
+                e["graph_paired_ratios"] = gst[name]["paired_time_ratios"]
+            if "paired_time_ratio_median" in cst[name]:
+                e["call_paired_vs_dispatched"] = cst[name]["paired_time_ratio_median"]
+        res["rows"].append(row)
+        ims = row["impls"]
+        base = ims.get("dispatched", {})
+        cells = "  ".join(f"{nm.replace('small_', '')} {e['graph_us']:.1f}us {e['graph_gbps']:.0f}GB/s "
+                          f"{e.get('graph_paired_vs_dispatched', float('nan')):.3f}|"
+                          f"{e.get('call_paired_vs_dispatched', float('nan')):.3f}"
+                          for nm, e in ims.items() if "graph_us" in e and nm != "dispatched")
+        errs = "  ".join(f"{nm}: {e['error'][:80]}" for nm, e in ims.items() if "error" in e)
+        print(f"SUMMARY {m}x{n}x{k} dispatched {base.get('graph_us', float('nan')):.1f}us "
+              f"{base.get('graph_gbps', float('nan')):.0f}GB/s | graph us, GB/s, paired t/t_disp graph|call: {cells}"
+              + (f"  ERRORS {errs}" if errs else ""), flush=True)
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+        del ref, outs, graphs, impls
+        torch.cuda.empty_cache()
+    # per-shape best small-M variant (graph) for the notes
+    print("\nbest small-M variant per shape (graph replay):")
+    for row in res["rows"]:
+        sm = {nm: e for nm, e in row.get("impls", {}).items() if nm.startswith("small") and "graph_us" in e}
+        if sm:
+            nm, e = min(sm.items(), key=lambda kv: kv[1]["graph_us"])
+            print(f"  {'x'.join(map(str, row['shape']))}: {nm} ({e['config']}) {e['graph_gbps']:.0f} GB/s, "
+                  f"t/t_disp {e.get('graph_paired_vs_dispatched', float('nan')):.3f}", flush=True)
+    return 0
+
+
+def dry_run(args):
+    from deepkernels.gemm import _gluon_fp8_small as S
+    from deepkernels.gemm._configs import select_fp8_config
+    for m in args.ms:
+        for n, k in NK:
+            cf = configs(m, n, k, 132, args.sa)
+            print(f"{m}x{n}x{k} table {select_fp8_config(m, n, k, 132).name()}  " + "  ".join(
+                f"{nm}={c.name()}({S.model_us(m, n, k, c.block_n, c.split, 132):.1f}us model)" for nm, c in cf.items()))
+    return 0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gemm_small.json"))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rep-ms", type=int, default=20)
+    ap.add_argument("--ms", default="64,128", help="comma-separated M values")
+    ap.add_argument("--budget-s", type=float, default=90.0, help="shapes not started by then are skipped")
+    ap.add_argument("--variants", default="", help="comma-separated subset of the variant names (+ dispatched)")
+    ap.add_argument("--no-sa", dest="sa", action="store_false", help="do not time small_sa1 (scales-ahead loop)")
+    ap.add_argument("--dry-run", action="store_true", help="print the variants' configs per shape; no GPU")
+    args = ap.parse_args(argv)
+    args.ms = [int(x) for x in args.ms.split(",") if x]
+    if args.dry_run:
+        return dry_run(args)
+    if not torch.cuda.is_available():
+        print("gemm_small.py: no CUDA device (use --dry-run on a CPU)")
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
