@@ -227,7 +227,8 @@ def _g_piece(req, begin_req, end_req, begin_blk, end_blk, begin_split, seqlens_p
 def _g_producer(kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr, nsplits_ptr,
                 stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES: gl.constexpr,
                 HALF: gl.constexpr = False, QTMA: gl.constexpr = False, qn_desc=None, qp_desc=None, q_nope=None,
-                q_rope=None, qready=None, qempty=None, rows=None, group=None):
+                q_rope=None, qready=None, qempty=None, rows=None, group=None, PVR: gl.constexpr = False,
+                kready_b=None, kempty_b=None):
     mb, kvh, part = _g_coords(num_m_blocks, h_kv)
     begin_req, end_req, begin_blk, end_blk, begin_split = _g_record(meta_ptr, part, b)
     col = kvh * 576
@@ -246,7 +247,13 @@ def _g_producer(kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlen
             tma.async_copy_global_to_shared(qp_desc, [qrow, 512], qready, q_rope)
         for t0 in range(k0, k1, 64):
             slot = it % NUM_STAGES
-            if HALF:
+            if PVR:
+                # column-split slot: part a = K_nope cols 0-255 + K_rope (40 KB, released by the softmax warpgroup
+                # after P V_L), part b = cols 256-511 (32 KB, released by the PV warpgroup after P V_R); 64-column
+                # boxes through the [64, 64] descriptor (one 128-B swizzle atom wide, so a column slice of the tile)
+                _g_load_pvr(kp_desc, k_nope, k_rope, kready, kempty, kready_b, kempty_b, bt_row, t0, col, slot,
+                            ((it // NUM_STAGES) & 1) ^ 1, num_kv_blocks)
+            elif HALF:
                 # two 32-token halves of the page, each on its own ready/empty pair: the first half is released
                 # by the consumers halfway through P V, so its next load starts earlier
                 page = gl.load(bt_row + t0 // 64)
@@ -268,6 +275,28 @@ def _g_producer(kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlen
                 tma.async_copy_global_to_shared(kn_desc, [page * 64, col], bar, k_nope.index(slot))
                 tma.async_copy_global_to_shared(kp_desc, [page * 64, col + 512], bar, k_rope.index(slot))
             it += 1
+
+
+@_jit
+def _g_load_pvr(kp_desc, k_nope, k_rope, kready, kempty, kready_b, kempty_b, bt_row, t0, col, slot, phase,
+                num_kv_blocks):
+    """PVR: one page into ring slot ``slot`` as part a (``kempty``/``kready``: K_nope cols 0-255 + K_rope) and part b
+    (``kempty_b``/``kready_b``: cols 256-511), each loaded once its own release has come."""
+    mbarrier.wait(kempty.index(slot), phase)
+    page = gl.load(bt_row + t0 // 64)
+    page = gl.minimum(gl.maximum(page, 0), num_kv_blocks - 1)
+    bar = kready.index(slot)
+    mbarrier.expect(bar, 5 * kp_desc.block_type.nbytes)
+    for c in gl.static_range(4):
+        tma.async_copy_global_to_shared(kp_desc, [page * 64, col + c * 64], bar,
+                                        k_nope.index(slot).slice(c * 64, 64, dim=1))
+    tma.async_copy_global_to_shared(kp_desc, [page * 64, col + 512], bar, k_rope.index(slot))
+    mbarrier.wait(kempty_b.index(slot), phase)
+    bar_b = kready_b.index(slot)
+    mbarrier.expect(bar_b, 4 * kp_desc.block_type.nbytes)
+    for c in gl.static_range(4):
+        tma.async_copy_global_to_shared(kp_desc, [page * 64, col + 256 + c * 64], bar_b,
+                                        k_nope.index(slot).slice(256 + c * 64, 64, dim=1))
 
 
 @_jit
@@ -382,7 +411,8 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
                   stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
                   acc_rows, sm_scale, sm_scale_log2,
                   CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, HALF: gl.constexpr = False,
-                  QTMA: gl.constexpr = False, TRIM: gl.constexpr = False, qready=None, qempty=None):
+                  QTMA: gl.constexpr = False, TRIM: gl.constexpr = False, qready=None, qempty=None,
+                  PVR: gl.constexpr = False, kready_b=None, sissued=None):
     DT: gl.constexpr = k_nope.dtype
     L_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     L_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
@@ -433,13 +463,28 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
         for j in range(0, n_tiles):
             t0 = k0 + j * 64
             slot = it % NUM_STAGES
-            if HALF:
-                _g_wait_halves(kready, slot, (it // NUM_STAGES) & 1)
-            else:
+            if PVR:
+                # S in the same MMA order as below (NoPE 0-255, 256-511, RoPE: bit-identical), the second NoPE
+                # half behind its own part's arrival; once all of S_j is issued, the PV warpgroup may issue
+                # P V_R of the previous tile (it queues behind S_j on the tensor cores and runs under softmax_j)
                 mbarrier.wait(kready.index(slot), (it // NUM_STAGES) & 1)
-            tok = warpgroup_mma(q_nope, k_nope.index(slot).permute((1, 0)), zero_s, use_acc=False,
-                                is_async=True)
-            tok = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), tok, is_async=True)
+                tok = warpgroup_mma(q_nope.slice(0, 256, dim=1),
+                                    k_nope.index(slot).slice(0, 256, dim=1).permute((1, 0)), zero_s, use_acc=False,
+                                    is_async=True)
+                mbarrier.wait(kready_b.index(slot), (it // NUM_STAGES) & 1)
+                tok = warpgroup_mma(q_nope.slice(256, 256, dim=1),
+                                    k_nope.index(slot).slice(256, 256, dim=1).permute((1, 0)), tok, is_async=True)
+                tok = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), tok, is_async=True)
+                if j > 0:
+                    mbarrier.arrive(sissued)
+            else:
+                if HALF:
+                    _g_wait_halves(kready, slot, (it // NUM_STAGES) & 1)
+                else:
+                    mbarrier.wait(kready.index(slot), (it // NUM_STAGES) & 1)
+                tok = warpgroup_mma(q_nope, k_nope.index(slot).permute((1, 0)), zero_s, use_acc=False,
+                                    is_async=True)
+                tok = warpgroup_mma(q_rope, k_rope.index(slot).permute((1, 0)), tok, is_async=True)
             s = warpgroup_mma_wait(0, deps=(tok, ))
             if QTMA:
                 if j == n_tiles - 1:
@@ -458,6 +503,9 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
                 o = warpgroup_mma_wait(0, deps=(o_tok, ))
                 mbarrier.arrive(kempty.index(slot))
             it += 1
+        if PVR:
+            if n_tiles > 0:
+                mbarrier.arrive(sissued)     # no S_{j+1} after the piece's last tile: release its P V_R now
         if QTMA:
             if n_tiles == 0:
                 mbarrier.arrive(qempty)
@@ -492,7 +540,8 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
 @_jit
 def _g_pv_wg(k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
              out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
-             NUM_STAGES: gl.constexpr, HALF: gl.constexpr = False):
+             NUM_STAGES: gl.constexpr, HALF: gl.constexpr = False, PVR: gl.constexpr = False, kready_b=None,
+             kempty_b=None, sissued=None):
     L_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     mb, kvh, part = _g_coords(num_m_blocks, h_kv)
     begin_req, end_req, begin_blk, end_blk, begin_split = _g_record(meta_ptr, part, b)
@@ -505,7 +554,9 @@ def _g_pv_wg(k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr,
         o = gl.zeros([64, 256], gl.float32, L_O)
         for t0 in range(k0, k1, 64):
             slot = it % NUM_STAGES
-            if HALF:
+            if PVR:
+                mbarrier.wait(kready_b.index(slot), (it // NUM_STAGES) & 1)     # V_R = part b of the slot
+            elif HALF:
                 _g_wait_halves(kready, slot, (it // NUM_STAGES) & 1)
             else:
                 mbarrier.wait(kready.index(slot), (it // NUM_STAGES) & 1)
@@ -517,7 +568,14 @@ def _g_pv_wg(k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr,
                 _g_zero_tail(v, k1 - t0, 64, 256, 4)
                 fence_async_shared()
                 gl.thread_barrier()
-            if HALF:
+            if PVR:
+                # one sissued phase per tile (arrived at S_{j+1}'s issue or after the piece's last P V_L)
+                mbarrier.wait(sissued, it & 1)
+                tok = warpgroup_mma(p_smem, v, o, is_async=True)
+                o = warpgroup_mma_wait(0, deps=(tok, ))
+                mbarrier.arrive(pfree)
+                mbarrier.arrive(kempty_b.index(slot))
+            elif HALF:
                 o = _g_pv_halves(p_smem, v, o, kempty, slot)
                 mbarrier.arrive(pfree)
             else:
@@ -546,28 +604,54 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
                           sm_scale, sm_scale_log2, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
                           kempty, pready, pfree, CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr,
                           PV_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, HALF: gl.constexpr,
-                          QTMA: gl.constexpr, qn_desc, qp_desc, TRIM: gl.constexpr = False):
+                          QTMA: gl.constexpr, qn_desc, qp_desc, TRIM: gl.constexpr = False,
+                          PVR: gl.constexpr = False):
     """The opt-in variant's partitions (HALF: 32-token half-tile ready/empty pairs; QTMA: Q loaded by the producer
-    with TMA on ``qready``/``qempty``; TRIM: the softmax warpgroup's trimmed per-tile math, :func:`_g_softmax_trim`).
-    Kept out of the kernel body so the default's IR is built as before."""
+    with TMA on ``qready``/``qempty``; TRIM: the softmax warpgroup's trimmed per-tile math, :func:`_g_softmax_trim`;
+    PVR: column-split slots, ``kready``/``kempty`` then guard part a and ``kready_b``/``kempty_b`` part b, and
+    ``sissued`` lets the PV warpgroup issue P V_R_j once S_{j+1} is issued). Kept out of the kernel body so the
+    default's IR is built as before."""
     if QTMA:
         qready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         qempty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(qready, count=1)
         mbarrier.init(qempty, count=1)
-        gl.warp_specialize([
-            (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
-                             seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
-                             stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
-                             h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, HALF, QTMA, TRIM,
-                             qready, qempty)),
-            (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
-                        out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
-                        NUM_STAGES, HALF)),
-            (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
-                           nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
-                           HALF, QTMA, qn_desc, qp_desc, q_nope, q_rope, qready, qempty, rows, group)),
-        ], [4, 1], [PV_REGS, PRODUCER_REGS])
+        if PVR:
+            kready_b = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+            kempty_b = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+            sissued = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(NUM_STAGES):
+                mbarrier.init(kready_b.index(i), count=1)
+                mbarrier.init(kempty_b.index(i), count=1)    # the PV warpgroup only (V_R)
+            mbarrier.init(sissued, count=1)
+            gl.warp_specialize([
+                (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready,
+                                 pfree, seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                                 stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
+                                 h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, False, QTMA, TRIM,
+                                 qready, qempty, PVR, kready_b, sissued)),
+                (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr,
+                            nsplits_ptr, out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
+                            acc_rows, NUM_STAGES, False, PVR, kready_b, kempty_b, sissued)),
+                (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
+                               nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
+                               False, QTMA, qn_desc, qp_desc, q_nope, q_rope, qready, qempty, rows, group, PVR,
+                               kready_b, kempty_b)),
+            ], [4, 1], [PV_REGS, PRODUCER_REGS])
+        else:
+            gl.warp_specialize([
+                (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready,
+                                 pfree, seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                                 stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
+                                 h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, HALF, QTMA, TRIM,
+                                 qready, qempty)),
+                (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr,
+                            nsplits_ptr, out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
+                            acc_rows, NUM_STAGES, HALF)),
+                (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
+                               nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
+                               HALF, QTMA, qn_desc, qp_desc, q_nope, q_rope, qready, qempty, rows, group)),
+            ], [4, 1], [PV_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
@@ -598,7 +682,8 @@ def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_
                              out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                              stride_qb, stride_qs, stride_qh, stride_btb, max_pages, num_kv_blocks,
                              b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows, sm_scale, sm_scale_log2,
-                             qn_desc=None, qp_desc=None, HALF: gl.constexpr = False, QTMA: gl.constexpr = False,
+                             qn_desc=None, qp_desc=None, PVR: gl.constexpr = False, HALF: gl.constexpr = False,
+                             QTMA: gl.constexpr = False,
                              TRIM: gl.constexpr = False, CAUSAL: gl.constexpr = False, NUM_STAGES: gl.constexpr = 2,
                              PV_REGS: gl.constexpr = 232, PRODUCER_REGS: gl.constexpr = 40):
     DT: gl.constexpr = kn_desc.dtype
@@ -616,16 +701,19 @@ def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_
     pfree = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NSLOT):
         mbarrier.init(kready.index(i), count=1)
-        mbarrier.init(kempty.index(i), count=2)  # one arrive per consumer warpgroup
+        if PVR:
+            mbarrier.init(kempty.index(i), count=1)  # PVR: part a of the slot, released by the softmax warpgroup
+        else:
+            mbarrier.init(kempty.index(i), count=2)  # one arrive per consumer warpgroup
     mbarrier.init(pready, count=1)
     mbarrier.init(pfree, count=1)
-    if HALF or QTMA or TRIM:
+    if HALF or QTMA or TRIM or PVR:
         _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr, nsplits_ptr,
                               out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh, stride_btb,
                               max_pages, num_kv_blocks, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
                               sm_scale, sm_scale_log2, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
                               kempty, pready, pfree, CAUSAL, NUM_STAGES, PV_REGS, PRODUCER_REGS, HALF, QTMA,
-                              qn_desc, qp_desc, TRIM)
+                              qn_desc, qp_desc, TRIM, PVR)
     else:
         gl.warp_specialize([
             (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
@@ -672,7 +760,7 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor, rows: int) -> bool:
 
 
 def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
-                       config=None, _spec=None, half_tiles=None, q_tma=None, trim=None):
+                       config=None, _spec=None, half_tiles=None, q_tma=None, trim=None, pvr=False):
     """Launch the Gluon split-KV kernel (no combine). Arguments as in ``decode._dense_launch`` (q ``[b, s_q, h_q,
     576]``, k_cache ``[num_blocks, 64, h_kv, 576]``, block_table ``[b, *]`` int32 with stride(1) == 1, seqlens
     ``[b]`` int32 contiguous, sched ``[parts, 8]`` / num_splits ``[b + 1]`` int32); outputs allocated by the
@@ -692,7 +780,12 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
 
     ``trim``: the TRIM option (module docstring): the softmax warpgroup masks only tiles that can hold a masked token
     and folds the scale into one FFMA per score; None takes :data:`DISPATCH_TRIM` (on) at >= :data:`DISPATCH_MIN_ROWS`
-    rows (``DEEPKERNELS_DENSE_DECODE_VARIANT=0`` keeps it off). Any combination with ``half_tiles`` / ``q_tma``."""
+    rows (``DEEPKERNELS_DENSE_DECODE_VARIANT=0`` keeps it off). Any combination with ``half_tiles`` / ``q_tma``.
+
+    ``pvr``: the PVR option (module docstring "PVR option"; not dispatched, default False): P V_R issued behind the
+    next tile's S, K slots released by column halves. Needs Q by TMA (off where ``q_tma`` resolves to False) and
+    replaces the half-tile split (``half_tiles`` forced off); combines with ``trim`` (None there still takes the
+    dispatched choice)."""
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
     if trim is None:     # measured at >= DISPATCH_MIN_ROWS rows only (h_q 64 / 128)
         trim = (DISPATCH_TRIM and os.environ.get("DEEPKERNELS_DENSE_DECODE_VARIANT", "") != "0"
@@ -709,11 +802,12 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     q_tma = bool(q_tma) and q_tma_supported(q, k_cache.shape[2])
     if half_tiles is None:   # measured only together with Q by TMA (half tiles alone: not A/B-tested)
         half_tiles = on and q.shape[1] >= DISPATCH_HALF_MIN_SQ and q_tma
-    half_tiles = bool(half_tiles)
+    pvr = bool(pvr) and q_tma         # built with Q by TMA only (module docstring "PVR option")
+    half_tiles = bool(half_tiles) and not pvr
     grid, args = _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc,
                               32 if half_tiles else 64)
     causal_c = bool(causal and q.shape[1] > 1)
-    if not (half_tiles or q_tma or trim):
+    if not (half_tiles or q_tma or trim or pvr):
         constexprs = (causal_c, stages, pv_regs, prod_regs)
         launcher = cached_launcher(_LAUNCHERS, _mla_decode_gluon_kernel,
                                    (tuple(zip(_CONSTEXPRS, constexprs)), spec_key(*args) if _spec is None else _spec),
@@ -722,7 +816,7 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
         launcher(grid, *args, scale, scale * _LOG2E)
         return out, lse
     # the variant: every constexpr and the two Q descriptors (None without q_tma) passed by position
-    constexprs = (half_tiles, q_tma, trim, causal_c, stages, pv_regs, prod_regs)
+    constexprs = (pvr, half_tiles, q_tma, trim, causal_c, stages, pv_regs, prod_regs)
     qd = _q_descs(q) if q_tma else (None, None)
     key = (tuple(zip(_CONSTEXPRS_VARIANT, constexprs)),
            spec_key(*args, *qd) if _spec is None else (_spec, "variant"))
@@ -776,17 +870,17 @@ def _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, 
 
 
 _CONSTEXPRS = ("CAUSAL", "NUM_STAGES", "PV_REGS", "PRODUCER_REGS")
-_CONSTEXPRS_VARIANT = ("HALF", "QTMA", "TRIM") + _CONSTEXPRS     # parameter order
+_CONSTEXPRS_VARIANT = ("PVR", "HALF", "QTMA", "TRIM") + _CONSTEXPRS     # parameter order
 _LAUNCHERS: dict = {}   # (kernel, (constexprs, specialisation)) -> KernelLauncher (deepkernels._launch.cached_launcher)
 _LAUNCHER_LIMIT = 1024
 
 
 def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_splits, scale, causal, config=None,
-                        half_tiles=False, q_tma=False, trim=False):
+                        half_tiles=False, q_tma=False, trim=False, pvr=False):
     """Whole split-KV step on the Gluon kernel: allocate out/lse/accumulators (NaN-poisoned when
     ``decode._POISON_OUTPUTS``), launch, combine (``combine_splits_`` unchanged). Same arguments and results as
     ``decode._dense_launch`` (which dispatches here when :func:`supported`); for tests and benchmarks.
-    ``half_tiles`` / ``q_tma`` / ``trim``: the opt-in options (:func:`gluon_dense_launch`; None there = the
+    ``half_tiles`` / ``q_tma`` / ``trim`` / ``pvr``: the opt-in options (:func:`gluon_dense_launch`; None there = the
     dispatched choice)."""
     from . import decode as _dec
     from .combine import combine_splits_
@@ -806,14 +900,17 @@ def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_split
     if block_table.stride(1) != 1:
         block_table = block_table.contiguous()
     gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
-                       config, half_tiles=half_tiles, q_tma=q_tma, trim=trim)
+                       config, half_tiles=half_tiles, q_tma=q_tma, trim=trim, pvr=pvr)
     combine_splits_(out, lse, o_acc, l_acc, num_splits, lengths=seqlens, causal=bool(causal and s_q > 1))
     return out, lse
 
 
-def _compile_sm90(config=None, causal=False, dtype="bf16", half_tiles=False, q_tma=False, trim=False):
+def _compile_sm90(config=None, causal=False, dtype="bf16", half_tiles=False, q_tma=False, trim=False, pvr=False):
     """Cross-compile the kernel for sm90 (no GPU needed). Returns the CompiledKernel. ``half_tiles`` / ``q_tma`` /
-    ``trim``: the opt-in options (module docstring); all False compile the default kernel exactly as before."""
+    ``trim`` / ``pvr``: the opt-in options (module docstring); all False compile the default kernel exactly as
+    before. ``pvr`` needs ``q_tma`` and excludes ``half_tiles`` (both split the ring slots)."""
+    if pvr and (half_tiles or not q_tma):
+        raise ValueError("pvr needs q_tma and replaces half_tiles")
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
     lay = repr(_smem_layout())
     fn = _mla_decode_gluon_kernel
@@ -832,7 +929,8 @@ def _compile_sm90(config=None, causal=False, dtype="bf16", half_tiles=False, q_t
         sig["qp_desc"] = f"tensordesc<{dtype}[64, 64],{lay}>"
     else:
         consts.update(qn_desc=None, qp_desc=None)
-    consts.update(HALF=bool(half_tiles), QTMA=bool(q_tma), TRIM=bool(trim), CAUSAL=causal, NUM_STAGES=stages,
+    consts.update(PVR=bool(pvr), HALF=bool(half_tiles), QTMA=bool(q_tma), TRIM=bool(trim), CAUSAL=causal,
+                  NUM_STAGES=stages,
                   PV_REGS=pv_regs, PRODUCER_REGS=prod_regs)
     div16 = ("q_ptr", "bt_ptr", "seqlens_ptr", "meta_ptr", "nsplits_ptr", "out_ptr", "lse_ptr", "oacc_ptr",
              "lacc_ptr", "stride_qb", "stride_qs", "stride_qh")
