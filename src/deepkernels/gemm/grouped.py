@@ -169,6 +169,17 @@ def _same(x: torch.Tensor, y: torch.Tensor) -> bool:
     return x.data_ptr() == y.data_ptr() and x.stride() == y.stride()
 
 
+def _packed_index(t):
+    """A 1-D ``grouped_layout`` / ``masked_m`` view with a non-unit stride (e.g. ``ids[:, 0]`` of an ``[M, 2]``
+    tensor) as a packed copy; anything else unchanged (validation reports wrong types / ranks). The kernels index
+    these tensors as packed int32 arrays, so a strided view read as packed gave wrong rows (masked: rows past
+    ``masked_m[g]`` written). A device copy (no host sync; graph-capturable), done before the plan signature so
+    the packed copy's signature is the one cached."""
+    if type(t) is _T and t.dim() == 1 and t.shape[0] > 1 and t.stride(0) != 1:
+        return t.contiguous()
+    return t
+
+
 # contiguous FP8: normalise sfa to MN-major TMA-aligned before the launch (a copy per call when it is not; both
 # kernels read any layout through strides). A module switch so that benchmarks/grouped_gemm.py --ab can time both.
 _CONTIG_SFA_COPY = True
@@ -428,11 +439,12 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, grouped_layout: torc
         b: ``(B, sfb)``: B ``[G, N, K]`` float8_e4m3fn K-major (packed groups, else copied); sfb float32
             ``[G, ceil(N/128), ceil(K/128)]`` 128x128 scales, any strides.
         d: ``[M_sum, N]`` bfloat16 (or float32), row-major; written in place, every row (padding rows get 0).
-        grouped_layout: int32 on a's device. Per-row layout (default): ``[M_sum]`` group id of each row, -1 for
-            padding rows; groups should start at multiples of :func:`get_mk_alignment_for_contiguous_layout`
-            (speed only: a tile mixing groups is still exact). Psum layout (``use_psum_layout=True``): ``[G]``
-            cumulative end row of each group, non-decreasing, in ``[0, M_sum]``; group g starts at
-            ``align(end_{g-1}, alignment)`` (a group with ``end_g`` below that start is empty); gap rows -> 0.
+        grouped_layout: int32 on a's device, any stride (a strided view is packed first). Per-row layout
+            (default): ``[M_sum]`` group id of each row, -1 for padding rows; groups should start at multiples
+            of :func:`get_mk_alignment_for_contiguous_layout` (speed only: a tile mixing groups is still exact).
+            Psum layout (``use_psum_layout=True``): ``[G]`` cumulative end row of each group, non-decreasing, in
+            ``[0, M_sum]``; group g starts at ``align(end_{g-1}, alignment)`` (a group with ``end_g`` below that
+            start is empty); gap rows -> 0.
             Values are checked for a CPU tensor (ValueError: per-row id other than -1 outside ``[0, G)``; psum
             decreasing or outside ``[0, M_sum]``). On CUDA they are not (no host sync): an out-of-range per-row id
             makes a padding row (0); a bad psum layout gives unspecified rows, never an out-of-bounds access.
@@ -446,6 +458,7 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, grouped_layout: torc
     ValueError (shapes, scale shapes, recipes, K % 16 != 0, N, K or G == 0, extents >= 2^31, overlapping rows of
     d, grouped_layout values on CPU) before launch.
     """
+    grouped_layout = _packed_index(grouped_layout)
     sig = _fp8_sig("contiguous", a, b, d, grouped_layout, (recipe, recipe_a, recipe_b, compiled_dims,
                                                            use_psum_layout, _MK_ALIGNMENT, _config, _CONTIG_SFA_COPY))
     run = _lookup(sig)
@@ -484,6 +497,7 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     ``[G, K, N]`` transpose is row-major); d ``[M_sum, N]`` bfloat16/float32 row-major; K % 64 == 0.
     grouped_layout and padding rules as :func:`m_grouped_fp8_gemm_nt_contiguous`. FP32 accumulation.
     """
+    grouped_layout = _packed_index(grouped_layout)
     sig = _bf16_sig("contiguous", a, b, d, grouped_layout, (compiled_dims, use_psum_layout, _MK_ALIGNMENT, _config))
     run = _lookup(sig)
     if run is not None:
@@ -566,9 +580,9 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
         b: ``(B, sfb)``: B ``[G, N, K]`` float8_e4m3fn K-major; sfb float32 ``[G, ceil(N/128), ceil(K/128)]``.
         d: ``[G, M_max, N]`` bfloat16 (or float32), last dim contiguous. Only rows ``< masked_m[g]`` are
             written; all other rows (other groups' included) are never touched.
-        masked_m: int32 ``[G]`` on a's device: valid rows per group (0 allowed; clamped to ``[0, M_max]``). Read
-            on the device only, never on the host: the call can be captured in a CUDA graph and replayed with new
-            counts (the grid depends on shapes only).
+        masked_m: int32 ``[G]`` on a's device, any stride (a strided view is packed first): valid rows per group
+            (0 allowed; clamped to ``[0, M_max]``). Read on the device only, never on the host: the call can be
+            captured in a CUDA graph and replayed with new counts (the grid depends on shapes only).
         expected_m: int > 0 (a Python int or NumPy integer; not bool), a tuning hint (tile height); never affects
             results.
         recipe / recipe_a / recipe_b, compiled_dims, disable_ue8m0_cast: as the contiguous op.
@@ -576,6 +590,7 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
     Raises TypeError/ValueError before launch for bad types, shapes, scale shapes, recipes, expected_m <= 0,
     masked_m not int32 ``[G]`` on the same device, G/M_max/N/K == 0, or extents >= 2^31.
     """
+    masked_m = _packed_index(masked_m)
     sig = _fp8_sig("masked", a, b, d, masked_m, (recipe, recipe_a, recipe_b, compiled_dims, _int(expected_m), _config))
     plan = _lookup(sig)
     if plan is not None:  # same signature as a validated call: same verdict, launch directly
@@ -591,6 +606,7 @@ def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Ten
                                   expected_m: int, compiled_dims: str = "nk", *, _config=None) -> None:
     """M-grouped masked BF16 GEMM (DeepGEMM ``m_grouped_bf16_gemm_nt_masked``): a ``[G, M_max, K]``, b
     ``[G, N, K]`` bfloat16 K-major, K % 64 == 0; d, masked_m, expected_m as :func:`m_grouped_fp8_gemm_nt_masked`."""
+    masked_m = _packed_index(masked_m)
     sig = _bf16_sig("masked", a, b, d, masked_m, (compiled_dims, _int(expected_m), _config))
     plan = _lookup(sig)
     if plan is not None:
