@@ -13,6 +13,7 @@ product, no NaN left; a variant failing its check is recorded and not timed):
                               the ~500 cycles in which an 8 KB B stage arrives, so the early scale loads may count)
   small_twin                  the dispatched table config's BLOCK_N and split (when it differs from the pick)
   small_alt                   the other BLOCK_N at its best modelled split (when it differs)
+  small_fill                  the best wave fill over BLOCK_N x splits <= 8 of >= 4 K blocks (when it differs)
   small_split2x               the pick with twice the splits (when the K blocks allow it)
   cublas                      torch._scaled_mm blockwise (N % 128 == 0 only; writes a fresh tensor)
 Timing: R rotated rounds (``--rounds``, default 5; round r starts at variant r mod n); per round and variant one
@@ -65,6 +66,19 @@ def configs(m, n, k, num_sms, with_sa=False):
     alt = S.SmallConfig(auto.block_m, other, split=best[1])
     if all((alt.block_n, alt.split) != (c.block_n, c.split) for c in out.values()):
         out["small_alt"] = alt
+    # best wave fill (items / (waves x SMs)) over BLOCK_N and splits <= 8 of >= 4 K blocks, fewest splits on ties:
+    # the pick ignoring the modelled workspace cost (e.g. 128x7168x16384: 7 splits = 392 items, 99 % vs the pick's 2 = 112, 85 %)
+    fills = []
+    for bn in (128, 64):
+        for sp in range(1, 9):
+            se, _ = S.split_plan(num_kb, sp)
+            if se == sp and se * m * n < 2 ** 31 and num_kb // se >= 4:
+                items = -(-n // bn) * se
+                fills.append((-items / (-(-items // num_sms) * num_sms), se, -bn))
+    _, se, nbn = min(fills)
+    fill = S.SmallConfig(auto.block_m, -nbn, split=se)
+    if all((fill.block_n, fill.split) != (c.block_n, c.split) for c in out.values()):
+        out["small_fill"] = fill
     s2, _ = S.split_plan(num_kb, 2 * auto.split)
     if s2 > auto.split and s2 * m * n < 2 ** 31:
         out["small_split2x"] = S.SmallConfig(auto.block_m, auto.block_n, split=s2)
