@@ -53,20 +53,20 @@ def launcher(label):
         out, ml, lse, q, kv, ind, scale, sk, tl, **kw)
 
 
-def run_shape(rows, labels, s_kv, sink, with_len, rounds, rep, s_q=4096, topk=2048):
-    import triton.testing
+def run_shape(rows, labels, s_kv, sink, with_len, rounds, rep, s_q=4096, topk=2048, timer=None):
     h_q, d_qk = 128, 576
     q, kv, ind, sk = mp.sparse_inputs(s_q, s_kv, topk, h_q, d_qk, sink)
+    dev = q.device
     tl = None
     if with_len:
-        g = torch.Generator(device="cuda").manual_seed(20)
-        tl = torch.randint(topk // 2, topk + 1, (s_q, ), device="cuda", dtype=torch.int32, generator=g)
+        g = torch.Generator(device=dev).manual_seed(20)
+        tl = torch.randint(topk // 2, topk + 1, (s_q, ), device=dev, dtype=torch.int32, generator=g)
     shape = dict(s_q=s_q, s_kv=s_kv, h_q=h_q, d_qk=d_qk, topk=topk, sink=sink, topk_length=with_len)
     flops = 2 * s_q * topk * h_q * (d_qk + 512)      # FlashMLA's count (topk, not the lengths)
-    out = torch.empty(s_q, h_q, 512, dtype=torch.bfloat16, device="cuda")
-    ml = torch.empty(s_q, h_q, device="cuda")
-    lse = torch.empty(s_q, h_q, device="cuda")
-    chk = torch.tensor([0, 1, s_q // 2, s_q - 1], device="cuda")
+    out = torch.empty(s_q, h_q, 512, dtype=torch.bfloat16, device=dev)
+    ml = torch.empty(s_q, h_q, device=dev)
+    lse = torch.empty(s_q, h_q, device=dev)
+    chk = torch.tensor([0, 1, s_q // 2, s_q - 1], device=dev)
     ro, _, rlse = sparse_prefill_ref(q[chk], kv, ind[chk], 0.5, 512, sk, None if tl is None else tl[chk])
     fns, res, info = {}, {}, {}
     for lab in labels:
@@ -76,7 +76,8 @@ def run_shape(rows, labels, s_kv, sink, with_len, rounds, rep, s_q=4096, topk=20
             for t in (out, ml, lse):
                 t.fill_(float("nan"))
             fn()
-            torch.cuda.synchronize()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
             res[lab] = (out.clone(), ml.clone(), lse.clone())
             info[lab] = dict(max_abs_err_rows=(out[chk].float() - ro).abs().max().item(),
                              lse_err_rows=(lse[chk] - rlse).abs().max().item(),
@@ -92,7 +93,9 @@ def run_shape(rows, labels, s_kv, sink, with_len, rounds, rep, s_q=4096, topk=20
     for lab in res:
         if BASE in res and lab != BASE:
             info[lab]["max_abs_diff_out_vs_ws2"] = (res[lab][0].float() - res[BASE][0].float()).abs().max().item()
-    timer = lambda f: triton.testing.do_bench(f, warmup=10, rep=rep, return_mode="median")  # noqa: E731
+    if timer is None:
+        import triton.testing
+        timer = lambda f: triton.testing.do_bench(f, warmup=10, rep=rep, return_mode="median")  # noqa: E731
     errors = {}
     times = time_rotated(fns, rounds, timer, errors)
     stats = round_stats(times, BASE)
@@ -112,7 +115,8 @@ def run_shape(rows, labels, s_kv, sink, with_len, rounds, rep, s_q=4096, topk=20
         print(json.dumps({k: v for k, v in row.items() if k != "ms_rounds"}), flush=True)
     fns.clear()
     res.clear()
-    torch.cuda.empty_cache()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def main(argv=None):

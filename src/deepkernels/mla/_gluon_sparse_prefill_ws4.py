@@ -144,6 +144,16 @@ GPU-tier failure or hang -> the protocol above is wrong somewhere (first suspect
 before the other warps of its warpgroup finished, see risks); F2 (ablations above): neither SYM nor WHOLE slower by
 >= 6 % / 5 % -> a gain, if any, is not from the mechanisms the study credits.
 
+Session 20 switches (opt-in, default off; UNVERIFIED on GPU; benchmarks/notes/mla_prefill.md "Session 20")
+----------------------------------------------------------------------------------------------------------
+``q_async`` / ``o_stage`` (constexprs ``Q_ASYNC`` / ``O_STAGE``): WS2's dispatched Q prologue (one cp.async batch,
+same ``_q_async`` guard) in WG0 and each warpgroup's output half staged through its column half of the dead Q tile
+(WG0 after ``FIN1``, WG1 after ``FIN0``: both warpgroups' last S completed). ``idx_ahead`` (``IDX_AHEAD``; needs
+``gather_rows4``, not ``whole_slot``): :func:`_w4_producer_ahead`, the producer's indices loaded once per block and
+one pair ahead instead of after each half's ``fre`` wait. All three bit-identical to the ``gather_rows4`` build; no
+barrier added or moved. Compile: 0 spills, loops of WG0 / WG1 unchanged, producer loop 536 -> 295 SASS with
+``idx_ahead``. Device: ``benchmarks/device_sparse_prefill_s20.sh``.
+
 Risks (none of this ran on a GPU)
 ---------------------------------
 * Arrive semantics: every ``mbarrier.arrive`` here relies on Gluon lowering it to a bar.sync of the partition's 128
