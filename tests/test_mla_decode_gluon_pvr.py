@@ -163,7 +163,8 @@ def _forward(q, k, bt, sl, causal, sched_lens=None, scale=None):
 
 
 def _run(q, k, bt, sl, causal, sched_lens=None, scale=None):
-    """Both builds against the reference (FlashMLA's tolerances), then PVR vs dispatched within 2 ulp (lse 1e-6
+    """Both builds against the reference (FlashMLA's tolerances), then PVR vs dispatched within 2 ulp but for <= 0.01 %
+    of the elements (as the TRIM cross-check; exact identity: the bitid tests) (lse 1e-6
     relative, same +inf / -inf pattern)."""
     from test_mla_decode_gluon_trim import _close_ulps
     res, scale, causal = _forward(q, k, bt, sl, causal, sched_lens, scale)
@@ -174,7 +175,7 @@ def _run(q, k, bt, sl, causal, sched_lens=None, scale=None):
         assert check_is_allclose(f"out {name}", o, o_ref, *TOL_OUT)
         assert check_is_allclose(f"lse {name}", lse, l_ref, *TOL_LSE)
     (o_d, l_d), (o_p, l_p) = res[False], res[True]
-    _close_ulps("out pvr vs dispatched", o_p, o_d, ulps=2, frac=0.0)
+    _close_ulps("out pvr vs dispatched", o_p, o_d, ulps=2, frac=1e-4)
     assert torch.equal(torch.isinf(l_p), torch.isinf(l_d)) and torch.equal(l_p == float("inf"), l_d == float("inf"))
     fin = torch.isfinite(l_d)
     d = (l_p[fin] - l_d[fin]).abs()

@@ -132,6 +132,27 @@ option-off build (paired median ratio); s_q 2 (-113 instructions: the causal mas
 64 similar or less. Falsifier: paired ratio >= 0.975 at h_q 128 s_q 1 (or a re-profiled math section >= 560 cycles per
 tile).
 
+PVR option (session 20; launcher keyword ``pvr``, constexpr PVR; off, not dispatched; needs QTMA, replaces HALF).
+The session-20 profile of the dispatched build (benchmarks/notes/mla_decode_gluon.md "Session 20") puts the tensor
+cores idle ~1,200 of ~3,390 cycles per tile while the softmax warpgroup does softmax + hand-off + O_L rescale, and
+P V_R_{j-1} inside the S_j window (S_j queues behind it). With PVR the PV warpgroup issues P V_R_j only after the
+softmax warpgroup has issued all of S_{j+1} (``sissued``, count 1, one phase per tile: arrived right after S_{j+1}'s
+issue for j + 1 > 0, and after the piece's loop for its last tile; the PV warpgroup waits phase ``it & 1``), so
+P V_R_j runs on the tensor cores under softmax_{j+1}. P_j stays in the single P buffer until P V_R_j completes
+(``pfree`` gates the next store as before). To keep the ring's slack, each slot is released by column halves:
+``kready``/``kempty`` (count 1) guard part a = K_nope cols 0-255 + K_rope (40 KB: 4 + 1 [64, 64] boxes through
+``kp_desc`` into 64-column slices of the tile), released by the softmax warpgroup after P V_L_j; ``kready_b``/
+``kempty_b`` (count 1) guard part b = cols 256-511 (32 KB, 4 boxes), released by the PV warpgroup after P V_R_j.
+S_j is issued as NoPE cols 0-255 (after ``kready``), NoPE cols 256-511 (after ``kready_b``), RoPE: the same MMA
+sequence as the other builds, so the results are the dispatched build's bit for bit (expected; the GPU tests check
+2 ulp and report identity separately). Deadlock-freedom: an arrive on ``sissued`` for tile j + 1 needs the
+softmax warpgroup past P_j's store, i.e. ``pfree`` of P V_R_{j-1}, which the PV warpgroup arrives after its wait for
+tile j - 1: at most one phase is ever pending; pieces without tiles arrive and wait nothing; the producer's loads of
+tile j + 2 wait P V_L_j (part a) and P V_R_j (part b), both reachable without it. Cross-compile (Triton 3.6.0):
+230,128 B shared memory, 168 registers, 36 + 4 HGMMA in the softmax loop, 4 in the PV loop, 0 spills in both loops;
+the 40-register producer loop reloads one 64-bit value per tile (STL.64 + LDL.64, as the half-tile build); ptxas
+spill stores 36 B (causal 32 B) vs 16 B for the dispatched q_tma + trim build. Prediction: benchmarks/notes.
+
 Needs: CUDA, bf16/fp16, page_block_size 64, d_qk 576, ``k_cache`` strides ``(64 * s1, s1, 576, 1)`` with 16-B
 aligned rows. No interpreter support (Gluon); cross-compiles on a CPU (:func:`_compile_sm90`).
 """
