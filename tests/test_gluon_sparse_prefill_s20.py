@@ -143,12 +143,12 @@ def test_compile_s20(d_pe, has_len, has_sink, name):
 
 
 # ------------------------------------------------------------------ GPU tier
-def _launch(q, kv, ind, sk, tl, sm_scale=0.5, **kw):
+def _launch(q, kv, ind, sk, tl, sm_scale=0.5, gate=True, **kw):
     s_q, h_q, _ = q.shape
     out = torch.full((s_q, h_q, 512), float("nan"), dtype=torch.bfloat16, device=q.device)
     ml = torch.full((s_q, h_q), float("nan"), device=q.device)
     lse = torch.full((s_q, h_q), float("nan"), device=q.device)
-    assert P.supported_ws4(q, kv)
+    assert P.supported_ws4(q, kv) or not gate
     P.launch_sparse_prefill_gluon_ws4(out, ml, lse, q, kv, ind, sm_scale, sk, tl, **kw)
     return out, ml, lse
 
@@ -206,12 +206,14 @@ def test_gpu_s20_topk_length_zero_all_invalid_topk0(d_qk):
 
 @pytest.mark.gpu
 def test_gpu_s20_q_stride_guard():
-    """q with head stride 584 (16-byte rows, no 16-element divisibility): q_async falls back to the plain loads;
-    results equal to the contiguous q's."""
+    """q with head stride 584 (16-byte rows, no 16-element divisibility; the public op's gate keeps such a q off the
+    Gluon path, a direct launch must still be right): q_async falls back to the plain loads; results equal to the
+    contiguous q's (WS2's test of its guard, tests/test_gluon_sparse_prefill_ws2.py)."""
     q, kv, ind, sk, tl = make_case(11, 900, 320, h_q=128, sink=True, with_len=True, device="cuda", noncontig=False)
     q584 = torch.zeros(11, 128, 584, dtype=torch.bfloat16, device="cuda")[:, :, :576]
     q584.copy_(q)
-    _same(_launch(q, kv, ind, sk, tl, **BASE), _launch(q584, kv, ind, sk, tl, **QOI))
+    assert not P.supported_ws4(q584, kv)
+    _same(_launch(q, kv, ind, sk, tl, **BASE), _launch(q584, kv, ind, sk, tl, gate=False, **QOI))
 
 
 @pytest.mark.gpu
