@@ -81,6 +81,64 @@ def test_pick_config_fills_the_sms():
         assert items / (waves * 132) >= 0.84, (m, n, k, cfg, items)
 
 
+@pytest.mark.parametrize("m, n, k, cfg, mode", [
+    (64, 4096, 7168, None, 2), (128, 32768, 512, None, 0), (100, 1000, 3072, S.SmallConfig(128, 64, split=3,
+                                                                                          mode="reduce"), 1),
+    (1, 2112, 7168, S.SmallConfig(64, 64, split=4), 2), (7, 576, 128, S.SmallConfig(64, 128, split=4), 0)])
+def test_small_host_launch_args(monkeypatch, m, n, k, cfg, mode):
+    """CPU: the host half of a launch with the TMA descriptor, the compiled-kernel launcher and the reduce stubbed:
+    one argument per non-constexpr kernel parameter, in order; grid = min(items, SMs); split / K blocks per split
+    from split_plan; the workspace [S, M, N] fp32 only when K is split; counters only in fixup mode; the reduce
+    kernel only in reduce mode; the constexprs (split mode, ring depth, registers)."""
+    from deepkernels.gemm import dense
+    calls = {}
+
+    class Desc:
+        def __init__(self, t, shape, strides, block, layout):
+            self.args = (shape, strides, block)
+
+    class Launcher:
+        def __call__(self, grid, *args):
+            calls["grid"], calls["args"] = grid, args
+
+    def fake_cached(cache, fn, key, meta, cache_descriptors=False):
+        calls["meta"] = meta() if callable(meta) else meta
+        calls["fn"] = fn
+        return Launcher()
+
+    monkeypatch.setattr(S, "TensorDescriptor", Desc)
+    monkeypatch.setattr(S, "cached_launcher", fake_cached)
+    monkeypatch.setattr(S, "_counters", lambda dev, need: torch.zeros(need, dtype=torch.int32))
+    monkeypatch.setattr(dense, "_splitk_finish", lambda ws, d, acc, sk: calls.__setitem__("reduce", (ws.shape, sk)))
+    kb = -(-k // 128)
+    a = torch.zeros(m, k, dtype=torch.float8_e4m3fn)
+    b = torch.zeros(n, k, dtype=torch.float8_e4m3fn)
+    sfa, sfb = torch.ones(m, kb), torch.ones(-(-n // 128), kb)
+    d = torch.empty(m, n, dtype=torch.bfloat16)
+    S._go_small(a, sfa, b, sfb, d, cfg, 132)
+    cfg = cfg or S.pick_config(m, n, k, 132)
+    s_eff, kps = S.split_plan(kb, cfg.split)
+    params = [p.name for p in S._fp8_small_kernel.params if not p.is_constexpr] if S.available() else None
+    args = calls["args"]
+    if params is not None:
+        assert len(args) == len(params), (len(args), params)
+        named = dict(zip(params, args))
+        assert (named["M"], named["N"], named["K"], named["S"], named["KPS"]) == (m, n, k, s_eff, kps)
+        assert named["num_progs"] == calls["grid"][0] == min(-(-n // cfg.block_n) * s_eff, 132)
+        assert named["d_ptr"] is d and named["sfa_ptr"] is sfa and named["sfb_ptr"] is sfb
+        assert named["stride_dm"] == d.stride(0) and named["sfa_sk"] == sfa.stride(1)
+        assert named["a_desc"].args[2] == [cfg.block_m, 128] and named["b_desc"].args[2] == [cfg.block_n, 128]
+        if s_eff > 1:
+            assert tuple(named["ws_ptr"].shape) == (s_eff, m, n) and named["ws_ptr"].dtype == torch.float32
+        if mode == 2:
+            assert named["cnt_ptr"].dtype == torch.int32
+    assert calls["meta"]["SPLIT_MODE"] == mode
+    assert calls["meta"]["NUM_STAGES"] == cfg.stages() and calls["meta"]["maxnreg"] == cfg.maxnreg()
+    assert ("reduce" in calls) == (mode == 1)
+    if mode == 1:
+        assert calls["reduce"] == ((s_eff, m, n), s_eff)
+
+
 def test_small_refuses_bad_inputs():
     if not S.available():
         pytest.skip("gluon not importable")

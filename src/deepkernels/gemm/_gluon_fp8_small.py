@@ -37,6 +37,7 @@ int32 workspace offsets (else no split).
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -188,7 +189,9 @@ def _s_math(a_bufs, b_bufs, ready, empty, d_ptr, ws_ptr, cnt_ptr, sfa_ptr, sfb_p
                     _s_fixup(ws_ptr, d_ptr, S, ROW0, off_n, M, N, stride_dm, ROWS, BLOCK_N, L)
 
 
-@_jit
+# runtime ints that vary per call and gain nothing from Triton's ==1 / %16 specialisation: one build per config
+# (N and stride_dm stay specialised: N % 16 lets the fixup / epilogue vectorise)
+@_jit(do_not_specialize=["M", "K", "S", "KPS", "sfa_sm", "sfa_sk", "sfb_sn", "sfb_sk", "num_progs"])
 def _fp8_small_kernel(a_desc, b_desc, d_ptr, ws_ptr, cnt_ptr, sfa_ptr, sfb_ptr, M, N, K, S, KPS, stride_dm,
                       sfa_sm, sfa_sk, sfb_sn, sfb_sk, num_progs,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
@@ -260,8 +263,9 @@ def model_us(m: int, n: int, k: int, block_n: int, split: int, num_sms: int) -> 
     return t
 
 
+@functools.lru_cache(maxsize=4096)
 def pick_config(m: int, n: int, k: int, num_sms: int, mode: str = "fixup") -> SmallConfig:
-    """The (BLOCK_N, split) of smallest :func:`model_us` (BLOCK_N 128 first on ties: fewer A re-reads)."""
+    """The (BLOCK_N, split) of smallest :func:`model_us` (BLOCK_N 128 first on ties: fewer A re-reads); memoised."""
     bm = 64 if m <= 64 else 128
     num_kb = -(-k // 128)
     best = None
@@ -347,7 +351,14 @@ def launch_fp8_gemm_small(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, s
         return d
     if k == 0:
         return d.zero_()
-    sms = num_sms or _num_sms(a.device)
+    return _go_small(a, sfa, b, sfb, d, cfg, num_sms or _num_sms(a.device))
+
+
+def _go_small(a, sfa, b, sfb, d, cfg, sms):
+    """The launch of :func:`launch_fp8_gemm_small` after its input checks (M, N, K > 0, M <= 128)."""
+    m, k = a.shape
+    n = b.shape[0]
+    kb = (k + 127) // 128
     cfg = cfg or pick_config(m, n, k, sms)
     if cfg.block_m not in (64, 128) or cfg.block_n not in (64, 128) or m > cfg.block_m or \
             cfg.mode not in ("fixup", "reduce") or cfg.scale_ahead not in (0, 1):
