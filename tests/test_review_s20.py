@@ -5,7 +5,15 @@
    arrays: the masked GEMM wrote rows past ``masked_m[g]`` (documented as never written) and computed other groups'
    rows with the wrong counts, the contiguous GEMM used the wrong expert per row. The public ops now pack such a
    view first (a device copy, no host sync).
+2. Integer arguments of the MLA ops: ``head_dim_v=512.0`` (dense and sparse decode) and ``d_v=512.0`` (sparse prefill)
+   passed the ``!= 512`` check and failed inside ``torch.empty`` with a message naming no argument; the legacy
+   ``get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_heads_q, ..., topk)`` read its ints with
+   ``int()``, so ``16.7`` ran as 16, ``"16"`` as 16 and a negative ``topk`` planned a schedule. Now integers only
+   (Python / NumPy), TypeError / ValueError naming the argument.
+3. The torch.library FP8 GEMM ops (``fp8_gemm_nt``, ``m_grouped_fp8_gemm_nt_{contiguous,masked}``) take upstream's
+   ``recipe_a`` / ``recipe_b`` too (they took only ``recipe``).
 """
+import numpy as np
 import pytest
 import torch
 
@@ -83,3 +91,116 @@ def test_contiguous_grouped_gemm_strided_layout(fp8):
     pad = torch.tensor(ids) < 0
     assert (d[pad] == 0).all()
     assert calc_diff(d[~pad].float(), ref[~pad]) < (2e-3 if fp8 else 1e-4)
+
+
+# ------------------------------------------------------------------------------------------------ 2. integer args
+BAD_INTS = [512.0, "512", True, None, np.float32(512)]
+
+
+def _dense_decode_args(b=2, s_q=1, h_q=16):
+    seqlens = torch.tensor([70, 0][:b], dtype=torch.int32)
+    return (torch.randn(b, s_q, h_q, 576).bfloat16(), torch.randn(4, 64, 1, 576).bfloat16(),
+            torch.arange(4, dtype=torch.int32).view(2, 2)[:b], seqlens)
+
+
+def _sparse_decode_args():
+    kc = dk.quantize_kv_cache(torch.randn(2, 16, 1, 576).bfloat16(), "v32")
+    return torch.randn(2, 1, 16, 576).bfloat16(), kc, torch.randint(-1, 32, (2, 1, 8), dtype=torch.int32)
+
+
+@REF
+@pytest.mark.parametrize("bad", BAD_INTS)
+@pytest.mark.parametrize("path", ["dense", "sparse", "dense-empty"])
+def test_decode_head_dim_v_must_be_an_int(bad, path):
+    if path == "sparse":
+        q, kc, ind = _sparse_decode_args()
+        call = lambda v: dk.flash_mla_with_kvcache(q, kc, None, None, v, dk.get_mla_metadata()[0],  # noqa: E731
+                                                   is_fp8_kvcache=True, indices=ind)
+    else:
+        q, kc, bt, seqlens = _dense_decode_args()
+        if path == "dense-empty":
+            q, bt, seqlens = q[:0], bt[:0], seqlens[:0]
+        call = lambda v: dk.flash_mla_with_kvcache(q, kc, bt, seqlens, v, dk.get_mla_metadata()[0])  # noqa: E731
+    with pytest.raises(TypeError, match="head_dim_v must be an int"):
+        call(bad)
+    with pytest.raises(ValueError, match="head_dim_v must be 512"):
+        call(256)
+    out, lse = call(np.int64(512))        # a NumPy int is the int it equals (upstream's pybind int takes it)
+    assert out.shape[-1] == 512 and type(out.shape[-1]) is int
+
+
+@REF
+@pytest.mark.parametrize("bad", BAD_INTS)
+def test_sparse_prefill_d_v_must_be_an_int(bad):
+    q = torch.randn(2, 16, 576).bfloat16()
+    kv = torch.randn(8, 1, 576).bfloat16()
+    ind = torch.randint(-1, 8, (2, 1, 4), dtype=torch.int32)
+    with pytest.raises(TypeError, match="d_v must be an int"):
+        dk.flash_mla_sparse_fwd(q, kv, ind, 0.1, d_v=bad)
+    with pytest.raises(ValueError, match="d_v must be 512"):
+        dk.flash_mla_sparse_fwd(q, kv, ind, 0.1, d_v=256)
+    assert dk.flash_mla_sparse_fwd(q, kv, ind, 0.1, d_v=np.int32(512))[0].shape == (2, 16, 512)
+
+
+@REF
+@pytest.mark.parametrize("name,pos", [("num_q_tokens_per_head_k", 1), ("num_heads_k", 2), ("num_heads_q", 3),
+                                      ("topk", 5)])
+def test_legacy_get_mla_metadata_integer_arguments(name, pos):
+    seqlens = torch.tensor([70, 0, 5], dtype=torch.int32)
+    args = [seqlens, 16, 1, 16, False, None]
+    for bad in (16.7, 16.0, "16", True):
+        a = list(args)
+        a[pos] = bad
+        with pytest.raises(TypeError, match=f"{name} must be an int"):
+            dk.get_mla_metadata(*a)
+        with pytest.raises(TypeError, match=f"{name} must be an int"):
+            dk.get_mla_metadata(seqlens, **dict(zip(["num_q_tokens_per_head_k", "num_heads_k", "num_heads_q",
+                                                      "is_fp8_kvcache", "topk"], a[1:])))
+    a = list(args)
+    a[pos] = -1
+    with pytest.raises(ValueError, match=f"{name} must be >= "):
+        dk.get_mla_metadata(*a)
+    a[pos] = np.int64(64)                 # NumPy ints are ints
+    meta, ns = dk.get_mla_metadata(*a)
+    assert meta.dtype == ns.dtype == torch.int32 and ns.shape == (4,)
+
+
+# ------------------------------------------------------------------------------------------------ 3. op recipes
+@REF
+def test_fp8_gemm_ops_take_recipe_a_and_recipe_b():
+    ops = torch.ops.deepkernels      # registered by `import deepkernels` (deepkernels.ops)
+    m, n, k, g = 8, 128, 256, 2
+    x, w = torch.randn(m, k), torch.randn(n, k)
+    a = per_token_cast_to_fp8(x, use_ue8m0=False)
+    b_blk = per_block_cast_to_fp8(w, use_ue8m0=False)
+    b_row = per_token_cast_to_fp8(w, use_ue8m0=False)
+    ref = x @ w.T
+    d = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    ops.fp8_gemm_nt(a[0], a[1], b_blk[0], b_blk[1], d, recipe_a=[1, 128], recipe_b=[128, 128])
+    assert calc_diff(d.float(), ref) < 2e-3
+    d32 = torch.zeros(m, n)
+    ops.fp8_gemm_nt(a[0], a[1], b_row[0], b_row[1], d32, d32, recipe_a=[1, 128], recipe_b=[1, 128])
+    assert calc_diff(d32, ref) < 2e-3
+    with pytest.raises(ValueError, match="recipe_a and recipe_b must be given together"):
+        ops.fp8_gemm_nt(a[0], a[1], b_blk[0], b_blk[1], d, recipe_a=[1, 128])
+    with pytest.raises(ValueError, match="not both"):
+        ops.fp8_gemm_nt(a[0], a[1], b_blk[0], b_blk[1], d, recipe=[1, 128, 128], recipe_a=[1, 128],
+                        recipe_b=[128, 128])
+    # m-grouped: recipe_a=(1, 128) + recipe_b=(128, 128) is the default recipe; (1, 128) + (1, 128) is rejected
+    wg, bg = _fp8_b(g, n, k)
+    xm = torch.randn(g, m, k)
+    am = per_token_cast_to_fp8(xm.view(-1, k), use_ue8m0=False)
+    dm = torch.zeros(g, m, n, dtype=torch.bfloat16)
+    ops.m_grouped_fp8_gemm_nt_masked(am[0].view(g, m, k), am[1].view(g, m, -1), bg[0], bg[1], dm,
+                                     torch.tensor([m, 3], dtype=torch.int32), m, recipe_a=[1, 128],
+                                     recipe_b=[128, 128])
+    assert calc_diff(dm[1, :3].float(), xm[1, :3] @ wg[1].T) < 2e-3
+    with pytest.raises(ValueError, match="recipe_a"):
+        ops.m_grouped_fp8_gemm_nt_masked(am[0].view(g, m, k), am[1].view(g, m, -1), bg[0], bg[1], dm,
+                                         torch.tensor([m, 3], dtype=torch.int32), m, recipe_a=[1, 128],
+                                         recipe_b=[1, 128])
+    dc = torch.zeros(g * m, n, dtype=torch.bfloat16)
+    layout = torch.tensor([0] * m + [1] * m, dtype=torch.int32)
+    ops.m_grouped_fp8_gemm_nt_contiguous(am[0], am[1], bg[0], bg[1], dc, layout, recipe_a=[1, 128],
+                                         recipe_b=[128, 128])
+    assert calc_diff(dc[m:].float(), xm[1] @ wg[1].T) < 2e-3

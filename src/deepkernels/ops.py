@@ -101,18 +101,20 @@ def _recipe(recipe: Optional[Sequence[int]]):
 # --------------------------------------------------------------------------------------------- dense GEMMs
 @torch.library.custom_op(f"{_NS}::fp8_gemm_nt", mutates_args=("d",))
 def fp8_gemm_nt(a_data: torch.Tensor, sfa: torch.Tensor, b_data: torch.Tensor, sfb: torch.Tensor, d: torch.Tensor,
-                c: Optional[torch.Tensor] = None, recipe: Optional[List[int]] = None) -> None:
+                c: Optional[torch.Tensor] = None, recipe: Optional[List[int]] = None,
+                recipe_a: Optional[List[int]] = None, recipe_b: Optional[List[int]] = None) -> None:
     """``d = c + a @ b.T`` in place (:func:`deepkernels.fp8_gemm_nt` with ``a=(a_data, sfa)``, ``b=(b_data, sfb)``).
 
     a_data ``[M, K]`` / b_data ``[N, K]`` float8_e4m3fn K-major; sfa ``[M, ceil(K/128)]`` float32 (or packed
     UE8M0 int32); sfb ``[ceil(N/128), ceil(K/128)]`` or ``[N, ceil(K/128)]`` float32 (or packed int32);
     d ``[M, N]`` bf16/fp32 row-major (mutated); c optional like d (``c=d`` accumulates); recipe None,
-    ``[1, 128, 128]`` or ``[1, 1, 128]``."""
-    _dense.fp8_gemm_nt((a_data, sfa), (b_data, sfb), d, c, _recipe(recipe))
+    ``[1, 128, 128]`` or ``[1, 1, 128]``, or upstream's per-operand spelling ``recipe_a`` + ``recipe_b``
+    (``[1, 128]`` + ``[128, 128]`` or ``[1, 128]`` + ``[1, 128]``; together, not with ``recipe``)."""
+    _dense.fp8_gemm_nt((a_data, sfa), (b_data, sfb), d, c, _recipe(recipe), _recipe(recipe_a), _recipe(recipe_b))
 
 
 @fp8_gemm_nt.register_fake
-def _(a_data, sfa, b_data, sfb, d, c=None, recipe=None) -> None:
+def _(a_data, sfa, b_data, sfb, d, c=None, recipe=None, recipe_a=None, recipe_b=None) -> None:
     return None
 
 
@@ -132,16 +134,20 @@ def _(a, b, d, c=None) -> None:
 @torch.library.custom_op(f"{_NS}::m_grouped_fp8_gemm_nt_contiguous", mutates_args=("d",))
 def m_grouped_fp8_gemm_nt_contiguous(a_data: torch.Tensor, sfa: torch.Tensor, b_data: torch.Tensor,
                                      sfb: torch.Tensor, d: torch.Tensor, grouped_layout: torch.Tensor,
-                                     use_psum_layout: bool = False, recipe: Optional[List[int]] = None) -> None:
+                                     use_psum_layout: bool = False, recipe: Optional[List[int]] = None,
+                                     recipe_a: Optional[List[int]] = None,
+                                     recipe_b: Optional[List[int]] = None) -> None:
     """:func:`deepkernels.m_grouped_fp8_gemm_nt_contiguous`: a_data ``[M_sum, K]`` fp8 + sfa ``[M_sum, ceil(K/128)]``;
     b_data ``[G, N, K]`` fp8 + sfb ``[G, ceil(N/128), ceil(K/128)]``; d ``[M_sum, N]`` (mutated, every row);
-    grouped_layout int32 ``[M_sum]`` group ids (-1 padding) or ``[G]`` psum ends (``use_psum_layout``)."""
+    grouped_layout int32 ``[M_sum]`` group ids (-1 padding) or ``[G]`` psum ends (``use_psum_layout``); recipe /
+    recipe_a + recipe_b as the public function."""
     _grouped.m_grouped_fp8_gemm_nt_contiguous((a_data, sfa), (b_data, sfb), d, grouped_layout, _recipe(recipe),
-                                              use_psum_layout=use_psum_layout)
+                                              _recipe(recipe_a), _recipe(recipe_b), use_psum_layout=use_psum_layout)
 
 
 @m_grouped_fp8_gemm_nt_contiguous.register_fake
-def _(a_data, sfa, b_data, sfb, d, grouped_layout, use_psum_layout=False, recipe=None) -> None:
+def _(a_data, sfa, b_data, sfb, d, grouped_layout, use_psum_layout=False, recipe=None, recipe_a=None,
+      recipe_b=None) -> None:
     return None
 
 
@@ -161,16 +167,18 @@ def _(a, b, d, grouped_layout, use_psum_layout=False) -> None:
 @torch.library.custom_op(f"{_NS}::m_grouped_fp8_gemm_nt_masked", mutates_args=("d",))
 def m_grouped_fp8_gemm_nt_masked(a_data: torch.Tensor, sfa: torch.Tensor, b_data: torch.Tensor, sfb: torch.Tensor,
                                  d: torch.Tensor, masked_m: torch.Tensor, expected_m: int,
-                                 recipe: Optional[List[int]] = None) -> None:
+                                 recipe: Optional[List[int]] = None, recipe_a: Optional[List[int]] = None,
+                                 recipe_b: Optional[List[int]] = None) -> None:
     """:func:`deepkernels.m_grouped_fp8_gemm_nt_masked`: a_data ``[G, M_max, K]`` fp8 + sfa
     ``[G, M_max, ceil(K/128)]``; b_data ``[G, N, K]`` fp8 + sfb ``[G, ceil(N/128), ceil(K/128)]``; d
     ``[G, M_max, N]`` (mutated: rows ``< masked_m[g]`` only); masked_m int32 ``[G]`` on the device (never read on
-    the host); expected_m int > 0, a tuning hint."""
-    _grouped.m_grouped_fp8_gemm_nt_masked((a_data, sfa), (b_data, sfb), d, masked_m, expected_m, _recipe(recipe))
+    the host); expected_m int > 0, a tuning hint; recipe / recipe_a + recipe_b as the public function."""
+    _grouped.m_grouped_fp8_gemm_nt_masked((a_data, sfa), (b_data, sfb), d, masked_m, expected_m, _recipe(recipe),
+                                          _recipe(recipe_a), _recipe(recipe_b))
 
 
 @m_grouped_fp8_gemm_nt_masked.register_fake
-def _(a_data, sfa, b_data, sfb, d, masked_m, expected_m, recipe=None) -> None:
+def _(a_data, sfa, b_data, sfb, d, masked_m, expected_m, recipe=None, recipe_a=None, recipe_b=None) -> None:
     return None
 
 

@@ -17,7 +17,7 @@ import torch
 
 from .._backend import interpret_mode, use_kernels
 from .._launch import KernelLauncher, cached_launcher, spec_key
-from .._validate import check_dtype, check_scale, check_tensor, rewrite_nonpositive_scale
+from .._validate import check_dtype, check_int, check_scale, check_tensor, rewrite_nonpositive_scale
 from ..gemm import dense as _gemm_dense
 from .metadata import FIXED_OVERHEAD_BLOCKS, SCHED_BLOCK, compute_schedule, resolve_schedule
 
@@ -140,7 +140,9 @@ def get_mla_metadata(*args, **kwargs):
     num_heads_q=None, is_fp8_kvcache=False, topk=None)`` with ``cache_seqlens [b]`` int32 returns
     ``(tile_scheduler_metadata [num_sm_parts, 8] int32, num_splits [b + 1] int32)`` computed on the seqlens'
     device without a host sync (for sparse calls, ``topk`` replaces the per-request length). Pass both back to
-    ``flash_mla_with_kvcache``.
+    ``flash_mla_with_kvcache``. ``num_q_tokens_per_head_k`` (``s_q * h_q // h_kv``) and ``num_heads_k`` are ints
+    >= 1, ``num_heads_q`` None or an int >= 1, ``topk`` None or an int >= 0 (Python or NumPy ints; TypeError naming
+    the argument for a float / str / bool, ValueError below the minimum); ``cache_seqlens`` int32 (TypeError).
 
     A schedule stays valid for any later lengths of the same batch (see ``FlashMLASchedMeta``): every request of
     the planned batch owns >= 1 split, split boundaries are clamped to the actual lengths at run time and the last
@@ -159,12 +161,15 @@ def get_mla_metadata(*args, **kwargs):
         raise TypeError("legacy get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, ...) needs "
                         "num_q_tokens_per_head_k and num_heads_k")
     check_tensor("cache_seqlens", seqlens, ndim=1, dtype=torch.int32)
-    rows, h_kv = int(vals["num_q_tokens_per_head_k"]), int(vals["num_heads_k"])
-    if rows < 1 or h_kv < 1:
-        raise ValueError(f"num_q_tokens_per_head_k and num_heads_k must be >= 1, got {rows}, {h_kv}")
+    # integers as upstream's C++ signature takes them (Python / NumPy ints; a float, str or bool is a TypeError
+    # naming the argument, not a silent int() truncation)
+    rows = check_int("num_q_tokens_per_head_k", vals["num_q_tokens_per_head_k"], min_value=1)
+    h_kv = check_int("num_heads_k", vals["num_heads_k"], min_value=1)
+    if vals.get("num_heads_q") is not None:
+        check_int("num_heads_q", vals["num_heads_q"], min_value=1)
     counts = seqlens
     if vals.get("topk") is not None:
-        counts = torch.full_like(seqlens, int(vals["topk"]))
+        counts = torch.full_like(seqlens, check_int("topk", vals["topk"], min_value=0))
     return compute_schedule(counts, _num_sm_parts(seqlens.device, rows, h_kv))
 
 
@@ -383,7 +388,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
             Checked for CPU tensors (ValueError for a negative length or one past the row). On CUDA they are not
             checked (a host sync): a negative length counts as 0 (out 0, lse +inf) and the kernels stop at the
             row's end.
-        head_dim_v: must be 512.
+        head_dim_v: must be 512 (an int: Python or NumPy; a float, str or bool is a TypeError naming it).
         softmax_scale: default ``576 ** -0.5``; any finite value: ``s = (q . k) * softmax_scale`` as in the
             reference, so 0 gives uniform weights over the visible keys and a negative scale is exact too (the
             kernels run it as ``|scale|`` on ``-q``; one extra elementwise op on q). Non-finite: ValueError.
@@ -440,6 +445,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         dense call over an FP8 cache is a TypeError (k_cache's dtype must be q's; FlashMLA's dense path has the
         same dtype check and ignores ``is_fp8_kvcache``), with a hint to pass ``indices``.
     """
+    if type(head_dim_v) is not int:   # NumPy ints as the int they equal; float / str / bool: TypeError naming it
+        head_dim_v = check_int("head_dim_v", head_dim_v)
     if indices is not None:
         if softmax_scale is not None:   # its type here (str, list, multi-element tensor: named error); finiteness there
             softmax_scale = check_scale("softmax_scale", softmax_scale, finite=False)

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from .._backend import device_of, interpret_mode, use_kernels
 from .._triton_helpers import rne_bf16 as _rne_bf16
-from .._validate import check_dtype, check_scale, check_tensor, rewrite_nonpositive_scale
+from .._validate import check_dtype, check_int, check_scale, check_tensor, rewrite_nonpositive_scale
 from ..reference.mla_prefill import sparse_prefill_ref
 from . import _gluon_sparse_prefill as _gsp
 from ._sparse_kernels import online_softmax_step
@@ -198,7 +198,7 @@ def flash_mla_sparse_fwd(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tenso
         sm_scale: softmax scale on ``q·k``; any finite real (as FlashMLA). A scale <= 0 is exact: the kernels keep
             the running max in raw-score units, so the host runs them on ``-q`` with ``|sm_scale|`` (scale < 0) or on
             ``q * 0`` with scale 1 (scale 0: every valid logit 0, ``lse = log(#valid)``, ``max_logits`` 0).
-        d_v: must be 512.
+        d_v: must be 512 (an int: Python or NumPy; a float, str or bool is a TypeError naming it).
         attn_sink: optional ``[h_q]`` fp32; scales out by ``exp(lse)/(exp(lse)+exp(sink))`` (``+inf`` -> 0,
             ``-inf`` -> no effect); never changes ``lse`` or ``max_logits``.
         topk_length: optional ``[s_q]`` int32; query i uses only ``indices[i, 0, :topk_length[i]]``
@@ -228,7 +228,7 @@ def flash_mla_sparse_fwd(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tenso
         raise ValueError(f"kv must have shape [s_kv, 1, {d_qk}], got {list(kv.shape)}")
     if indices.shape[0] != s_q or indices.shape[1] != 1:
         raise ValueError(f"indices must have shape [{s_q}, 1, topk], got {list(indices.shape)}")
-    if d_v != 512:
+    if check_int("d_v", d_v) != 512:   # float / str / bool: TypeError naming d_v
         raise ValueError(f"d_v must be 512, got {d_v}")
     sm_scale = check_scale("sm_scale", sm_scale)   # any finite real scalar (np.float32 too); else Type/ValueError
     if attn_sink is not None:
