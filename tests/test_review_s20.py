@@ -12,6 +12,9 @@
    (Python / NumPy), TypeError / ValueError naming the argument.
 3. The torch.library FP8 GEMM ops (``fp8_gemm_nt``, ``m_grouped_fp8_gemm_nt_{contiguous,masked}``) take upstream's
    ``recipe_a`` / ``recipe_b`` too (they took only ``recipe``).
+4. ``abs_indices_to_kvcache_indices`` on an empty batch (``abs_indices [0, s_q, topk]``) raised torch's "cannot
+   reshape tensor of 0 elements into shape [0, -1]"; it returns the empty result now (and takes a NumPy
+   ``page_block_size``).
 """
 import numpy as np
 import pytest
@@ -204,3 +207,16 @@ def test_fp8_gemm_ops_take_recipe_a_and_recipe_b():
     ops.m_grouped_fp8_gemm_nt_contiguous(am[0], am[1], bg[0], bg[1], dc, layout, recipe_a=[1, 128],
                                          recipe_b=[128, 128])
     assert calc_diff(dc[m:].float(), xm[1] @ wg[1].T) < 2e-3
+
+
+# ------------------------------------------------------------------------------------------------ 4. empty batch
+@REF
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_abs_indices_to_kvcache_indices_empty_batch(dtype):
+    for shape in [(0, 1, 8), (0,), (0, 2, 0)]:
+        out = dk.abs_indices_to_kvcache_indices(torch.zeros(shape, dtype=dtype), torch.zeros(0, 3, dtype=torch.int32),
+                                                64)
+        assert out.shape == shape and out.dtype == dtype
+    out = dk.abs_indices_to_kvcache_indices(torch.tensor([[5, 70, -1, 200]], dtype=dtype),
+                                            torch.tensor([[3, 1]], dtype=torch.int32), np.int64(64))
+    assert out.tolist() == [[3 * 64 + 5, 64 + 6, -1, -1]]

@@ -33,6 +33,8 @@ exhaustively). FP4: :func:`deepkernels.quant.fp4.quantize_fp4_e2m1`.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import NamedTuple, Optional, Union
 
@@ -345,7 +347,7 @@ def abs_indices_to_kvcache_indices(abs_indices: torch.Tensor, block_table: torch
     Args:
         abs_indices: int32/int64 ``[b, s_q, topk]`` (any shape ``[b, ...]``), logical positions ``0 .. s_k-1``.
         block_table: int32/int64 ``[b, max_blocks_per_seq]``.
-        page_block_size: ``B``, tokens per page block (> 0).
+        page_block_size: ``B``, tokens per page block: a positive int (Python or NumPy); ValueError otherwise.
     Returns:
         Tensor of ``abs_indices``' shape and dtype (computed in int64).
     Raises:
@@ -356,10 +358,12 @@ def abs_indices_to_kvcache_indices(abs_indices: torch.Tensor, block_table: torch
     if abs_indices.dim() < 1 or abs_indices.size(0) != block_table.size(0):
         raise ValueError(f"abs_indices [b, ...] and block_table [b, max_blocks] must share b, got "
                          f"{list(abs_indices.shape)} and {list(block_table.shape)}")
-    if isinstance(page_block_size, bool) or not isinstance(page_block_size, int) or page_block_size <= 0:
+    if isinstance(page_block_size, bool) or not isinstance(page_block_size, numbers.Integral) or page_block_size <= 0:
         raise ValueError(f"page_block_size must be a positive int, got {page_block_size!r}")
+    page_block_size = int(page_block_size)   # NumPy ints as the int they equal
     b, max_blocks = block_table.shape
-    a = abs_indices.to(torch.int64).reshape(b, -1)
+    # [b, per-request count] (explicit: reshape(b, -1) cannot infer -1 for b == 0, an empty batch)
+    a = abs_indices.to(torch.int64).reshape(b, math.prod(abs_indices.shape[1:]))
     blk = torch.div(a, page_block_size, rounding_mode="floor")
     valid = (a >= 0) & (blk < max_blocks)
     if max_blocks == 0:
