@@ -341,6 +341,7 @@ from ._gluon_sparse_decode_ws import (WS_FMTS, WS_MAXNREG, _w_dequant_store,
 from ._gluon_sparse_decode_ws2 import WS2_PV_REGS, _w2_pv_wg, _w2_softmax_wg
 from ._gluon_cluster import (_c_expect_tx, _c_init_fence, _c_lane, _c_peer_rank, _c_push, _c_remote_arrive,  # noqa: F401
                              _c_smem_base, _c_sync)
+from ._gluon_sparse_decode_ws3_qahead import _w3_softmax_wg
 
 __all__ = ["available", "supported_ws3", "launch_sparse_decode_gluon_ws3", "compile_sm90_ws3", "smem_offsets",
            "WS3_PRODUCER_REGS", "WS3_NUM_WARPS", "DISPATCH", "DISPATCH_FMTS", "DISPATCH_MIN_BLOCKS",
@@ -375,6 +376,9 @@ WS3_PF_LINES = frozenset({"v41"})
 # s18.json; predicted 0.90-0.95): V3.2 0.966-0.974 (A/A 1.001-1.005) -> on; V4.1 0.988 / 0.988 / 1.053 (that shape's
 # A/A 1.034: noise) and V4.1 + FP4 0.989-0.997 -> off
 WS3_Q_ASYNC = frozenset({"v32"})
+# formats whose softmax warpgroup copies the NEXT request's Q during the current request's epilogue (``Q_AHEAD``,
+# module docstring "Q ahead"; session 20, opt-in until measured: no format)
+WS3_Q_AHEAD = frozenset()
 # sparse_decode.py sends the calls WS / WS2 would take (no extra cache, h_q a multiple of 128) here for the formats in
 # DISPATCH_FMTS (DEEPKERNELS_SPARSE_WS3=0 / =1 override): both, since session 17 (H200, git 0b54eb4785ad, after the
 # softmax-loop spills were removed: 43/43 GPU tests, bit-identical to WS2, ws3 / ws2 1.16-1.25x at 6 shapes,
@@ -751,25 +755,39 @@ def _sparse_decode_gluon_ws3_kernel(
     b, s_q, h_q, topk, acc_rows, sm_scale_log2, ring_off, ready_off, empty_off,
     PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PV_REGS: gl.constexpr,
-    PF_L2: gl.constexpr, ROPE_ROWS: gl.constexpr, ROW_LANES: gl.constexpr, IDX_AHEAD: gl.constexpr = False,
-    PF_LINES: gl.constexpr = False, Q_ASYNC: gl.constexpr = False,
+    PF_L2: gl.constexpr, Q_AHEAD: gl.constexpr, ROPE_ROWS: gl.constexpr, ROW_LANES: gl.constexpr,
+    IDX_AHEAD: gl.constexpr = False, PF_LINES: gl.constexpr = False, Q_ASYNC: gl.constexpr = False,
 ):
     """WS2's arguments + the shared offsets of the ring / ``ready`` / ``empty`` (:func:`smem_offsets`). Launched as
     2-CTA clusters only (:func:`launch_sparse_decode_gluon_ws3`)."""
     q_n, q_p, kv_n, kv8, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree = _w3_smem(FMT)
     _c_init_fence(h_q)
-    gl.warp_specialize([
-        (_w2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr, len_ptr,
-                          sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb,
-                          stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN, HAS_SINK,
-                          SBLOCK, FMT, empty_off, True, None, None, False, False, Q_ASYNC)),
-        (_w2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
-                     oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK, empty_off, True)),
-        (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr, stride_kb,
-                        page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off, PAGE_SHIFT,
-                        HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, None, None, None, None, None, None,
-                        None, None, None, False, False, 0, 0, IDX_AHEAD, PF_LINES)),
-    ], [4, 4], [PV_REGS, PRODUCER_REGS])
+    if Q_AHEAD:     # the softmax warpgroup copies the next request's Q during this one's epilogue ("Q ahead")
+        gl.warp_specialize([
+            (_w3_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr,
+                              len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                              stride_qb, stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN,
+                              HAS_SINK, SBLOCK, FMT, empty_off)),
+            (_w2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
+                         oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK, empty_off, True)),
+            (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
+                            stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off,
+                            PAGE_SHIFT, HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, None, None, None,
+                            None, None, None, None, None, None, False, False, 0, 0, IDX_AHEAD, PF_LINES)),
+        ], [4, 4], [PV_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_w2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr,
+                              len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                              stride_qb, stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN,
+                              HAS_SINK, SBLOCK, FMT, empty_off, True, None, None, False, False, Q_ASYNC)),
+            (_w2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
+                         oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK, empty_off, True)),
+            (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
+                            stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off,
+                            PAGE_SHIFT, HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, None, None, None,
+                            None, None, None, None, None, None, False, False, 0, 0, IDX_AHEAD, PF_LINES)),
+        ], [4, 4], [PV_REGS, PRODUCER_REGS])
 
 
 _NO_SPEC_X = _NO_SPEC + ["xpage", "xnum_tok", "xtopk"]
@@ -784,8 +802,9 @@ def _sparse_decode_gluon_ws3_x_kernel(
     b, s_q, h_q, topk, xtopk, acc_rows, sm_scale_log2, ring_off, ready_off, empty_off,
     PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PV_REGS: gl.constexpr,
-    PF_L2: gl.constexpr, ROPE_ROWS: gl.constexpr, ROW_LANES: gl.constexpr, IDX_AHEAD: gl.constexpr = False,
-    PF_LINES: gl.constexpr = False, Q_ASYNC: gl.constexpr = False, XPAGE_SHIFT: gl.constexpr = 6,
+    PF_L2: gl.constexpr, Q_AHEAD: gl.constexpr, ROPE_ROWS: gl.constexpr, ROW_LANES: gl.constexpr,
+    IDX_AHEAD: gl.constexpr = False, PF_LINES: gl.constexpr = False, Q_ASYNC: gl.constexpr = False,
+    XPAGE_SHIFT: gl.constexpr = 6,
     HAS_XLEN: gl.constexpr = False, XFMT: gl.constexpr = 3,
 ):
     """With an extra cache (module docstring, "Extra cache"): the WS x kernel's runtime arguments
@@ -794,20 +813,36 @@ def _sparse_decode_gluon_ws3_x_kernel(
     Pairs :data:`WS3_EXTRA_PAIRS`: V3.2 + V3.2 (FMT 0, XFMT 0), V4.1 + V4.1 (2, 2), V4.1 + FP4 (2, 3)."""
     q_n, q_p, kv_n, kv8, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree = _w3_smem(FMT)
     _c_init_fence(h_q)
-    gl.warp_specialize([
-        (_w2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr, len_ptr,
-                          sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb,
-                          stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN, HAS_SINK,
-                          SBLOCK, FMT, empty_off, True, xlen_ptr, xtopk, True, HAS_XLEN, Q_ASYNC)),
-        (_w2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
-                     oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK, empty_off, True, xlen_ptr, xtopk, True,
-                     HAS_XLEN)),
-        (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr, stride_kb,
-                        page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off, PAGE_SHIFT,
-                        HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, xkv_ptr, xidx_ptr, xlen_ptr,
-                        stride_xkb, xpage, xnum_tok, stride_xib, stride_xis, xtopk, True, HAS_XLEN, XPAGE_SHIFT,
-                        XFMT, IDX_AHEAD, PF_LINES)),
-    ], [4, 4], [PV_REGS, PRODUCER_REGS])
+    if Q_AHEAD:     # module docstring, "Q ahead"
+        gl.warp_specialize([
+            (_w3_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr,
+                              len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                              stride_qb, stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN,
+                              HAS_SINK, SBLOCK, FMT, empty_off, xlen_ptr, xtopk, True, HAS_XLEN)),
+            (_w2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
+                         oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK, empty_off, True, xlen_ptr, xtopk,
+                         True, HAS_XLEN)),
+            (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
+                            stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off,
+                            PAGE_SHIFT, HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, xkv_ptr,
+                            xidx_ptr, xlen_ptr, stride_xkb, xpage, xnum_tok, stride_xib, stride_xis, xtopk, True,
+                            HAS_XLEN, XPAGE_SHIFT, XFMT, IDX_AHEAD, PF_LINES)),
+        ], [4, 4], [PV_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_w2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr,
+                              len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                              stride_qb, stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN,
+                              HAS_SINK, SBLOCK, FMT, empty_off, True, xlen_ptr, xtopk, True, HAS_XLEN, Q_ASYNC)),
+            (_w2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
+                         oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK, empty_off, True, xlen_ptr, xtopk,
+                         True, HAS_XLEN)),
+            (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
+                            stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off,
+                            PAGE_SHIFT, HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, xkv_ptr,
+                            xidx_ptr, xlen_ptr, stride_xkb, xpage, xnum_tok, stride_xib, stride_xis, xtopk, True,
+                            HAS_XLEN, XPAGE_SHIFT, XFMT, IDX_AHEAD, PF_LINES)),
+        ], [4, 4], [PV_REGS, PRODUCER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------- host code
@@ -969,6 +1004,14 @@ def _q_async(fmt: str, q_async, q: torch.Tensor | None = None) -> bool:
     return on and (q is None or triton_aligned(q, *q.stride()[:3]))
 
 
+def _q_ahead(fmt: str, q_ahead, q: torch.Tensor | None = None) -> bool:
+    """The Q_AHEAD constexpr: ``q_ahead`` (default :data:`WS3_Q_AHEAD` by format), with :func:`_q_async`'s gate on
+    ``q`` (16-byte cp.async: base and batch / position / head strides multiples of 16 elements); otherwise the build
+    without it runs."""
+    on = bool((fmt in WS3_Q_AHEAD) if q_ahead is None else q_ahead)
+    return on and (q is None or triton_aligned(q, *q.stride()[:3]))
+
+
 def _launch_device(q: torch.Tensor) -> int:
     """The device part of a cluster launcher's key: the CURRENT CUDA device (its ``warmup`` loads the compiled function
     into that device's context and every launch goes to that device's current stream, as Triton launches), never
@@ -979,15 +1022,15 @@ def _launch_device(q: torch.Tensor) -> int:
 _LAUNCHERS: dict = {}
 _LAUNCHER_LIMIT = 256
 _CONSTEXPRS = ("PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS", "FMT", "DEQ_ASM", "PV_REGS", "PF_L2",
-               "ROPE_ROWS", "ROW_LANES", "IDX_AHEAD", "PF_LINES", "Q_ASYNC")
+               "Q_AHEAD", "ROPE_ROWS", "ROW_LANES", "IDX_AHEAD", "PF_LINES", "Q_ASYNC")
 _CONSTEXPRS_X = _CONSTEXPRS + ("XPAGE_SHIFT", "HAS_XLEN", "XFMT")
 
 
 def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None,
                                    extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
                                    extra_topk_length=None, config=None, _spec=None, *, pv_regs=None,
-                                   producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None,
-                                   row_lanes=None, idx_ahead=None, pf_lines=None, q_async=None):
+                                   producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, q_ahead=None,
+                                   rope_rows=None, row_lanes=None, idx_ahead=None, pf_lines=None, q_async=None):
     """Drop-in for ``launch_sparse_decode_gluon_ws2`` (same arguments and outputs; ``config`` ignored). ``h_q`` not
     a multiple of 128: the WS2 launcher runs the call. Keyword knobs (benchmarks): PV / producer ``setmaxnreg``,
     launch ``maxnreg``, ``deq_asm`` / ``pf_l2`` (default :data:`WS3_DEQ_ASM` / :data:`WS3_PF_L2` by format),
@@ -995,7 +1038,8 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
     docstring, "RoPE rows"), ``row_lanes`` (producer lanes over token rows first, default :data:`WS3_ROW_LANES`;
     module docstring, "Row lanes"), ``idx_ahead`` / ``pf_lines`` (default :data:`WS3_IDX_AHEAD` /
     :data:`WS3_PF_LINES`; module docstring, "Index loads ahead"), ``q_async`` (default :data:`WS3_Q_ASYNC`: Q by
-    cp.async). With an extra cache (dispatched for :data:`DISPATCH_EXTRA_PAIRS`; module
+    cp.async), ``q_ahead`` (default :data:`WS3_Q_AHEAD`: the next request's Q copied during this request's epilogue;
+    module docstring, "Q ahead"). With an extra cache (dispatched for :data:`DISPATCH_EXTRA_PAIRS`; module
     docstring, "Extra cache"):
     the pairs :data:`WS3_EXTRA_PAIRS` run on :func:`_sparse_decode_gluon_ws3_x_kernel` (h_q not a multiple of 128:
     on the WS kernel's extra-cache entry), any other pair raises ValueError."""
@@ -1036,9 +1080,9 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
     constexprs = (_page_shift(kv.shape[1]), topk_length is not None, attn_sink is not None, SCHED_BLOCK,
                   producer_regs or WS3_PRODUCER_REGS[fmt], GLUON_FMTS[fmt],
                   bool((fmt in WS3_DEQ_ASM) if deq_asm is None else deq_asm), pv_regs or WS2_PV_REGS,
-                  bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2), _rope_rows(fmt, rope_rows),
-                  _row_lanes(fmt, row_lanes), _idx_ahead(fmt, idx_ahead), _pf_lines(fmt, pf_lines),
-                  _q_async(fmt, q_async, q))
+                  bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2), _q_ahead(fmt, q_ahead, q),
+                  _rope_rows(fmt, rope_rows), _row_lanes(fmt, row_lanes), _idx_ahead(fmt, idx_ahead),
+                  _pf_lines(fmt, pf_lines), _q_async(fmt, q_async, q))
     names, cls = _CONSTEXPRS, _ClusterLauncher
     if has_x:
         names, cls = _CONSTEXPRS_X, _ClusterLauncherX
@@ -1057,29 +1101,31 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
 
 
 def compile_sm90_ws3(fmt: str = "v32", page_shift: int = 6, has_len: bool = True, has_sink: bool = True,
-                     pv_regs=None, producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None,
-                     row_lanes=None, idx_ahead=None, pf_lines=None, q_async=None):
+                     pv_regs=None, producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, q_ahead=None,
+                     rope_rows=None, row_lanes=None, idx_ahead=None, pf_lines=None, q_async=None):
     """Cross-compile the kernel for sm90 (no GPU needed), the launch's divisibility facts. Returns the
     CompiledKernel (``.asm['ptx']``, ``.asm['ttgir']``, ``.metadata.shared``). With an extra cache:
     :func:`compile_sm90_ws3_extra`."""
     return _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, maxnreg, deq_asm, pf_l2,
-                        rope_rows, row_lanes, idx_ahead=idx_ahead, pf_lines=pf_lines, q_async=q_async)
+                        rope_rows, row_lanes, idx_ahead=idx_ahead, pf_lines=pf_lines, q_async=q_async,
+                        q_ahead=q_ahead)
 
 
 def compile_sm90_ws3_extra(fmt: str = "v41", xfmt: str = "fp4", page_shift: int = 6, has_len: bool = True,
                            has_sink: bool = True, xpage_shift: int = 6, has_xlen: bool = True, pv_regs=None,
-                           producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, rope_rows=None,
-                           row_lanes=None, idx_ahead=None, pf_lines=None, q_async=None):
+                           producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, q_ahead=None,
+                           rope_rows=None, row_lanes=None, idx_ahead=None, pf_lines=None, q_async=None):
     """:func:`compile_sm90_ws3` of the extra-cache entry :func:`_sparse_decode_gluon_ws3_x_kernel` (a pair of
     :data:`WS3_EXTRA_PAIRS`, else ValueError), with the extra cache's page shift and lengths flag."""
     if xfmt not in WS3_EXTRA_PAIRS.get(fmt, ()):
         raise ValueError(f"no WS3 kernel for main cache {fmt!r} + extra cache {xfmt!r}")
     return _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, maxnreg, deq_asm, pf_l2,
-                        rope_rows, row_lanes, xfmt, xpage_shift, has_xlen, idx_ahead, pf_lines, q_async)
+                        rope_rows, row_lanes, xfmt, xpage_shift, has_xlen, idx_ahead, pf_lines, q_async, q_ahead)
 
 
 def _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, maxnreg, deq_asm, pf_l2, rope_rows,
-                 row_lanes, xfmt=None, xpage_shift=6, has_xlen=True, idx_ahead=None, pf_lines=None, q_async=None):
+                 row_lanes, xfmt=None, xpage_shift=6, has_xlen=True, idx_ahead=None, pf_lines=None, q_async=None,
+                 q_ahead=None):
     if xfmt is not None:
         fn = _sparse_decode_gluon_ws3_x_kernel
         sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", xkv_ptr="*u8", xidx_ptr="*i32",
@@ -1100,8 +1146,9 @@ def _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, max
     consts = dict(PAGE_SHIFT=page_shift, HAS_LEN=has_len, HAS_SINK=has_sink, SBLOCK=64,
                   PRODUCER_REGS=producer_regs or WS3_PRODUCER_REGS[fmt], FMT=GLUON_FMTS[fmt],
                   DEQ_ASM=bool((fmt in WS3_DEQ_ASM) if deq_asm is None else deq_asm), PV_REGS=pv_regs or WS2_PV_REGS,
-                  PF_L2=bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2), ROPE_ROWS=_rope_rows(fmt, rope_rows),
-                  ROW_LANES=_row_lanes(fmt, row_lanes), IDX_AHEAD=_idx_ahead(fmt, idx_ahead),
+                  PF_L2=bool((fmt in WS3_PF_L2) if pf_l2 is None else pf_l2), Q_AHEAD=_q_ahead(fmt, q_ahead),
+                  ROPE_ROWS=_rope_rows(fmt, rope_rows), ROW_LANES=_row_lanes(fmt, row_lanes),
+                  IDX_AHEAD=_idx_ahead(fmt, idx_ahead),
                   PF_LINES=_pf_lines(fmt, pf_lines), Q_ASYNC=_q_async(fmt, q_async))
     hinted = [k for k, v in sig.items() if v.startswith("*")] + ["stride_qb", "stride_qs", "stride_qh", "stride_kb",
                                                                   "stride_ib", "stride_is"]
