@@ -15,6 +15,9 @@
 4. ``abs_indices_to_kvcache_indices`` on an empty batch (``abs_indices [0, s_q, topk]``) raised torch's "cannot
    reshape tensor of 0 elements into shape [0, -1]"; it returns the empty result now (and takes a NumPy
    ``page_block_size``).
+5. ``python -m deepkernels.bench.report`` (README's command for the results table) died with an IndexError traceback
+   without an argument and a FileNotFoundError / JSONDecodeError traceback for a bad path; now a usage error (exit 2)
+   naming the path.
 """
 import numpy as np
 import pytest
@@ -220,3 +223,27 @@ def test_abs_indices_to_kvcache_indices_empty_batch(dtype):
     out = dk.abs_indices_to_kvcache_indices(torch.tensor([[5, 70, -1, 200]], dtype=dtype),
                                             torch.tensor([[3, 1]], dtype=torch.int32), np.int64(64))
     assert out.tolist() == [[3 * 64 + 5, 64 + 6, -1, -1]]
+
+
+# ------------------------------------------------------------------------------------------------ 5. report CLI
+@REF
+def test_bench_report_cli_errors_are_usage_errors(tmp_path, capsys):
+    import json
+    from deepkernels.bench import report
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("not json")
+    wrong = tmp_path / "list.json"
+    wrong.write_text("[1]")
+    for argv, words in (([], "PATH"), ([str(tmp_path / "missing.json")], "missing.json"),
+                        ([str(bad_json)], "bad.json is not JSON"), ([str(wrong)], "list.json is not a")):
+        with pytest.raises(SystemExit) as e:
+            report.main(argv)
+        assert e.value.code == 2
+        assert words in capsys.readouterr().err
+    good = tmp_path / "cpu.json"
+    good.write_text(json.dumps(dict(provenance=dict(date="d", torch="t", triton="3.6.0", git_sha="x", gpu=None),
+                                    rows=[dict(suite="mla", name="dense decode", provider="deepkernels",
+                                               provider_kind="ours", status="PASS", metric="cos-diff 1e-06",
+                                               target=">=1", us=None)])))
+    assert report.main([str(good)]) == 0
+    assert "| mla | dense decode | PASS (cos-diff 1e-06) |" in capsys.readouterr().out

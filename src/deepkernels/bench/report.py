@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
-__all__ = ["markdown_table"]
+__all__ = ["markdown_table", "main"]
 
 
 def markdown_table(result: dict) -> str:
@@ -49,6 +49,27 @@ def markdown_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python -m deepkernels.bench.report PATH``: print the table of a ``deepkernels bench --json`` file. A missing
+    argument, an unreadable file or one that is not such a JSON file is a usage error (exit 2, one line naming the
+    path), not a traceback."""
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m deepkernels.bench.report",
+                                     description="Markdown table of a `deepkernels bench --json` file.")
+    parser.add_argument("path", metavar="PATH", help="JSON written by `deepkernels bench --json PATH`")
+    args = parser.parse_args(argv)
+    try:
+        with open(args.path) as f:
+            result = json.load(f)
+    except OSError as e:
+        parser.error(f"cannot read {args.path}: {e.strerror or e}")
+    except json.JSONDecodeError as e:
+        parser.error(f"{args.path} is not JSON ({e})")
+    if not isinstance(result, dict) or "provenance" not in result or "rows" not in result:
+        parser.error(f"{args.path} is not a `deepkernels bench --json` file (no 'provenance' / 'rows')")
+    print(markdown_table(result))
+    return 0
+
+
 if __name__ == "__main__":
-    with open(sys.argv[1]) as f:
-        print(markdown_table(json.load(f)))
+    sys.exit(main())
