@@ -7,7 +7,8 @@ with WS2's dispatched prologue / epilogue (``q_async``, ``o_stage``) and the pro
   bytes, the two math loops unchanged in size against the ``gather_rows4`` build with 0 spill instructions, shared
   memory unchanged; ``q_async``: +36 / +32 16-byte Q cp.async, one commit / wait; ``o_stage``: 32 ``STG.E.128`` and
   only the 4 lse / max_logits 4-byte stores per thread left; ``idx_ahead``: the producer loop's index loads 8 per pair
-  (2 blocks x 4 rows per thread) instead of one set per half gather, placed before the ``fre`` waits they precede;
+  (2 blocks x 4 rows per thread, the next pair's) instead of one set per half gather, all before the first ``fre``
+  wait;
 * GPU tier (``-m gpu``): bit identity (out / lse / max_logits, NaN-poisoned outputs) of each switch set against the
   ``gather_rows4`` WS4 build (the same bytes in the same tiles, the same math order), on the WS4 tests' inputs (junk
   indices -2^31 .. 2^31-1 and >= s_kv, NaN in every KV row no valid in-length index references, topk_length incl. 0,
@@ -128,13 +129,14 @@ def test_compile_s20(d_pe, has_len, has_sink, name):
     assert sum(bool(re.search(r"STG\.E\s", t)) for t in stg) <= 4
     ldg = lambda lp: sum(1 for t in lp if re.search(r"\bLDG\.E", t))   # noqa: E731
     if name == "qoi":
-        # the producer's index loads: 2 blocks x 4 rows per thread per pair, issued before the fre waits they
-        # precede (each set right after an arrive, none between a fre wait and its first LDGSTS)
+        # the producer's index loads: 2 blocks x 4 rows per thread per pair, all issued (for the NEXT pair) before
+        # the pair's first fre wait, none between a fre wait and its first LDGSTS
         assert ldg(prod1) == 8, ldg(prod1)
         assert ldg(prod0) == (24 if d_pe else 16), ldg(prod0)
         assert len(prod1) < len(prod0)
         waits = [i for i, t in enumerate(prod1) if "SYNCS.PHASECHK" in t and "TRYWAIT" in t]
         assert len(waits) == 4
+        assert max(i for i, t in enumerate(prod1) if re.search(r"\bLDG\.E", t)) < waits[0]
         for w in waits:
             first = next(i for i in range(w, len(prod1)) if "LDGSTS" in prod1[i])
             assert not any(re.search(r"\bLDG\.E", t) for t in prod1[w:first])

@@ -151,8 +151,8 @@ same ``_q_async`` guard) in WG0 and each warpgroup's output half staged through 
 (WG0 after ``FIN1``, WG1 after ``FIN0``: both warpgroups' last S completed). ``idx_ahead`` (``IDX_AHEAD``; needs
 ``gather_rows4``, not ``whole_slot``): :func:`_w4_producer_ahead`, the producer's indices loaded once per block and
 one pair ahead instead of after each half's ``fre`` wait. All three bit-identical to the ``gather_rows4`` build; no
-barrier added or moved. Compile: 0 spills, loops of WG0 / WG1 unchanged, producer loop 536 -> 295 SASS with
-``idx_ahead``. Device: ``benchmarks/device_sparse_prefill_s20.sh``.
+barrier added or moved. Compile: 0 spills, loops of WG0 / WG1 unchanged, producer loop 536 -> 296 SASS with
+``idx_ahead`` (its 8 index loads per pair issued before the pair's first ``fre`` wait). Device: ``benchmarks/device_sparse_prefill_s20.sh``.
 
 Risks (none of this ran on a GPU)
 ---------------------------------
@@ -238,20 +238,24 @@ def _w4_idx(idx_row, start, n, s_kv):
 
 
 @_jit
-def _w4_gather_idx(buf_n, buf_p, kv_ptr, idx, s_kv, stride_kvs, COL0: gl.constexpr, ROPE: gl.constexpr,
-                   D_PE: gl.constexpr):
-    """``_w4_gather`` with ``ROWS4`` from indices loaded ahead (:func:`_w4_idx`; IDX_AHEAD): the same validity,
-    row addresses and masked 16-byte cp.async (with ``ROWS4`` the NoPE and RoPE layouts are the same, so one index
-    vector serves both), hence the same bytes in the same places."""
-    L4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+def _w4_rows(kv_ptr, idx, s_kv, stride_kvs):
+    """IDX_AHEAD: the validity and KV row pointers of one block's indices (``_w4_gather``'s expressions)."""
     ok = (idx >= 0) & (idx < s_kv)
-    rows = kv_ptr + gl.where(ok, idx, 0).to(gl.int64)[:, None] * stride_kvs
+    return kv_ptr + gl.where(ok, idx, 0).to(gl.int64) * stride_kvs, ok
+
+
+@_jit
+def _w4_gather_rows(buf_n, buf_p, rows, ok, COL0: gl.constexpr, ROPE: gl.constexpr, D_PE: gl.constexpr):
+    """``_w4_gather`` with ``ROWS4`` from row pointers computed ahead (:func:`_w4_rows`; IDX_AHEAD): the same masked
+    16-byte cp.async (with ``ROWS4`` the NoPE and RoPE layouts are the same, so one row vector serves both), hence
+    the same bytes in the same places."""
+    L4: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     offs_d = COL0 + gl.arange(0, 256, gl.SliceLayout(0, L4))
-    async_copy.async_copy_global_to_shared(buf_n, rows + offs_d[None, :], mask=ok[:, None])
+    async_copy.async_copy_global_to_shared(buf_n, rows[:, None] + offs_d[None, :], mask=ok[:, None])
     if ROPE:
         if D_PE > 0:
             offs_p = gl.arange(0, D_PE, gl.SliceLayout(0, L4))
-            async_copy.async_copy_global_to_shared(buf_p, rows + 512 + offs_p[None, :], mask=ok[:, None])
+            async_copy.async_copy_global_to_shared(buf_p, rows[:, None] + 512 + offs_p[None, :], mask=ok[:, None])
 
 
 @_jit
@@ -306,9 +310,10 @@ def _w4_producer(kv_n, kv_p, rdy, fre, kv_ptr, idx_ptr, len_ptr, s_kv, topk, str
 @_jit
 def _w4_producer_ahead(kv_n, kv_p, rdy, fre, kv_ptr, idx_row, n, num_pairs, s_kv, stride_kvs, D_PE: gl.constexpr):
     """IDX_AHEAD (session 20): :func:`_w4_producer`'s pair loop (same waits, parities, gathers, order and signals)
-    with each block's 64 indices loaded once per pair and one pair AHEAD: pair 0's before the loop, pair i+1's
-    block-0 indices right after pair i's last use of block 0 (V0R) and its block-1 indices after V1L, i.e. before
-    the ``fre`` waits that precede their first use. Without it every one of the 4 half gathers of a pair loads its
+    with each block's 64 indices loaded once per pair and one pair AHEAD: pair 0's before the loop; at the top of
+    pair i its row pointers are formed and pair i+1's indices issued, before the first ``fre`` wait (ptxas puts
+    all index loads on one scoreboard, so their first use waits for every one in flight: issued a whole pair
+    earlier, they have landed). Without it every one of the 4 half gathers of a pair loads its
     indices after its ``fre`` wait, so a dependent global load (~570 cycles in WS2's producer, session-20 profile)
     sits between the consumer's release and the first cp.async of the half, on the release -> ready chain.
     Positions >= n load -1 (masked), never dereferenced, as before."""
@@ -317,24 +322,24 @@ def _w4_producer_ahead(kv_n, kv_p, rdy, fre, kv_ptr, idx_row, n, num_pairs, s_kv
     for i in range(num_pairs):
         ph = (i & 1) ^ 1
         j0 = i * 128
+        # this pair's row pointers, then the next pair's indices in flight for the whole pair (one scoreboard
+        # covers all index loads: their first use, at the next loop top, waits for loads issued a pair earlier)
+        r0, ok0 = _w4_rows(kv_ptr, i0, s_kv, stride_kvs)
+        r1, ok1 = _w4_rows(kv_ptr, i1, s_kv, stride_kvs)
+        i0 = _w4_idx(idx_row, j0 + 128, n, s_kv)
+        i1 = _w4_idx(idx_row, j0 + 192, n, s_kv)
         mbarrier.wait(fre.index(0), ph)
-        _w4_gather_idx(kv_n.index(0).slice(0, 256, dim=1), kv_p.index(0), kv_ptr, i0, s_kv, stride_kvs, 0, False,
-                       D_PE)
+        _w4_gather_rows(kv_n.index(0).slice(0, 256, dim=1), kv_p.index(0), r0, ok0, 0, False, D_PE)
         _w4_signal(rdy.index(0))
         mbarrier.wait(fre.index(3), ph)
-        _w4_gather_idx(kv_n.index(1).slice(256, 256, dim=1), kv_p.index(1), kv_ptr, i1, s_kv, stride_kvs, 256, True,
-                       D_PE)
+        _w4_gather_rows(kv_n.index(1).slice(256, 256, dim=1), kv_p.index(1), r1, ok1, 256, True, D_PE)
         _w4_signal(rdy.index(3))
         mbarrier.wait(fre.index(1), ph)
-        _w4_gather_idx(kv_n.index(0).slice(256, 256, dim=1), kv_p.index(0), kv_ptr, i0, s_kv, stride_kvs, 256, True,
-                       D_PE)
+        _w4_gather_rows(kv_n.index(0).slice(256, 256, dim=1), kv_p.index(0), r0, ok0, 256, True, D_PE)
         _w4_signal(rdy.index(1))
-        i0 = _w4_idx(idx_row, j0 + 128, n, s_kv)
         mbarrier.wait(fre.index(2), ph)
-        _w4_gather_idx(kv_n.index(1).slice(0, 256, dim=1), kv_p.index(1), kv_ptr, i1, s_kv, stride_kvs, 0, False,
-                       D_PE)
+        _w4_gather_rows(kv_n.index(1).slice(0, 256, dim=1), kv_p.index(1), r1, ok1, 0, False, D_PE)
         _w4_signal(rdy.index(2))
-        i1 = _w4_idx(idx_row, j0 + 192, n, s_kv)
 
 
 @_jit
