@@ -18,6 +18,8 @@
 5. ``python -m deepkernels.bench.report`` (README's command for the results table) died with an IndexError traceback
    without an argument and a FileNotFoundError / JSONDecodeError traceback for a bad path; now a usage error (exit 2)
    naming the path.
+6. NumPy integers where upstream's pybind ``int`` / ``List[int]`` takes them: the k-grouped GEMMs' ``ks_cpu``
+   (``[np.int64(128), ...]`` was a TypeError) and ``set_mk_alignment_for_contiguous_layout``.
 """
 import numpy as np
 import pytest
@@ -247,3 +249,36 @@ def test_bench_report_cli_errors_are_usage_errors(tmp_path, capsys):
                                                target=">=1", us=None)])))
     assert report.main([str(good)]) == 0
     assert "| mla | dense decode | PASS (cos-diff 1e-06) |" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------ 6. NumPy ints
+@REF
+def test_k_grouped_ks_cpu_takes_numpy_ints():
+    ks, m, n = [128, 0, 256], 16, 32
+    ag = [torch.randn(m, k) for k in ks]
+    bg = [torch.randn(n, k) for k in ks]
+
+    def pack(ts):
+        q = [per_token_cast_to_fp8(t, use_ue8m0=False) for t in ts if t.shape[1]]
+        return torch.cat([x[0].flatten() for x in q]), torch.cat([x[1] for x in q], 1)
+    a, b = pack(ag), pack(bg)
+    d = torch.full((3, m, n), float("nan"))
+    dk.k_grouped_fp8_gemm_nt_contiguous(a, b, d, [np.int64(k) for k in ks], c=None)
+    for g in (0, 2):
+        assert calc_diff(d[g], ag[g] @ bg[g].T) < 2e-3
+    assert (d[1] == 0).all()
+    with pytest.raises(TypeError, match="ks_cpu"):
+        dk.k_grouped_fp8_gemm_nt_contiguous(a, b, d, [128.0, 0, 256], c=None)
+
+
+@REF
+def test_set_mk_alignment_takes_numpy_int():
+    prev = dk.get_mk_alignment_for_contiguous_layout()
+    try:
+        dk.set_mk_alignment_for_contiguous_layout(np.int64(64))
+        assert dk.get_mk_alignment_for_contiguous_layout() == 64
+        assert type(dk.get_mk_alignment_for_contiguous_layout()) is int
+        with pytest.raises(TypeError, match="alignment must be an int"):
+            dk.set_mk_alignment_for_contiguous_layout(64.0)
+    finally:
+        dk.set_mk_alignment_for_contiguous_layout(prev)

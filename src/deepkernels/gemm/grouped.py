@@ -65,11 +65,11 @@ def set_mk_alignment_for_contiguous_layout(alignment: int) -> None:
     ``alignment`` is a positive multiple of 16 (at most 4096).
     """
     global _MK_ALIGNMENT
-    if isinstance(alignment, bool) or not isinstance(alignment, int):
+    if isinstance(alignment, bool) or not isinstance(alignment, numbers.Integral):
         raise TypeError(f"alignment must be an int, got {type(alignment).__name__}")
     if alignment <= 0 or alignment % 16 or alignment > 4096:
         raise ValueError(f"alignment must be a positive multiple of 16 (<= 4096), got {alignment}")
-    _MK_ALIGNMENT = alignment
+    _MK_ALIGNMENT = int(alignment)   # a NumPy int as the int it equals (it is part of the plan signatures)
 
 
 def get_theoretical_mk_alignment_for_contiguous_layout(expected_m: int | None = None) -> int:
@@ -635,8 +635,9 @@ def _ks_args(ks_cpu, grouped_layout, ks, ks_tensor, use_psum_layout, device):
     if use_psum_layout:
         raise ValueError("use_psum_layout=True is not supported by the SM90 k-grouped GEMMs (DeepGEMM asserts)")
     if not isinstance(ks_cpu, (list, tuple)) or len(ks_cpu) == 0 or \
-            any(isinstance(x, bool) or not isinstance(x, int) for x in ks_cpu):
+            any(isinstance(x, bool) or not isinstance(x, numbers.Integral) for x in ks_cpu):
         raise TypeError(f"ks_cpu must be a non-empty list of ints (K of each group), got {ks_cpu!r}")
+    ks_cpu = [int(x) for x in ks_cpu]   # NumPy ints as the ints they equal (upstream's pybind List[int] takes them)
     bad = [x for x in ks_cpu if x < 0 or x % 128]
     if bad:
         raise ValueError(f"every k_g must be >= 0 and a multiple of 128 (DeepGEMM SM90), got {list(ks_cpu)}")
@@ -723,7 +724,8 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks_cpu=None, grouped
             scales, any strides (upstream: MN-major).
         b: ``(B, sfb)``: likewise with N.
         d: ``[G, M, N]`` float32 row-major; written in place.
-        ks_cpu: list of G ints, each ``k_g >= 0`` and a multiple of 128 (0: ``d[g] = c[g]``). Old name: ``ks``.
+        ks_cpu: list / tuple of G ints (Python or NumPy), each ``k_g >= 0`` and a multiple of 128 (0:
+            ``d[g] = c[g]``). Old name: ``ks``.
         grouped_layout: int32 ``[G]`` on the device with the same values (old name ``ks_tensor``; None: built from
             ks_cpu). Offsets are derived from it on the device and clamped to the buffers.
         c: ``[G, M, N]`` float32 or None (zeros); ``c is d`` accumulates in place.
