@@ -140,18 +140,20 @@ softmax warpgroup has issued all of S_{j+1} (``sissued``, count 1, one phase per
 issue for j + 1 > 0, and after the piece's loop for its last tile; the PV warpgroup waits phase ``it & 1``), so
 P V_R_j runs on the tensor cores under softmax_{j+1}. P_j stays in the single P buffer until P V_R_j completes
 (``pfree`` gates the next store as before). To keep the ring's slack, each slot is released by column halves:
-``kready``/``kempty`` (count 1) guard part a = K_nope cols 0-255 + K_rope (40 KB: 4 + 1 [64, 64] boxes through
-``kp_desc`` into 64-column slices of the tile), released by the softmax warpgroup after P V_L_j; ``kready_b``/
-``kempty_b`` (count 1) guard part b = cols 256-511 (32 KB, 4 boxes), released by the PV warpgroup after P V_R_j.
+``kready``/``kempty`` (count 1) guard part a = K_nope cols 0-255 + K_rope (40 KB: a [64, 256] box of a third K
+descriptor ``kh_desc`` into the tile's column half + the RoPE box), released by the softmax warpgroup after P V_L_j;
+``kready_b``/``kempty_b`` (count 1) guard part b = cols 256-511 (32 KB, one [64, 256] box), released by the PV
+warpgroup after P V_R_j.
 S_j is issued as NoPE cols 0-255 (after ``kready``), NoPE cols 256-511 (after ``kready_b``), RoPE: the same MMA
 sequence as the other builds, so the results are the dispatched build's bit for bit (expected; the GPU tests check
 2 ulp and report identity separately). Deadlock-freedom: an arrive on ``sissued`` for tile j + 1 needs the
 softmax warpgroup past P_j's store, i.e. ``pfree`` of P V_R_{j-1}, which the PV warpgroup arrives after its wait for
 tile j - 1: at most one phase is ever pending; pieces without tiles arrive and wait nothing; the producer's loads of
 tile j + 2 wait P V_L_j (part a) and P V_R_j (part b), both reachable without it. Cross-compile (Triton 3.6.0):
-230,128 B shared memory, 168 registers, 36 + 4 HGMMA in the softmax loop, 4 in the PV loop, 0 spills in both loops;
-the 40-register producer loop reloads one 64-bit value per tile (STL.64 + LDL.64, as the half-tile build); ptxas
-spill stores 36 B (causal 32 B) vs 16 B for the dispatched q_tma + trim build. Prediction: benchmarks/notes.
+230,128 B shared memory, 168 registers, 36 + 4 HGMMA in the softmax loop, 4 in the PV loop, 9 UTMALDG in the
+producer loop, 0 spills in all three tile loops; ptxas spill stores 16 B (causal 16 B, as the dispatched q_tma + trim
+build; outside the loops). (With 9 single [64, 64] boxes through ``kp_desc`` instead, the producer loop reloaded a
+64-bit value per tile at its 40-register cap.) Prediction: benchmarks/notes/mla_decode_gluon.md "Session 20".
 
 Needs: CUDA, bf16/fp16, page_block_size 64, d_qk 576, ``k_cache`` strides ``(64 * s1, s1, 576, 1)`` with 16-B
 aligned rows. No interpreter support (Gluon); cross-compiles on a CPU (:func:`_compile_sm90`).
@@ -249,7 +251,7 @@ def _g_producer(kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlen
                 stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES: gl.constexpr,
                 HALF: gl.constexpr = False, QTMA: gl.constexpr = False, qn_desc=None, qp_desc=None, q_nope=None,
                 q_rope=None, qready=None, qempty=None, rows=None, group=None, PVR: gl.constexpr = False,
-                kready_b=None, kempty_b=None):
+                kready_b=None, kempty_b=None, kh_desc=None):
     mb, kvh, part = _g_coords(num_m_blocks, h_kv)
     begin_req, end_req, begin_blk, end_blk, begin_split = _g_record(meta_ptr, part, b)
     col = kvh * 576
@@ -270,10 +272,10 @@ def _g_producer(kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlen
             slot = it % NUM_STAGES
             if PVR:
                 # column-split slot: part a = K_nope cols 0-255 + K_rope (40 KB, released by the softmax warpgroup
-                # after P V_L), part b = cols 256-511 (32 KB, released by the PV warpgroup after P V_R); 64-column
-                # boxes through the [64, 64] descriptor (one 128-B swizzle atom wide, so a column slice of the tile)
-                _g_load_pvr(kp_desc, k_nope, k_rope, kready, kempty, kready_b, kempty_b, bt_row, t0, col, slot,
-                            ((it // NUM_STAGES) & 1) ^ 1, num_kv_blocks)
+                # after P V_L), part b = cols 256-511 (32 KB, released by the PV warpgroup after P V_R); [64, 256]
+                # boxes (kh_desc) into column halves of the tile
+                _g_load_pvr(kh_desc, kp_desc, k_nope, k_rope, kready, kempty, kready_b, kempty_b, bt_row, t0, col,
+                            slot, ((it // NUM_STAGES) & 1) ^ 1, num_kv_blocks)
             elif HALF:
                 # two 32-token halves of the page, each on its own ready/empty pair: the first half is released
                 # by the consumers halfway through P V, so its next load starts earlier
@@ -299,7 +301,7 @@ def _g_producer(kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlen
 
 
 @_jit
-def _g_load_pvr(kp_desc, k_nope, k_rope, kready, kempty, kready_b, kempty_b, bt_row, t0, col, slot, phase,
+def _g_load_pvr(kh_desc, kp_desc, k_nope, k_rope, kready, kempty, kready_b, kempty_b, bt_row, t0, col, slot, phase,
                 num_kv_blocks):
     """PVR: one page into ring slot ``slot`` as part a (``kempty``/``kready``: K_nope cols 0-255 + K_rope) and part b
     (``kempty_b``/``kready_b``: cols 256-511), each loaded once its own release has come."""
@@ -307,17 +309,13 @@ def _g_load_pvr(kp_desc, k_nope, k_rope, kready, kempty, kready_b, kempty_b, bt_
     page = gl.load(bt_row + t0 // 64)
     page = gl.minimum(gl.maximum(page, 0), num_kv_blocks - 1)
     bar = kready.index(slot)
-    mbarrier.expect(bar, 5 * kp_desc.block_type.nbytes)
-    for c in gl.static_range(4):
-        tma.async_copy_global_to_shared(kp_desc, [page * 64, col + c * 64], bar,
-                                        k_nope.index(slot).slice(c * 64, 64, dim=1))
+    mbarrier.expect(bar, kh_desc.block_type.nbytes + kp_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(kh_desc, [page * 64, col], bar, k_nope.index(slot).slice(0, 256, dim=1))
     tma.async_copy_global_to_shared(kp_desc, [page * 64, col + 512], bar, k_rope.index(slot))
     mbarrier.wait(kempty_b.index(slot), phase)
     bar_b = kready_b.index(slot)
-    mbarrier.expect(bar_b, 4 * kp_desc.block_type.nbytes)
-    for c in gl.static_range(4):
-        tma.async_copy_global_to_shared(kp_desc, [page * 64, col + 256 + c * 64], bar_b,
-                                        k_nope.index(slot).slice(256 + c * 64, 64, dim=1))
+    mbarrier.expect(bar_b, kh_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(kh_desc, [page * 64, col + 256], bar_b, k_nope.index(slot).slice(256, 256, dim=1))
 
 
 @_jit
@@ -626,7 +624,7 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
                           kempty, pready, pfree, CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr,
                           PV_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, HALF: gl.constexpr,
                           QTMA: gl.constexpr, qn_desc, qp_desc, TRIM: gl.constexpr = False,
-                          PVR: gl.constexpr = False):
+                          PVR: gl.constexpr = False, kh_desc=None):
     """The opt-in variant's partitions (HALF: 32-token half-tile ready/empty pairs; QTMA: Q loaded by the producer
     with TMA on ``qready``/``qempty``; TRIM: the softmax warpgroup's trimmed per-tile math, :func:`_g_softmax_trim`;
     PVR: column-split slots, ``kready``/``kempty`` then guard part a and ``kready_b``/``kempty_b`` part b, and
@@ -657,7 +655,7 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
                 (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
                                nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
                                False, QTMA, qn_desc, qp_desc, q_nope, q_rope, qready, qempty, rows, group, PVR,
-                               kready_b, kempty_b)),
+                               kready_b, kempty_b, kh_desc)),
             ], [4, 1], [PV_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
@@ -703,7 +701,8 @@ def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_
                              out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                              stride_qb, stride_qs, stride_qh, stride_btb, max_pages, num_kv_blocks,
                              b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows, sm_scale, sm_scale_log2,
-                             qn_desc=None, qp_desc=None, PVR: gl.constexpr = False, HALF: gl.constexpr = False,
+                             qn_desc=None, qp_desc=None, kh_desc=None, PVR: gl.constexpr = False,
+                             HALF: gl.constexpr = False,
                              QTMA: gl.constexpr = False,
                              TRIM: gl.constexpr = False, CAUSAL: gl.constexpr = False, NUM_STAGES: gl.constexpr = 2,
                              PV_REGS: gl.constexpr = 232, PRODUCER_REGS: gl.constexpr = 40):
@@ -734,7 +733,7 @@ def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_
                               max_pages, num_kv_blocks, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
                               sm_scale, sm_scale_log2, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
                               kempty, pready, pfree, CAUSAL, NUM_STAGES, PV_REGS, PRODUCER_REGS, HALF, QTMA,
-                              qn_desc, qp_desc, TRIM, PVR)
+                              qn_desc, qp_desc, TRIM, PVR, kh_desc)
     else:
         gl.warp_specialize([
             (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
@@ -839,6 +838,10 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     # the variant: every constexpr and the two Q descriptors (None without q_tma) passed by position
     constexprs = (pvr, half_tiles, q_tma, trim, causal_c, stages, pv_regs, prod_regs)
     qd = _q_descs(q) if q_tma else (None, None)
+    if pvr:
+        qd = (*qd, TensorDescriptor(k_cache, args[1].shape, args[1].strides, [64, 256], _smem_layout()))
+    else:
+        qd = (*qd, None)
     key = (tuple(zip(_CONSTEXPRS_VARIANT, constexprs)),
            spec_key(*args, *qd) if _spec is None else (_spec, "variant"))
     launcher = cached_launcher(_LAUNCHERS, _mla_decode_gluon_kernel, key, dict(num_warps=4), _LAUNCHER_LIMIT,
@@ -950,6 +953,10 @@ def _compile_sm90(config=None, causal=False, dtype="bf16", half_tiles=False, q_t
         sig["qp_desc"] = f"tensordesc<{dtype}[64, 64],{lay}>"
     else:
         consts.update(qn_desc=None, qp_desc=None)
+    if pvr:
+        sig["kh_desc"] = f"tensordesc<{dtype}[64, 256],{lay}>"
+    else:
+        consts.update(kh_desc=None)
     consts.update(PVR=bool(pvr), HALF=bool(half_tiles), QTMA=bool(q_tma), TRIM=bool(trim), CAUSAL=causal,
                   NUM_STAGES=stages,
                   PV_REGS=pv_regs, PRODUCER_REGS=prod_regs)
