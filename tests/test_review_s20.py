@@ -20,6 +20,10 @@
    naming the path.
 6. NumPy integers where upstream's pybind ``int`` / ``List[int]`` takes them: the k-grouped GEMMs' ``ks_cpu``
    (``[np.int64(128), ...]`` was a TypeError) and ``set_mk_alignment_for_contiguous_layout``.
+7. The FP4 quantisation helpers did not validate their group sizes like the FP8 ones do: ``per_token_cast_to_fp4`` /
+   ``cast_back_from_fp4`` with ``gran_k=0`` raised ZeroDivisionError, ``-128`` / ``128.0`` torch reshape / index
+   errors, ``True`` ran as 1; ``quantize_fp4_e2m1(tile=16.0)`` a reshape error; ``dequantize_fp4_e2m1(tile=0)`` a
+   ZeroDivisionError. Now ValueError naming the argument, as ``per_token_cast_to_fp8``.
 """
 import numpy as np
 import pytest
@@ -282,3 +286,24 @@ def test_set_mk_alignment_takes_numpy_int():
             dk.set_mk_alignment_for_contiguous_layout(64.0)
     finally:
         dk.set_mk_alignment_for_contiguous_layout(prev)
+
+
+# ------------------------------------------------------------------------------------------------ 7. FP4 group sizes
+@REF
+@pytest.mark.parametrize("bad", [0, -128, 128.0, True, "128"])
+def test_fp4_helpers_validate_group_sizes(bad):
+    x = torch.randn(2, 256)
+    packed, sf = dk.per_token_cast_to_fp4(x, use_ue8m0=True)
+    with pytest.raises(ValueError, match="gran_k must be a positive int"):
+        dk.per_token_cast_to_fp4(x, use_ue8m0=True, gran_k=bad)
+    with pytest.raises(ValueError, match="gran_k must be a positive int"):
+        dk.cast_back_from_fp4(packed, sf, gran_k=bad)
+    with pytest.raises(ValueError, match="tile must be a positive"):
+        dk.quantize_fp4_e2m1(x, bad if bad != 128.0 else 16.0)
+    p16, s16 = dk.quantize_fp4_e2m1(x)
+    with pytest.raises(ValueError, match="tile must be a positive"):
+        dk.dequantize_fp4_e2m1(p16, s16, bad if bad != 128.0 else 16.0)
+    # the valid calls are unchanged
+    back = dk.cast_back_from_fp4(packed, sf)
+    assert back.shape == (2, 256) and torch.isfinite(back).all()
+    assert dk.dequantize_fp4_e2m1(p16, s16).shape == (2, 256)

@@ -480,7 +480,8 @@ def m_grouped_fp8_gemm_nn_contiguous(a, b, d: torch.Tensor, grouped_layout: torc
     """``d[i] = a[i] @ b[g(i)]`` with b ``([G, K, N], sfb [G, ceil(K/128), ceil(N/128)])``.
 
     DeepGEMM ``m_grouped_fp8_gemm_nn_contiguous``: the NT op on ``b`` (and its scales) transposed in the last two
-    dims. FP8 wgmma needs K-major B, so B is copied to K-major first (upstream SM90 refuses this layout)."""
+    dims. FP8 wgmma needs K-major B, so B is copied to K-major first (upstream SM90 refuses this layout). Other
+    arguments and errors as :func:`m_grouped_fp8_gemm_nt_contiguous` (shapes in errors are those of the NT form)."""
     if isinstance(b, (tuple, list)) and len(b) == 2 and all(isinstance(x, torch.Tensor) for x in b):
         b = (b[0].transpose(-1, -2), b[1].transpose(-1, -2))
     m_grouped_fp8_gemm_nt_contiguous(a, b, d, grouped_layout, recipe, recipe_a, recipe_b, compiled_dims,
@@ -496,6 +497,8 @@ def m_grouped_bf16_gemm_nt_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     a ``[M_sum, K]`` bfloat16 K-major; b ``[G, N, K]`` bfloat16 (K-major, or MN-major: any view whose
     ``[G, K, N]`` transpose is row-major); d ``[M_sum, N]`` bfloat16/float32 row-major; K % 64 == 0.
     grouped_layout and padding rules as :func:`m_grouped_fp8_gemm_nt_contiguous`. FP32 accumulation.
+    Raises TypeError (dtypes) or ValueError (shapes, K % 64, N / K / G == 0, extents, overlapping rows of d,
+    grouped_layout values on CPU) before launch, as the FP8 op.
     """
     grouped_layout = _packed_index(grouped_layout)
     sig = _bf16_sig("contiguous", a, b, d, grouped_layout, (compiled_dims, use_psum_layout, _MK_ALIGNMENT, _config))
@@ -513,7 +516,8 @@ def m_grouped_bf16_gemm_nn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
                                       grouped_layout: torch.Tensor, compiled_dims: str = "nk",
                                       use_psum_layout: bool = False, ensure_zero_padding: bool = True) -> None:
     """``d[i] = a[i] @ b[g(i)]`` with b ``[G, K, N]`` bfloat16 row-major (DeepGEMM ``..._nn_contiguous``; read
-    MN-major, no copy)."""
+    MN-major, no copy). Other arguments and errors as :func:`m_grouped_bf16_gemm_nt_contiguous` (shapes in errors
+    are those of the NT form, b as ``[G, N, K]``)."""
     check_tensor("b", b, ndim=3, dtype=torch.bfloat16)
     m_grouped_bf16_gemm_nt_contiguous(a, b.transpose(1, 2), d, grouped_layout, compiled_dims, use_psum_layout,
                                       ensure_zero_padding)
@@ -605,7 +609,9 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d: torch.Tensor, masked_m: torch.Tensor, 
 def m_grouped_bf16_gemm_nt_masked(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, masked_m: torch.Tensor,
                                   expected_m: int, compiled_dims: str = "nk", *, _config=None) -> None:
     """M-grouped masked BF16 GEMM (DeepGEMM ``m_grouped_bf16_gemm_nt_masked``): a ``[G, M_max, K]``, b
-    ``[G, N, K]`` bfloat16 K-major, K % 64 == 0; d, masked_m, expected_m as :func:`m_grouped_fp8_gemm_nt_masked`."""
+    ``[G, N, K]`` bfloat16 K-major, K % 64 == 0; d, masked_m, expected_m as :func:`m_grouped_fp8_gemm_nt_masked`.
+    Raises TypeError (a, b not bfloat16 3-D tensors; masked_m not int32) or ValueError (shapes, K % 64, extents,
+    expected_m <= 0, overlapping groups of d) before launch, as the FP8 op."""
     masked_m = _packed_index(masked_m)
     sig = _bf16_sig("masked", a, b, d, masked_m, (compiled_dims, _int(expected_m), _config))
     plan = _lookup(sig)
@@ -749,7 +755,8 @@ def k_grouped_fp8_gemm_tn_contiguous(a, b, d: torch.Tensor, ks_cpu=None, grouped
 
     a: ``(A [sum_k, M] float8_e4m3fn row-major, sfa float32 [sum_g ceil(k_g/128), M])`` (per-channel scales, e.g.
     :func:`deepkernels.quant.per_channel_cast_to_fp8` per group); b likewise with N. Other arguments as
-    :func:`k_grouped_fp8_gemm_nt_contiguous`.
+    :func:`k_grouped_fp8_gemm_nt_contiguous`; M and N must give 16-byte rows (multiples of 16). Raises
+    TypeError/ValueError before launch for bad types, shapes, ks values or scale shapes.
     """
     a_data, sfa = _L.check_fp8_pair("a", a, 2)
     b_data, sfb = _L.check_fp8_pair("b", b, 2)
@@ -765,7 +772,8 @@ def k_grouped_bf16_gemm_tn_contiguous(a: torch.Tensor, b: torch.Tensor, d: torch
     """K-grouped BF16 GEMM ``d[g] = c[g] + A_g.T @ B_g`` (DeepGEMM ``k_grouped_bf16_gemm_tn_contiguous``).
 
     a ``[sum_k, M]``, b ``[sum_k, N]`` bfloat16 row-major (group g owns rows ``[sum_{j<g} k_j, +k_g)``); d, c,
-    ks_cpu, grouped_layout as :func:`k_grouped_fp8_gemm_nt_contiguous`. FP32 accumulation.
+    ks_cpu, grouped_layout as :func:`k_grouped_fp8_gemm_nt_contiguous`; M and N multiples of 8 (16-byte rows).
+    FP32 accumulation. Raises TypeError/ValueError before launch for bad types, shapes or ks values.
     """
     check_tensor("a", a, ndim=2, dtype=torch.bfloat16)
     check_tensor("b", b, ndim=2, dtype=torch.bfloat16)

@@ -18,7 +18,7 @@ from typing import Tuple
 import torch
 
 from .._validate import check_tensor
-from .fp8 import align, ceil_div, ceil_to_ue8m0, pack_ue8m0_to_int, unpack_ue8m0_from_int
+from .fp8 import _check_gran, align, ceil_div, ceil_to_ue8m0, pack_ue8m0_to_int, unpack_ue8m0_from_int
 
 __all__ = [
     "E2M1_MAX", "E2M1_VALUES", "round_to_e2m1", "e2m1_to_float", "pack_e2m1", "unpack_e2m1",
@@ -109,8 +109,8 @@ def quantize_fp4_e2m1(x: torch.Tensor, tile: int = 16) -> Tuple[torch.Tensor, to
     check_tensor("x", x)
     if not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor, got {x.dtype} (shape {tuple(x.shape)})")
-    if tile <= 0 or tile % 2:
-        raise ValueError(f"tile must be a positive even int, got {tile}")
+    if isinstance(tile, bool) or not isinstance(tile, int) or tile <= 0 or tile % 2:
+        raise ValueError(f"tile must be a positive even int, got {tile!r}")
     if x.dim() == 0 or x.size(-1) % tile:
         raise ValueError(f"x must have a last dim that is a multiple of tile={tile}, got shape {list(x.shape)}")
     n = x.size(-1)
@@ -133,9 +133,13 @@ def dequantize_fp4_e2m1(packed: torch.Tensor, scales: torch.Tensor, tile: int = 
         out_dtype: result dtype (default bfloat16).
     Returns:
         ``out_dtype [..., n]``.
+    Raises:
+        TypeError for wrong dtypes; ValueError for a 0-d ``packed``, scales whose shape does not match or a
+        ``tile`` that is not a positive int.
     """
     codes = unpack_e2m1(packed)
     check_tensor("scales", scales, dtype=(torch.float8_e4m3fn, torch.uint8, torch.int8))
+    _check_gran("tile", tile)
     s = scales if scales.dtype == torch.float8_e4m3fn else scales.view(torch.float8_e4m3fn)
     n = codes.size(-1)
     if s.shape[:-1] != codes.shape[:-1] or s.size(-1) * tile != n:
@@ -165,11 +169,13 @@ def per_token_cast_to_fp4(x: torch.Tensor, use_ue8m0: bool = False, gran_k: int 
     Returns:
         ``(int8 [m, n/2], float32 sf [m, ceil(n/gran_k)] or int32 packed [m, ceil(ceil(n/gran_k)/4)])``.
     Raises:
-        ValueError for an odd ``n``, a non-2-D ``x`` or ``use_packed_ue8m0`` without ``use_ue8m0``.
+        TypeError for a non-float ``x``; ValueError for an odd ``n``, a non-2-D ``x``, a ``gran_k`` that is not a
+        positive int or ``use_packed_ue8m0`` without ``use_ue8m0``.
     """
     check_tensor("x", x, ndim=2)
     if not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor, got {x.dtype} (shape {tuple(x.shape)})")
+    _check_gran("gran_k", gran_k)
     m, n = x.shape
     if n % 2:
         raise ValueError(f"x must have an even last dim, got shape {[m, n]}")
@@ -191,8 +197,13 @@ def per_token_cast_to_fp4(x: torch.Tensor, use_ue8m0: bool = False, gran_k: int 
 
 def cast_back_from_fp4(packed: torch.Tensor, sf: torch.Tensor, gran_k: int = 128,
                        use_packed_ue8m0: bool = False) -> torch.Tensor:
-    """Inverse of :func:`per_token_cast_to_fp4`: FP32 ``[m, 2 * packed.size(1)]`` = ``value(code) * sf[row, k // gran_k]``."""
+    """Inverse of :func:`per_token_cast_to_fp4`: FP32 ``[m, 2 * packed.size(1)]`` = ``value(code) * sf[row, k // gran_k]``.
+
+    ``packed``: int8/uint8 ``[m, n/2]``; ``sf``: float32 ``[m, >= ceil(n/gran_k)]`` or, with ``use_packed_ue8m0``,
+    int32 packed UE8M0. Raises TypeError for wrong dtypes, ValueError for wrong ranks / shapes or a ``gran_k`` that
+    is not a positive int."""
     check_tensor("packed", packed, ndim=2, dtype=(torch.int8, torch.uint8))
+    _check_gran("gran_k", gran_k)
     m, n = packed.size(0), packed.size(1) * 2
     if use_packed_ue8m0:
         sf = unpack_ue8m0_from_int(sf)
