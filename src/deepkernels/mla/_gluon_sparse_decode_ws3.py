@@ -319,6 +319,39 @@ blocks per CTA, topk 2048 + 512, H200, even at 15-19 blocks, 1.03-1.06x slower b
   cluster lockstep stalls at the main / extra boundary); a hang (the device script's smoke guard) would mean the two
   CTAs' block sequences diverge (they must be identical). Device run:
   ``GIT_SHA=<sha> OUT=$OUT bash benchmarks/device_sparse_ws3_extra.sh``.
+
+Q ahead (session 20, ``Q_AHEAD``: launcher / compile keyword ``q_ahead``, default :data:`WS3_Q_AHEAD` = no format;
+the build without it is unchanged, ``test_default_ptx_unchanged``). The session-20 ncu profile of the V4.1 kernel
+(benchmarks/notes/mla_sparse_gluon.md, "Session 20 attribution (V4.1)") shows the producer pacing each request piece
+and then idling once per piece: its ``empty`` try-wait fails in 3.9 % of blocks, ~0.88 times per warp and piece, for
+~12,800 cycles (7.3 us) each -- 575 cycles per mean block of 5,060 -- while the softmax warpgroup spends 546 + 304
+cycles per block (12,150 + 6,750 per piece) loading the next request's Q and writing the epilogue, computing no S.
+The 2-slot ring lets the producer run only 2 blocks (~8,300 cycles) ahead. With ``Q_AHEAD`` the softmax warpgroup
+is :func:`_gluon_sparse_decode_ws3_qahead._w3_softmax_wg`: the first request's Q by cp.async before the request
+loop, every later request's Q by cp.async right after the previous request's token loop, before its epilogue (the
+copies fly during the lse / output stores; ``q_n`` is free once the last S completed), the request top waits
+(``wait_group 0``, proxy fence, 128-thread barrier). No new barrier, no new shared memory; a part without requests
+issues no copy, the last request of a part issues none (every cp.async group is waited for). Same Q bytes, same
+consumer expressions: out / lse bit-identical to the build without it. q with strides that are not 16-element
+multiples keeps the build without it (:func:`_q_ahead`, the ``Q_ASYNC`` gate).
+
+* Cross-compile (Triton 3.6 wheel, ptxas sm_90a; 3 page shift / lengths / sink configs per format in the compile
+  tests): shared memory equal to the default build's; 0 spill instructions in the softmax, PV and producer loops
+  (page shift 6, no lengths / sink: softmax loop V3.2 610 / V4.1 582 SASS instructions per block with 40 / 36
+  HGMMA, PV 190, producer 630 / 790; the dispatched build 610 / 574, 190 / 186, 630 / 782); 2 x 36 / 2 x 32 Q
+  cp.async per softmax thread, one ``%tid.x`` read; the extra-cache entry: 0 spills in the consumer loops, its
+  producer loops no worse than the default build's. ``tests/test_mla_sparse_decode_ws3_s20.py``.
+* Prediction (UNVERIFIED on GPU; H200, h_q 128, topk 2048, paired against the dispatched build, A/A alongside):
+  by the profile's boundary model the producer's per-piece bubble (Q load + epilogue - 2 ring blocks - its
+  request prologue) goes to ~0 for every piece but the first, and the first piece's Q is async: V4.1 b 128 s_q 1
+  ~0.92-0.94 of the time, b 64 s_q 1 ~0.91, b 128 s_q 2 ~0.93; V3.2 (Q_ASYNC already on, its boundary ~3,500 cycles
+  shorter) 0.97-1.00; V4.1 + FP4 (40 blocks per request) 0.94-0.99. But session 18's Q_ASYNC (the same copies at the
+  request top, the serial 12,150-cycle load cut to ~1 round trip) was predicted ~0.92 by the same model and measured
+  0.988 on V4.1, so the stated ranges are V4.1 0.92-0.99 (b 64 the lowest), V3.2 0.97-1.00, V4.1 + FP4 0.93-0.99.
+  Falsifier: V4.1 qh >= 0.99 at all three shapes with the A/A within +-0.5 % -- the long ``empty`` waits are not
+  the softmax warpgroup's boundary phase (the bench's ``qa`` column, Q_ASYNC alone, tells "latency of the Q load"
+  from "Q on the boundary at all" apart). Bench: ``benchmarks/sparse_decode_s20.py``; device run:
+  ``GIT_SHA=<sha> PYTHONPATH=$PWD/src OUT=$OUT bash benchmarks/device_sparse_decode_s20.sh``.
 """
 from __future__ import annotations
 
