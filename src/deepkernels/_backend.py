@@ -60,7 +60,8 @@ def ensure_tma_allocator() -> None:
     _ALLOCATOR_SET = True
 
 
-GLUON_KERNELS = ("gemm", "grouped_gemm", "dense_decode", "sparse_decode", "sparse_prefill", "dense_prefill")
+GLUON_KERNELS = ("gemm", "gemm_small", "grouped_gemm", "dense_decode", "sparse_decode", "sparse_prefill",
+                 "dense_prefill")
 
 
 def gluon_disabled(kernel: str) -> bool:

@@ -2,8 +2,9 @@
 
 ``D[M, N] (bf16) = A[M, K] (e4m3, 1x128 scales sfa) @ B[N, K]^T (e4m3, 128x128 scales sfb)`` with the same per-block
 FP32 promotion as :mod:`deepkernels.gemm._gluon_fp8` (a fresh wgmma partial per 128-wide K block, ``acc += P * (sa *
-sb)``, one BF16 rounding). NOT dispatched (dense.py's M <= 128 rows still run the Triton table); opt-in through
-:func:`launch_fp8_gemm_small`. UNVERIFIED on a GPU when written (session 20): compile tier only.
+sb)``, one BF16 rounding). Opt-in through :func:`launch_fp8_gemm_small`; dispatched by ``dk.fp8_gemm_nt`` only at
+the (M class, N, K) rows of :data:`SMALL_FP8_TABLE` (session 20, after its first device run; the rule and its
+measurement: ``dense._use_small``), through a per-signature :class:`SmallPlan` (dense.py's plan cache).
 
 Why a separate kernel: at M <= 128 the GEMM is a B stream (B is 3-117 MB, A + D + scales < 10 %), so the kernel must
 keep every SM reading B with enough bytes in flight, and split the work evenly over the 132 SMs:
@@ -45,10 +46,10 @@ import torch
 
 from .._gluon import IMPORT_ERROR as _IMPORT_ERROR, available, gl, mbarrier, TensorDescriptor
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
-from .._launch import cached_launcher, spec_key
+from .._launch import KernelLauncher, cached_launcher, spec_key
 from ._gluon_fp8 import BLOCK_K, _g_kloop, _g_kloop_ahead, _g_load_stage, _g_store_tile, _num_sms, _smem_layout
 
-__all__ = ["SmallConfig", "pick_config", "launch_fp8_gemm_small", "SMALL_CANDIDATES"]
+__all__ = ["SmallConfig", "pick_config", "launch_fp8_gemm_small", "SMALL_CANDIDATES", "SMALL_FP8_TABLE", "SmallPlan"]
 
 _SMEM_RING = 196608  # bytes of shared memory given to the A + B ring (the rest: barriers, scratch)
 
@@ -83,6 +84,19 @@ class SmallConfig:
     def smem_bytes(self) -> int:
         return self.stages() * (self.block_m + self.block_n) * BLOCK_K + 2 * 8 * self.stages()
 
+
+# Dispatch table of dk.fp8_gemm_nt: (m_class, N, K) -> config, m_class as gemm/_configs.py (64: M <= 64, 128: M <= 128).
+# Only the rows where the best small-M variant beat the dispatched Triton table config by >= 3 % in CUDA-graph replay
+# (paired rotated rounds, median of 5 per-round ratios t/t_dispatched, A/A 0.991-1.006; H200, git 34ef2f5,
+# benchmarks/results/gemm_small-h200-2026-11-30-s20.json). Every row keeps the Triton table's split-K (K partition),
+# so D is expected bit-identical to the Triton path (tests/test_gemm_small_dispatch.py checks it on the GPU).
+SMALL_FP8_TABLE: dict = {
+    (64, 7168, 2048): SmallConfig(64, 64, split=1),                        # small_64x64_s12_k1          0.904
+    (128, 2112, 7168): SmallConfig(128, 64, split=4, mode="reduce"),       # small_128x64_s8_k4_reduce   0.962
+    (128, 24576, 1536): SmallConfig(128, 64, split=1, scale_ahead=1),      # small_128x64_s8_k1_sa1      0.922
+    (128, 7168, 16384): SmallConfig(128, 128, split=2, mode="reduce"),     # small_128x128_s6_k2_reduce  0.950
+    (128, 7168, 2048): SmallConfig(128, 64, split=1, scale_ahead=1),       # small_128x64_s8_k1_sa1      0.872
+}
 
 # compile-tier set: every (BLOCK_M, BLOCK_N) x reduction kind the picker or the bench can produce
 SMALL_CANDIDATES = [SmallConfig(bm, bn, split=sp, mode=md, scale_ahead=sa) for bm in (64, 128) for bn in (64, 128)
@@ -326,6 +340,18 @@ def launch_fp8_gemm_small(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, s
     ``_launch_fp8_gluon``. ``cfg`` None: :func:`pick_config`; ``cfg.block_m`` must cover M (64 for M <= 64, else 128).
     ``num_sms``: persistent grid cap (default: the device's SM count). Raises ValueError / TypeError for bad inputs,
     RuntimeError without Gluon or under ``TRITON_INTERPRET``."""
+    _check_small(a, sfa, b, sfb, d)
+    m, k = a.shape
+    n = b.shape[0]
+    if m == 0 or n == 0:
+        return d
+    if k == 0:
+        return d.zero_()
+    return _go_small(a, sfa, b, sfb, d, cfg, num_sms or _num_sms(a.device))
+
+
+def _check_small(a, sfa, b, sfb, d) -> None:
+    """The input checks of :func:`launch_fp8_gemm_small` (its docstring)."""
     if not available():
         raise RuntimeError(f"Gluon is not importable: {_IMPORT_ERROR!r}")
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
@@ -347,17 +373,10 @@ def launch_fp8_gemm_small(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, s
         raise ValueError(f"the small-M kernel covers M <= 128, got M = {m}")
     if (a.stride(1) != 1 and k > 1) or (b.stride(1) != 1 and k > 1) or (d.stride(1) != 1 and n > 1):
         raise ValueError("a, b must be K-major and d row-major")
-    if m == 0 or n == 0:
-        return d
-    if k == 0:
-        return d.zero_()
-    return _go_small(a, sfa, b, sfb, d, cfg, num_sms or _num_sms(a.device))
 
 
-def _go_small(a, sfa, b, sfb, d, cfg, sms):
-    """The launch of :func:`launch_fp8_gemm_small` after its input checks (M, N, K > 0, M <= 128)."""
-    m, k = a.shape
-    n = b.shape[0]
+def _geometry(m: int, n: int, k: int, cfg: SmallConfig | None, sms: int):
+    """(cfg, S, kps, split_mode, N tiles, grid) of a launch (M, N, K > 0); ValueError for a config that cannot run M."""
     kb = (k + 127) // 128
     cfg = cfg or pick_config(m, n, k, sms)
     if cfg.block_m not in (64, 128) or cfg.block_n not in (64, 128) or m > cfg.block_m or \
@@ -368,13 +387,20 @@ def _go_small(a, sfa, b, sfb, d, cfg, sms):
         s_eff, kps = 1, kb
     split_mode = 0 if s_eff == 1 else (2 if cfg.mode == "fixup" else 1)
     tiles = (n + cfg.block_n - 1) // cfg.block_n
+    return cfg, s_eff, kps, split_mode, tiles, max(1, min(tiles * s_eff, sms))
+
+
+def _go_small(a, sfa, b, sfb, d, cfg, sms):
+    """The launch of :func:`launch_fp8_gemm_small` after its input checks (M, N, K > 0, M <= 128)."""
+    m, k = a.shape
+    n = b.shape[0]
+    cfg, s_eff, kps, split_mode, tiles, progs = _geometry(m, n, k, cfg, sms)
     lay = _smem_layout()
     a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [cfg.block_m, BLOCK_K], lay)
     b_desc = TensorDescriptor(b, [n, k], [b.stride(0), 1], [cfg.block_n, BLOCK_K], lay)
     # unused pointer arguments (no split: ws; no fixup: counters) get sfb: no allocation, no counter buffer
     ws = sfb if s_eff == 1 else torch.empty((s_eff, m, n), dtype=torch.float32, device=d.device)
     cnt = _counters(d.device, tiles * (cfg.block_m // 64)) if split_mode == 2 else sfb
-    progs = max(1, min(tiles * s_eff, sms))
     args = (a_desc, b_desc, d, ws, cnt, sfa, sfb, m, n, k, s_eff, kps, d.stride(0), sfa.stride(0), sfa.stride(1),
             sfb.stride(0), sfb.stride(1), progs)
     launcher = cached_launcher(_LAUNCHERS, _fp8_small_kernel, (cfg, split_mode, spec_key(*args)),
@@ -384,6 +410,75 @@ def _go_small(a, sfa, b, sfb, d, cfg, sms):
         from .dense import _splitk_finish
         _splitk_finish(ws, d, False, s_eff)
     return d
+
+
+def _fast_desc(t, shape, strides, block, layout):
+    """A Gluon host ``TensorDescriptor`` without its ``__post_init__`` asserts (~3 us of host time each): only for a
+    :class:`SmallPlan`'s repeat calls, whose signature (dtype, shape, strides, 16-B alignment) equals that of a call
+    whose descriptors were built and checked by the real constructor. Same fields, same class (Triton's launcher and
+    the descriptor cache read ``base``, ``shape``, ``strides``, ``padding``; the JIT ``block_shape`` / ``layout``)."""
+    desc = object.__new__(TensorDescriptor)
+    desc.__dict__.update(base=t, shape=shape, strides=strides, block_shape=block, layout=layout, padding="zero")
+    return desc
+
+
+class SmallPlan:
+    """The launch of one validated ``dk.fp8_gemm_nt`` call signature on the small-M kernel (dense.py's plan cache,
+    as ``_GluonPlan`` for the large-M kernel): geometry, launch integers and constexprs fixed at construction from
+    the first call's tensors; a call only builds the two TMA descriptors (real constructor on the first call, the
+    unchecked :func:`_fast_desc` afterwards), allocates the split-K workspace (when K is split), fetches the stream's
+    counters (fixup mode) and calls its own :class:`deepkernels._launch.KernelLauncher` (descriptor cache on; the
+    first call binds it through ``kernel[grid]``), then the separate reduce (``reduce`` mode).
+
+    The caller guarantees that every call has the first call's signature (dense.py: dtype, shape, strides, device and
+    16-B alignment of every tensor): then every launch has the same Triton specialisation and the same checks'
+    verdicts. Construct only after :func:`launch_fp8_gemm_small`'s checks passed (:meth:`checked` does both)."""
+
+    __slots__ = ("config", "split_mode", "s_eff", "grid", "ints", "ws_shape", "need", "launcher", "layout",
+                 "a_shape", "a_strides", "a_block", "b_shape", "b_strides", "b_block", "finish", "mk_desc")
+
+    def __init__(self, a, sfa, b, sfb, d, cfg: SmallConfig | None, sms: int):
+        m, k = a.shape
+        n = b.shape[0]
+        cfg, s_eff, kps, split_mode, tiles, progs = _geometry(m, n, k, cfg, sms)
+        self.config, self.split_mode, self.s_eff = cfg, split_mode, s_eff
+        self.grid = (progs, )
+        self.ints = (m, n, k, s_eff, kps, d.stride(0), sfa.stride(0), sfa.stride(1), sfb.stride(0), sfb.stride(1),
+                     progs)
+        self.ws_shape = (s_eff, m, n)
+        self.need = tiles * (cfg.block_m // 64)
+        self.layout = _smem_layout()
+        self.a_shape, self.a_strides, self.a_block = [m, k], [a.stride(0), 1], [cfg.block_m, BLOCK_K]
+        self.b_shape, self.b_strides, self.b_block = [n, k], [b.stride(0), 1], [cfg.block_n, BLOCK_K]
+        self.launcher = KernelLauncher(_fp8_small_kernel, small_meta(cfg, split_mode), cache_descriptors=True)
+        self.finish = None
+        if split_mode == 1:
+            from .dense import _splitk_finish
+            self.finish = _splitk_finish
+        self.mk_desc = TensorDescriptor
+
+    @classmethod
+    def checked(cls, a, sfa, b, sfb, d, cfg: SmallConfig | None = None, num_sms: int | None = None):
+        """:func:`launch_fp8_gemm_small`'s checks, then the plan (None for empty work: nothing to launch)."""
+        _check_small(a, sfa, b, sfb, d)
+        if a.shape[0] == 0 or b.shape[0] == 0 or a.shape[1] == 0:
+            return None
+        return cls(a, sfa, b, sfb, d, cfg, num_sms or _num_sms(a.device))
+
+    def __call__(self, a, sfa, b, sfb, d) -> None:
+        mk, lay = self.mk_desc, self.layout
+        a_desc = mk(a, self.a_shape, self.a_strides, self.a_block, lay)
+        b_desc = mk(b, self.b_shape, self.b_strides, self.b_block, lay)
+        mode = self.split_mode
+        if mode == 0:
+            ws = cnt = sfb
+        else:
+            ws = torch.empty(self.ws_shape, dtype=torch.float32, device=d.device)
+            cnt = _counters(d.device, self.need) if mode == 2 else sfb
+        self.launcher(self.grid, a_desc, b_desc, d, ws, cnt, sfa, sfb, *self.ints)
+        if mode == 1:
+            self.finish(ws, d, False, self.s_eff)
+        self.mk_desc = _fast_desc
 
 
 def _compile_sm90_small(cfg: SmallConfig, split_mode: int | None = None):

@@ -399,6 +399,59 @@ class _GluonPlan:
             self.go = G._go_dense
 
 
+class _SmallPlan:
+    """M <= 128 calls on the small-M Gluon kernel (gemm/_gluon_fp8_small.py), one plan per call signature like
+    :class:`_GluonPlan`: the first call runs the small-M launcher's input checks and builds a
+    ``_gluon_fp8_small.SmallPlan`` (geometry, launch integers and a KernelLauncher with the descriptor cache fixed
+    for the signature; its first launch binds the compiled kernel through ``kernel[grid]``); later calls go straight
+    to it (two TMA descriptors, the split-K workspace when K is split, the compiled kernel, the reduce kernel in
+    ``reduce`` mode): the same host work as the Triton :class:`_Plan` (one launcher call + a workspace and the
+    reduce launch when K is split) plus two Python descriptor objects."""
+
+    __slots__ = ("config", "small")
+
+    def __call__(self, a, sfa, b, sfb, d, c) -> None:
+        small = getattr(self, "small", None)
+        if small is None:
+            from . import _gluon_fp8_small as S
+            small = S.SmallPlan.checked(a, sfa, b, sfb, d, self.config, get_num_sms())
+            if small is None:     # a plan only exists for non-empty work; belt and braces
+                return
+            self.small = small
+        small(a, sfa, b, sfb, d)
+
+
+def _use_small(m: int, n: int, k: int, d, c, sfb_per_row: bool):
+    """The small-M Gluon kernel's config for this call, or None (Triton table / rule). BF16 out, no C, 128x128 weight
+    scales (the kernel's only recipe), M <= 128, and only the (M class, N, K) rows of
+    ``_gluon_fp8_small.SMALL_FP8_TABLE``; ``DEEPKERNELS_DISABLE_GLUON=gemm_small`` (or ``gemm``, or ``1``) keeps the
+    Triton path, as do ``TRITON_INTERPRET`` and non-CUDA tensors.
+
+    Rule (session 20, H200, git 34ef2f5, benchmarks/results/gemm_small-h200-2026-11-30-s20.json, notes
+    benchmarks/notes/gemm_small.md): the small-M kernel's variants vs the dispatched Triton table config at the 12
+    issue-#3 shapes (M 64 / 128 x the six DeepSeek-V3 (N, K)), CUDA-graph replay with L2 flush, 5 rotated rounds,
+    median of the paired per-round ratios t / t_dispatched (A/A 0.991-1.006). Best variant per shape: M 64: (2112,
+    7168) auto_reduce 0.976, (24576, 1536) sa1 1.013, (32768, 512) none < 1.04, (7168, 16384) auto_reduce 1.029,
+    (4096, 7168) alt 0.976, (7168, 2048) auto 0.904; M 128: (2112, 7168) auto_reduce 0.962, (24576, 1536) sa1 0.922,
+    (32768, 512) none < 1.10, (7168, 16384) auto_reduce 0.950, (4096, 7168) auto_reduce 0.971, (7168, 2048) sa1
+    0.872. Dispatched where the win is >= 3 % (ratio <= 0.97): the five table rows; the 2.4-2.9 % wins are within
+    reach of the A/A spread and stay on Triton. (That run's whole-call ratios, 1.3-3.2x worse, timed the unplanned
+    ``launch_fp8_gemm_small`` host path; the plan removes it.) Every row keeps the Triton table's split-K, so D is
+    bit-identical to the Triton path where the promotion order is (tests/test_gemm_small_dispatch.py). The configs
+    were measured at 132 SMs; ``set_num_sms`` only caps their persistent grid."""
+    if m > 128 or sfb_per_row or c is not None or d.dtype != torch.bfloat16 or not d.is_cuda:
+        return None
+    from ._configs import m_class
+    from ._gluon_fp8_small import SMALL_FP8_TABLE
+
+    cfg = SMALL_FP8_TABLE.get((m_class(m), n, k))
+    if cfg is None or interpret_mode() or gluon_disabled("gemm_small") or gluon_disabled("gemm"):
+        return None
+    from . import _gluon_fp8_small
+
+    return cfg if _gluon_fp8_small.available() else None
+
+
 def _use_gluon(m: int, n: int, k: int, d, c, sfb_per_row: bool):
     """The Gluon kernel's config for this call, or None (Triton table). Only BF16 out, no C, 128x128 weight scales.
 
@@ -452,6 +505,11 @@ def _fp8_plan(a, sfa, b, sfb, d, c, sfb_per_row: bool, cfg: GemmConfig | None) -
             gplan = _GluonPlan()
             gplan.config = gcfg
             return gplan
+        scfg = _use_small(m, n, k, d, c, sfb_per_row)
+        if scfg is not None:
+            splan = _SmallPlan()
+            splan.config = scfg
+            return splan
     cfg = cfg or select_fp8_config(m, n, k, get_num_sms())
     ensure_tma_allocator()
     accumulate = c is not None
