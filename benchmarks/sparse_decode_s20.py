@@ -7,7 +7,8 @@ Variants (each a direct launch of ``launch_sparse_decode_gluon_ws3`` on the publ
 ``base`` (launcher defaults = the dispatched build), ``aa`` (the same build timed again: the A/A control), ``qh``
 (``q_ahead=True``); V4.1 also ``qa`` (``q_async=True``: session 18's Q by cp.async at the request top, the control
 that separates "Q latency" from "Q off the boundary") and ``d144`` (``deq_asm=True, producer_regs=144``: the inline-PTX
-dequant, which fits the WS3 producer at 144 registers; the in-request producer lever of the session-20 attribution).
+dequant, which fits the WS3 producer at 144 registers; the in-request producer lever of the session-20 attribution)
+and ``qhd`` (both: do the two levers stack?).
 
 Correctness first (``deepkernels.bench.paired.first_runs``): every variant once into NaN-poisoned outputs; recorded
 per variant: NaN left (``<v>_nan``) and bit identity with ``base`` (``<v>_bit``; all are expected bit-identical).
@@ -40,7 +41,8 @@ def variants(fmt: str, xfmt) -> dict:
     """Variant name -> launcher keywords (module docstring)."""
     v = {"base": {}, "aa": {}, "qh": dict(q_ahead=True)}
     if fmt == "v41" and xfmt is None:
-        v.update(qa=dict(q_async=True), d144=dict(deq_asm=True, producer_regs=144))
+        v.update(qa=dict(q_async=True), d144=dict(deq_asm=True, producer_regs=144),
+                 qhd=dict(q_ahead=True, deq_asm=True, producer_regs=144))
     return v
 
 

@@ -92,13 +92,15 @@ def test_compile_q_ahead_extra(fmt, xfmt):
 
 
 @pytest.mark.compile
-def test_compile_q_ahead_v41_deq_asm_144():
-    """The V4.1 bench variant ``deq144`` (inline-PTX dequant, producer setmaxnreg 144, softmax 200): 0 spills in
-    every token loop (at 120 / 136 the producer loop spilled 87 / 10 instructions: session 20 notes)."""
-    ptx, _ = _build("v41", 6, False, False, False, deq_asm=True, producer_regs=144)
+@pytest.mark.parametrize("q_ahead", [False, True], ids=["d144", "qhd"])
+def test_compile_q_ahead_v41_deq_asm_144(q_ahead):
+    """The V4.1 bench variants ``d144`` (inline-PTX dequant, producer setmaxnreg 144, softmax 200) and ``qhd`` (the
+    same with Q_AHEAD): 0 spills in every token loop (at 120 / 136 the producer loop spilled 87 / 10 instructions:
+    session 20 notes)."""
+    ptx, _ = _build("v41", 6, False, False, q_ahead, deq_asm=True, producer_regs=144)
     soft, pv, prod = ws_loop_roles(_sass(ptx).sass)
     assert n_spill(soft[0]) == 0 and n_spill(pv[0]) == 0 and n_spill(prod[0]) == 0
-    assert len(prod[0]) < 700, len(prod[0])       # 587 at build time (782 with the plain dequant)
+    assert len(prod[0]) < 700, len(prod[0])       # 587 / 614 at build time (782 with the plain dequant)
 
 
 # ------------------------------------------------------------------ CPU: plumbing
@@ -245,7 +247,8 @@ def test_gpu_q_ahead_public_op(fmt, poison, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", [dict(deq_asm=True, producer_regs=144), dict(q_async=True)], ids=["d144", "qa"])
+@pytest.mark.parametrize("knobs", [dict(deq_asm=True, producer_regs=144), dict(q_async=True),
+                                   dict(q_ahead=True, deq_asm=True, producer_regs=144)], ids=["d144", "qa", "qhd"])
 def test_gpu_bench_variants_v41_bit_identical(knobs, poison, sms):
     """The bench's other V4.1 variants, in its specialisation (page 64, no lengths, no sink): ``d144`` (the WS
     kernel's inline-PTX dequant at producer setmaxnreg 144: the same exact conversions, one multiply, one RNE
@@ -281,7 +284,8 @@ def test_bench_s20_cases_on_cpu():
     assert len(S.CASES) == 9 and {(c[2], c[3]) for c in S.CASES} == {(64, 1), (128, 1), (128, 2)}
     assert {(c[0], c[1]) for c in S.CASES} == {("v32", None), ("v41", None), ("v41", "fp4")}
     assert S.variants("v41", None) == dict(base={}, aa={}, qh=dict(q_ahead=True), qa=dict(q_async=True),
-                                           d144=dict(deq_asm=True, producer_regs=144))
+                                           d144=dict(deq_asm=True, producer_regs=144),
+                                           qhd=dict(q_ahead=True, deq_asm=True, producer_regs=144))
     assert set(S.variants("v32", None)) == set(S.variants("v41", "fp4")) == {"base", "aa", "qh"}
     for fmt, xfmt in (("v41", None), ("v32", None), ("v41", "fp4")):
         c = S.build_case(fmt, xfmt, 1, 1, device="cpu")
