@@ -17,7 +17,8 @@
    ``page_block_size``).
 5. ``python -m deepkernels.bench.report`` (README's command for the results table) died with an IndexError traceback
    without an argument and a FileNotFoundError / JSONDecodeError traceback for a bad path; now a usage error (exit 2)
-   naming the path.
+   naming the path. ``deepkernels bench --json DIR`` (a folder) ran the first case, then died with
+   IsADirectoryError; now a usage error before anything runs.
 6. NumPy integers where upstream's pybind ``int`` / ``List[int]`` takes them: the k-grouped GEMMs' ``ks_cpu``
    (``[np.int64(128), ...]`` was a TypeError) and ``set_mk_alignment_for_contiguous_layout``.
 7. The FP4 quantisation helpers did not validate their group sizes like the FP8 ones do: ``per_token_cast_to_fp4`` /
@@ -288,6 +289,20 @@ def test_bench_report_cli_errors_are_usage_errors(tmp_path, capsys):
     assert report.main([str(good)]) == 0
     assert "| mla | dense decode | PASS (cos-diff 1e-06) |" in capsys.readouterr().out
 
+
+
+@REF
+@pytest.mark.parametrize("opt", ["--json", "--plot"])
+def test_bench_cli_output_path_that_is_a_folder_is_a_usage_error(opt, tmp_path, capsys, monkeypatch):
+    from deepkernels.bench import cli
+
+    def no_exec(*args):   # the CPU mode re-executes itself under the interpreter: never let it replace pytest
+        raise AssertionError("deepkernels bench started running instead of refusing the path")
+    monkeypatch.setattr(cli.os, "execve", no_exec)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "--only", "mla", opt, str(tmp_path)])
+    assert e.value.code == 2
+    assert "is a folder" in capsys.readouterr().err
 
 # ------------------------------------------------------------------------------------------------ 6. NumPy ints
 @REF

@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
             folder = os.path.dirname(os.path.abspath(path)) if path else None
             if folder and not os.path.isdir(folder):
                 parser.error(f"--{opt} {path}: folder {folder} does not exist")
+            if path and os.path.isdir(path):   # else open() fails after the first case has run
+                example = os.path.join(path, "h200." + ("json" if opt == "json" else "png"))
+                parser.error(f"--{opt} {path}: is a folder; give a file path (e.g. {example})")
     if args.command == "rails":
         return args._rails_func(args)
     if args.command == "roofline":
