@@ -112,14 +112,28 @@ def test_pvr_compile_arguments():
 @needs_gluon
 def test_pvr_launch_arguments(monkeypatch):
     """PVR passed by position (first variant constexpr), half tiles forced off, off where Q by TMA is off, a
-    launcher key of its own; the default launch keeps PVR off."""
+    launcher key of its own; the default launch takes PVR at >= 128 heads per kv head (DISPATCH_PVR_MIN_HEADS)."""
     from test_mla_decode_gluon_ring import launch_case as case, stub_launches
     fn = stub_launches(monkeypatch)
     names = [p.name for p in fn.params]
     assert names.index("HALF") == names.index("PVR") + 1 and names[-5] == "TRIM"
-    G.gluon_dense_launch(*case())                                                # dispatched: PVR off
+    G.gluon_dense_launch(*case())                                                # dispatched at h_q 128: PVR on
     x = fn.full_args(fn.log[-1])
-    assert x[names.index("PVR")] is False and x[names.index("QTMA")] is G.DISPATCH_Q_TMA
+    assert x[names.index("PVR")] is G.DISPATCH_PVR and x[names.index("QTMA")] is G.DISPATCH_Q_TMA
+    G.gluon_dense_launch(*case(s_q=2))                                           # s_q 2: PVR replaces half tiles
+    x = fn.full_args(fn.log[-1])
+    assert x[names.index("PVR")] is G.DISPATCH_PVR and x[names.index("HALF")] is not G.DISPATCH_PVR
+    G.gluon_dense_launch(*case(h_q=64))                                          # h_q 64: measured slower, off
+    assert fn.full_args(fn.log[-1])[names.index("PVR")] is False
+    G.gluon_dense_launch(*case(h_q=64, s_q=2))                                   # 128 rows, 64 heads: off
+    x = fn.full_args(fn.log[-1])
+    assert x[names.index("PVR")] is False and x[names.index("HALF")] is True
+    monkeypatch.setenv("DEEPKERNELS_DENSE_DECODE_VARIANT", "0")                  # the kill switch
+    G.gluon_dense_launch(*case())
+    assert fn.full_args(fn.log[-1])[names.index("PVR")] is False
+    monkeypatch.delenv("DEEPKERNELS_DENSE_DECODE_VARIANT")
+    G.gluon_dense_launch(*case(), pvr=False)                                     # explicit off
+    assert fn.full_args(fn.log[-1])[names.index("PVR")] is False
     G.gluon_dense_launch(*case(), pvr=True)
     x = fn.full_args(fn.log[-1])
     assert len(x) == len(fn.params) and x[names.index("PVR")] is True and x[names.index("QTMA")] is True

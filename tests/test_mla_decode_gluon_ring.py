@@ -162,6 +162,7 @@ def test_variant_launch_arguments(monkeypatch):
     half tiles, Q descriptors over q seen as rows (or None when not eligible), and a launcher key of its own; the
     default launch is as before."""
     fn = stub_launches(monkeypatch)
+    monkeypatch.setattr(G, "DISPATCH_PVR", False)     # this test pins the half-tile / Q-TMA dispatch (PVR: pvr tests)
     case = launch_case
 
     names = [p.name for p in fn.params]

@@ -224,6 +224,7 @@ def test_trim_launch_arguments(monkeypatch):
     names = [p.name for p in fn.params]
     assert names.index("TRIM") == names.index("QTMA") + 1 and names[-5] == "TRIM"
     assert G.DISPATCH_TRIM is True                                               # dispatched since session 19
+    monkeypatch.setattr(G, "DISPATCH_PVR", False)     # this test pins the TRIM / half-tile dispatch (PVR: pvr tests)
     monkeypatch.setattr(G, "DISPATCH_TRIM", False)                               # first the off default
     G.gluon_dense_launch(*case(), half_tiles=False, q_tma=False)                 # plain, trim None -> off
     full = fn.full_args(fn.log[-1])

@@ -132,7 +132,8 @@ option-off build (paired median ratio); s_q 2 (-113 instructions: the causal mas
 64 similar or less. Falsifier: paired ratio >= 0.975 at h_q 128 s_q 1 (or a re-profiled math section >= 560 cycles per
 tile).
 
-PVR option (session 20; launcher keyword ``pvr``, constexpr PVR; off, not dispatched; needs QTMA, replaces HALF).
+PVR option (session 20; launcher keyword ``pvr``, constexpr PVR; dispatched at >= 128 query heads per kv head:
+:data:`DISPATCH_PVR`; needs QTMA, replaces HALF).
 The session-20 profile of the dispatched build (benchmarks/notes/mla_decode_gluon.md "Session 20") puts the tensor
 cores idle ~1,200 of ~3,390 cycles per tile while the softmax warpgroup does softmax + hand-off + O_L rescale, and
 P V_R_{j-1} inside the S_j window (S_j queues behind it). With PVR the PV warpgroup issues P V_R_j only after the
@@ -154,6 +155,12 @@ tile j + 2 wait P V_L_j (part a) and P V_R_j (part b), both reachable without it
 producer loop, 0 spills in all three tile loops; ptxas spill stores 16 B (causal 16 B, as the dispatched q_tma + trim
 build; outside the loops). (With 9 single [64, 64] boxes through ``kp_desc`` instead, the producer loop reloaded a
 64-bit value per tile at its 40-register cap.) Prediction: benchmarks/notes/mla_decode_gluon.md "Session 20".
+Measured (session 20, H200, git 96e49a5bfd74, ``benchmarks/device_mla_decode_pvr.sh``, 32/32 GPU tests, 5 rotated
+rounds paired against the dispatched build, ``results/mla_decode_pvr-h200-2026-11-30-s20.json``): outputs bit-identical
+at every benchmarked shape; t_pvr / t_dispatched at h_q 128, b 128: s_q 1 s_k 4K / 8K / 32K 1.002 / 0.969 / 0.955,
+s_q 2 (against half tiles) 0.965 / 0.967 / 1.002; h_q 64 s_q 1 8K 1.037 (A/A medians 1.000-1.030). Predicted 0.93-0.965
+at h_q 128 s_q 1 8K / 32K: 32K inside, 8K just outside (0.969), not falsified (< 0.975). Dispatched at >= 128 query
+heads per kv head (:data:`DISPATCH_PVR_MIN_HEADS`; h_q 64 keeps the half-tile / TRIM build).
 
 Needs: CUDA, bf16/fp16, page_block_size 64, d_qk 576, ``k_cache`` strides ``(64 * s1, s1, 576, 1)`` with 16-B
 aligned rows. No interpreter support (Gluon); cross-compiles on a CPU (:func:`_compile_sm90`).
@@ -205,6 +212,13 @@ DISPATCH_MIN_ROWS = 64     # s_q * h_q / h_kv: the A/B covered h_q 64 / 128 only
 # results/mla_decode_trim-h200-2026-11-30-s19.json): t_trim / t_off h_q 128 s_q 1 0.980-0.990, s_q 2 0.955-0.981;
 # h_q 64 s_q 1 0.997-1.004, s_q 2 0.974-0.980 (predicted 0.94-0.965 at h_q 128 s_q 1: smaller than predicted)
 DISPATCH_TRIM = True
+# The PVR option (launcher keyword ``pvr``, constexpr PVR; module docstring "PVR option"): what launches with pvr=None
+# take at >= DISPATCH_PVR_MIN_HEADS query heads per kv head (with Q by TMA; it replaces the half tiles at s_q >= 2).
+# Session 20 (H200, git 96e49a5bfd74, benchmarks/device_mla_decode_pvr.sh, paired 5 rotated rounds, bit-identical
+# outputs, results/mla_decode_pvr-h200-2026-11-30-s20.json): h_q 128 s_q 1 1.002 / 0.969 / 0.955 at s_k 4K / 8K / 32K,
+# s_q 2 0.965 / 0.967 / 1.002; h_q 64 s_q 1 8K 1.037 (slower: not dispatched there)
+DISPATCH_PVR = True
+DISPATCH_PVR_MIN_HEADS = 128
 GLUON_CANDIDATES = [GLUON_DEFAULT]
 
 
@@ -780,7 +794,7 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor, rows: int) -> bool:
 
 
 def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
-                       config=None, _spec=None, half_tiles=None, q_tma=None, trim=None, pvr=False):
+                       config=None, _spec=None, half_tiles=None, q_tma=None, trim=None, pvr=None):
     """Launch the Gluon split-KV kernel (no combine). Arguments as in ``decode._dense_launch`` (q ``[b, s_q, h_q,
     576]``, k_cache ``[num_blocks, 64, h_kv, 576]``, block_table ``[b, *]`` int32 with stride(1) == 1, seqlens
     ``[b]`` int32 contiguous, sched ``[parts, 8]`` / num_splits ``[b + 1]`` int32); outputs allocated by the
@@ -802,11 +816,14 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     and folds the scale into one FFMA per score; None takes :data:`DISPATCH_TRIM` (on) at >= :data:`DISPATCH_MIN_ROWS`
     rows (``DEEPKERNELS_DENSE_DECODE_VARIANT=0`` keeps it off). Any combination with ``half_tiles`` / ``q_tma``.
 
-    ``pvr``: the PVR option (module docstring "PVR option"; not dispatched, default False): P V_R issued behind the
-    next tile's S, K slots released by column halves. Needs Q by TMA (off where ``q_tma`` resolves to False) and
-    replaces the half-tile split (``half_tiles`` forced off); combines with ``trim`` (None there still takes the
-    dispatched choice)."""
+    ``pvr``: the PVR option (module docstring "PVR option"): P V_R issued behind the next tile's S, K slots released
+    by column halves; None takes :data:`DISPATCH_PVR` (on) at >= :data:`DISPATCH_PVR_MIN_HEADS` query heads per kv
+    head unless ``half_tiles=True`` is asked for (``DEEPKERNELS_DENSE_DECODE_VARIANT=0`` keeps it off). Needs Q by TMA (off where ``q_tma`` resolves to False)
+    and replaces the half-tile split (``half_tiles`` forced off); combines with ``trim``."""
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
+    if pvr is None:      # measured at h_q 64 / 128 (h_kv 1): a gain at 128 heads only; an explicit half_tiles=True wins
+        pvr = (DISPATCH_PVR and os.environ.get("DEEPKERNELS_DENSE_DECODE_VARIANT", "") != "0"
+               and q.shape[2] // k_cache.shape[2] >= DISPATCH_PVR_MIN_HEADS and half_tiles is not True)
     if trim is None:     # measured at >= DISPATCH_MIN_ROWS rows only (h_q 64 / 128)
         trim = (DISPATCH_TRIM and os.environ.get("DEEPKERNELS_DENSE_DECODE_VARIANT", "") != "0"
                 and q.shape[1] * q.shape[2] // k_cache.shape[2] >= DISPATCH_MIN_ROWS)
