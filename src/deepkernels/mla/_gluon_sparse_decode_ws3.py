@@ -324,7 +324,7 @@ Q ahead (session 20, ``Q_AHEAD``: launcher / compile keyword ``q_ahead``, defaul
 the build without it is unchanged, ``test_default_ptx_unchanged``). The session-20 ncu profile of the V4.1 kernel
 (benchmarks/notes/mla_sparse_gluon.md, "Session 20 attribution (V4.1)") shows the producer pacing each request piece
 and then idling once per piece: its ``empty`` try-wait fails in 3.9 % of blocks, ~0.88 times per warp and piece, for
-~12,800 cycles (7.3 us) each -- 575 cycles per mean block of 5,060 -- while the softmax warpgroup spends 546 + 304
+~12,800 cycles (7.3 us) each -- 576 cycles per mean block of 5,060 -- while the softmax warpgroup spends 546 + 305
 cycles per block (12,150 + 6,750 per piece) loading the next request's Q and writing the epilogue, computing no S.
 The 2-slot ring lets the producer run only 2 blocks (~8,300 cycles) ahead. With ``Q_AHEAD`` the softmax warpgroup
 is :func:`_gluon_sparse_decode_ws3_qahead._w3_softmax_wg`: the first request's Q by cp.async before the request
