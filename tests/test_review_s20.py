@@ -25,6 +25,10 @@
    ``cast_back_from_fp4`` with ``gran_k=0`` raised ZeroDivisionError, ``-128`` / ``128.0`` torch reshape / index
    errors, ``True`` ran as 1; ``quantize_fp4_e2m1(tile=16.0)`` a reshape error; ``dequantize_fp4_e2m1(tile=0)`` a
    ZeroDivisionError. Now ValueError naming the argument, as ``per_token_cast_to_fp8``.
+8. K-grouped GEMMs with a ``c`` that starts where ``d`` does but has other strides (``d`` a row-padded view of a
+   buffer, ``c`` a packed view of the same buffer): the kernels skip the ``d.copy_(c)`` when the pointers match and
+   accumulate into ``d``'s own values (interpreter: calc_diff 5e-3, wrong), while the reference used ``c``. Now a
+   ValueError, as the dense GEMMs ("c shares d's storage but has different sizes/strides").
 """
 import numpy as np
 import pytest
@@ -356,3 +360,28 @@ def test_fp4_helpers_validate_group_sizes(bad):
     back = dk.cast_back_from_fp4(packed, sf)
     assert back.shape == (2, 256) and torch.isfinite(back).all()
     assert dk.dequantize_fp4_e2m1(p16, s16).shape == (2, 256)
+
+
+# ------------------------------------------------------------------------------------------------ 8. k-grouped c/d
+@REF
+@pytest.mark.parametrize("fp8", [True, False])
+def test_k_grouped_c_aliasing_d_with_other_strides_raises(fp8):
+    ks, m, n = [128, 256], 16, 32
+    sum_k = sum(ks)
+    buf = torch.randn(2, m, n + 8)
+    d = buf[..., :n]                                               # rows padded to n + 8
+    c = torch.as_strided(buf, (2, m, n), (m * n, n, 1))           # same first element, packed rows
+    before = buf.clone()
+    if fp8:
+        a = (torch.zeros(m * sum_k, dtype=torch.float8_e4m3fn), torch.ones(m, sum_k // 128))
+        b = (torch.zeros(n * sum_k, dtype=torch.float8_e4m3fn), torch.ones(n, sum_k // 128))
+        call = lambda cc: dk.k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks, c=cc)  # noqa: E731
+    else:
+        a, b = torch.zeros(sum_k, m).bfloat16(), torch.zeros(sum_k, n).bfloat16()
+        call = lambda cc: dk.k_grouped_bf16_gemm_tn_contiguous(a, b, d, ks, c=cc)  # noqa: E731
+    with pytest.raises(ValueError, match="shares d's storage"):
+        call(c)
+    assert torch.equal(buf, before)                                # raised before anything was written
+    call(d)                                                        # c is d: in place (zero products: d unchanged)
+    assert torch.equal(buf, before)
+    call(d.view(2, m, n))                                          # another object, same view: fine too

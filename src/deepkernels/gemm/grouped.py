@@ -668,6 +668,10 @@ def _k_grouped(a_data, b_data, sfa, sfb, d, c, ks_cpu, grouped_layout, mn_major,
     _L.check_out("d", d, [g_num, m, n], torch.float32)
     if c is not None:
         _L.check_out("c", c, [g_num, m, n], torch.float32)
+        if c.data_ptr() == d.data_ptr() and c is not d and c.stride() != d.stride():
+            # the kernels accumulate into d in place when c starts where d does (no copy): c must then be d's view
+            raise ValueError(f"c (strides {list(c.stride())}) shares d's storage (strides {list(d.stride())}) but "
+                             f"not its strides; pass c=d for in-place accumulation")
         if c.data_ptr() != d.data_ptr() and overlaps(c, d):
             raise ValueError(f"c (shape {list(c.shape)}, strides {list(c.stride())}) and d (strides "
                              f"{list(d.stride())}) overlap in memory without being the same view; pass c=d or "
@@ -734,7 +738,8 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d: torch.Tensor, ks_cpu=None, grouped
             ``d[g] = c[g]``). Old name: ``ks``.
         grouped_layout: int32 ``[G]`` on the device with the same values (old name ``ks_tensor``; None: built from
             ks_cpu). Offsets are derived from it on the device and clamped to the buffers.
-        c: ``[G, M, N]`` float32 or None (zeros); ``c is d`` accumulates in place.
+        c: ``[G, M, N]`` float32 or None (zeros); ``c is d`` accumulates in place (a view of d's storage with
+            other strides, or one overlapping d, is a ValueError).
         recipe: None or ``(1, 1, 128)`` (a tuple / list of ints). use_psum_layout: must be False (SM90).
 
     Deterministic: every output tile is owned by one program and summed in a fixed order (bit-identical runs).
