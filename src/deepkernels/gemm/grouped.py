@@ -135,6 +135,8 @@ def _fp8_sig(kind, a, b, d, idx, rest):
         sig = (kind, True, _tsig(a[0]), _tsig(a[1]), _tsig(b[0]), _tsig(b[1]), _tsig(d), _tsig(idx), rest,
                _env_sig())
         hash(sig)
+        if _output_aliases(d, (a[0], a[1], b[0], b[1], idx)):
+            return None   # d written over an input: the validating path reports it
         return sig
     except Exception:
         return None
@@ -147,6 +149,8 @@ def _bf16_sig(kind, a, b, d, idx, rest):
         rest = tuple(_hashable(x) for x in rest)
         sig = (kind, False, _tsig(a), _tsig(b), _tsig(d), _tsig(idx), rest, _env_sig())
         hash(sig)
+        if _output_aliases(d, (a, b, idx)):
+            return None   # d written over an input: the validating path reports it
         return sig
     except Exception:
         return None
@@ -167,6 +171,28 @@ def _store(sig, plan) -> None:
 def _same(x: torch.Tensor, y: torch.Tensor) -> bool:
     """``x`` is ``y``'s memory with ``y``'s strides (no copy was made)."""
     return x.data_ptr() == y.data_ptr() and x.stride() == y.stride()
+
+
+def _output_aliases(d, inputs) -> bool:
+    """Whether ``d`` overlaps one of ``inputs`` (a tuple of tensors / None) in memory. Cheap when it cannot
+    (no shared storage: one storage-pointer comparison per input); the byte spans are compared only for an input
+    sharing d's storage (e.g. two views of one workspace tensor), so disjoint views of one buffer stay legal."""
+    try:
+        ds = d.untyped_storage().data_ptr()
+        return any(t is not None and t.untyped_storage().data_ptr() == ds and overlaps(d, t) for t in inputs)
+    except Exception:   # unusual argument types: validation reports them
+        return False
+
+
+def _check_no_alias(d, named_inputs: dict) -> None:
+    """ValueError naming the input when the output ``d`` overlaps it: the kernels read the inputs tile by tile while
+    other programs write d, so an output written over an input gives wrong values (the reference, which computes
+    first and copies after, did not show it)."""
+    for name, t in named_inputs.items():
+        if t is not None and _output_aliases(d, (t,)):
+            raise ValueError(f"d (shape {list(d.shape)}, strides {list(d.stride())}) overlaps {name} (shape "
+                             f"{list(t.shape)}, strides {list(t.stride())}) in memory; write the output to a separate "
+                             f"buffer")
 
 
 def _packed_index(t):
@@ -382,6 +408,8 @@ def _contiguous(a_data, b_data, sfa, sfb, d, grouped_layout, use_psum_layout, b_
         raise ValueError(f"need num_groups > 0, N > 0 and K > 0 (DeepGEMM asserts), got b of shape {list(b_data.shape)}")
     _L.check_out("d", d, [m_sum, n], (torch.bfloat16, torch.float32))
     check_tensor("grouped_layout", grouped_layout, ndim=1, dtype=torch.int32)
+    _check_no_alias(d, {"a[0]" if is_fp8 else "a": a_data, "a[1]": sfa, "b[0]" if is_fp8 else "b": b_data,
+                        "b[1]": sfb, "grouped_layout": grouped_layout})
     want = [g_num] if use_psum_layout else [m_sum]
     if list(grouped_layout.shape) != want:
         raise ValueError(f"grouped_layout must have shape {want} ({'psum: one end per group' if use_psum_layout else 'one group id per row'}), "
@@ -545,6 +573,8 @@ def _masked(a_data, b_data, sfa, sfb, d, masked_m, expected_m, compiled_dims, _c
     expected_m = int(expected_m)
     _L.check_out("d", d, [g_num, m_max, n], (torch.bfloat16, torch.float32))
     _L.check_index("masked_m", masked_m, [g_num], a_data.device)
+    _check_no_alias(d, {"a[0]" if is_fp8 else "a": a_data, "a[1]": sfa, "b[0]" if is_fp8 else "b": b_data,
+                        "b[1]": sfb, "masked_m": masked_m})
     if not is_fp8 and k % 64:
         raise ValueError(f"BF16 masked GEMMs need K % 64 == 0 (DeepGEMM SM90), got K = {k}")
     if is_fp8:
@@ -676,6 +706,8 @@ def _k_grouped(a_data, b_data, sfa, sfb, d, c, ks_cpu, grouped_layout, mn_major,
             raise ValueError(f"c (shape {list(c.shape)}, strides {list(c.stride())}) and d (strides "
                              f"{list(d.stride())}) overlap in memory without being the same view; pass c=d or "
                              f"separate buffers")
+    _check_no_alias(d, {"a[0]" if is_fp8 else "a": a_data, "a[1]": sfa, "b[0]" if is_fp8 else "b": b_data,
+                        "b[1]": sfb, "grouped_layout": grouped_layout})
     sum_k = sum(ks_cpu)
     sf_cols = sum(ceil_div(k, 128) for k in ks_cpu)
     name = "a[0]" if is_fp8 else "a"
