@@ -263,7 +263,8 @@ def per_custom_dims_cast_to_fp8(x: torch.Tensor, dims: Sequence[int],
         dims: the dims that keep their own scale.
         use_ue8m0: round scales up to powers of two.
     Returns:
-        ``(x_fp8 float8_e4m3fn, same shape as x; sf float32, squeezed: shape of x over dims)``.
+        ``(x_fp8 float8_e4m3fn, same shape as x; sf float32)``: sf has x's sizes over ``dims`` and is then
+        ``.squeeze()``-d as upstream, so a kept dim of size 1 is dropped too (x ``[1, n]``, ``dims=(0,)``: a 0-d sf).
     Raises:
         TypeError for a bad dtype; ValueError for a dim out of range.
     """
