@@ -9,8 +9,8 @@
 #    issue-#3 shapes, paired rotated rounds, whole call + graph replay + kernel-only (torch.profiler), cap
 #    ${T_BENCH:-50} s (shapes not started after $((${T_BENCH:-50} - 12)) s are skipped).
 # 3. only when >= 15 s are left of ${T_TOTAL:-148} s: bit identity of the public op vs the Triton path at M 1 / 64 /
-#    100 / 128 (test_gemm_small_dispatch.py -k bitident, one process, no xdist), capped at what is left: reported,
-#    not gating (the bench records bit identity at M 64 / 128 for every shape anyway: bit_identical_to_triton).
+#    100 / 128 and the plan's bound fast launch path (test_gemm_small_dispatch.py -k "bitident or fastpath", one
+#    process, no xdist), capped at what is left: reported, not gating (the bench records bit identity at M 64 / 128 for every shape anyway: bit_identical_to_triton).
 # Caps 10 (env) + 85 + 50 = 145 s, step 3 fills up to ${T_TOTAL:-148} s <= 150 s; expected ~90-145 s.
 # One tarball $OUT/gemm_small_dispatch.tgz (logs, junit JSON, gemm_small_public.json, env.json) + summaries on stdout.
 DK_OUT_DEFAULT=/tmp/gemm_small_dispatch_out DK_ENV_CAP=10 DK_PYTEST_TIMEOUT=60 NPROC=${NPROC:-8} \
@@ -18,7 +18,7 @@ DK_OUT_DEFAULT=/tmp/gemm_small_dispatch_out DK_ENV_CAP=10 DK_PYTEST_TIMEOUT=60 N
 
 echo "== 1. dispatch + small-M GPU tests (cap ${T_TESTS:-85}s, $XD)"
 gpu_tests dispatch_tests "gemm small-M dispatch" "${T_TESTS:-85}" tests/test_gemm_small_dispatch.py \
-  tests/test_gemm_gluon_small.py -k "not bitident"
+  tests/test_gemm_gluon_small.py -k "not bitident and not fastpath"
 RC=$?
 
 if [ "$RC" != 0 ]; then
@@ -35,8 +35,8 @@ fi
 LEFT=$(( ${T_TOTAL:-148} - $(date +%s) + T0 ))
 if [ "$LEFT" -ge 15 ]; then
   echo "== 3. public op bit identity vs the Triton path (cap ${LEFT}s, one process, not gating)"
-  XD="" gpu_tests dispatch_bitident "gemm small-M dispatch bit identity" "$LEFT" tests/test_gemm_small_dispatch.py \
-    -k bitident
+  XD="" gpu_tests dispatch_bitident "gemm small-M dispatch bit identity + fast path" "$LEFT" \
+    tests/test_gemm_small_dispatch.py -k "bitident or fastpath"
 else
   echo "== 3. bit identity SKIPPED (${LEFT}s left)"
 fi
