@@ -126,8 +126,8 @@ def test_q_ahead_option_plumbing():
 
 
 def test_q_ahead_reaches_the_launcher(monkeypatch):
-    """The launcher puts Q_AHEAD into the constexprs (and so into the launcher key): off by default, on with
-    ``q_ahead=True``."""
+    """The launcher puts Q_AHEAD into the constexprs (and so into the launcher key): None takes V4.1's main-cache
+    default, explicit False / True win."""
     import deepkernels.mla.combine as comb
     calls = []
     monkeypatch.setattr(W3._ClusterLauncher, "__call__", lambda self, gx, args, s: calls.append(dict(self.meta)))
@@ -137,10 +137,10 @@ def test_q_ahead_reaches_the_launcher(monkeypatch):
     b, s_q, h_q = kw["q"].shape[:3]
     out, lse = torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16), torch.empty(b, s_q, h_q)
     sched, ns = torch.zeros(5, 8, dtype=torch.int32), torch.zeros(b + 1, dtype=torch.int32)
-    for q_ahead in (None, True):
+    for q_ahead in (None, False, True):     # None: V4.1's main-cache default (WS3_MAIN_TUNED) is on
         W3.launch_sparse_decode_gluon_ws3(out, lse, kw["q"], kw["k_cache"], kw["indices"], sched, ns, 0.1, "v41",
                                           kw["attn_sink"], topk_length=kw["topk_length"], q_ahead=q_ahead)
-    assert [c["Q_AHEAD"] for c in calls] == [False, True]
+    assert [c["Q_AHEAD"] for c in calls] == [W3.WS3_MAIN_TUNED["v41"]["q_ahead"], False, True]
     assert set(calls[0]) - {"num_warps", "maxnreg"} == set(W3._CONSTEXPRS)
 
 
@@ -256,6 +256,51 @@ def test_gpu_bench_variants_v41_bit_identical(knobs, poison, sms):
     sms(8)
     kw = make_case(16, 1, 128, "v41", 2048, 4096, 64, device="cuda")
     _same(_direct(kw, "v41"), _direct(kw, "v41", **knobs))
+
+
+_PRE_S20 = dict(q_ahead=False, deq_asm=False, producer_regs=120)     # V4.1's main-cache build before session 20
+
+
+def test_v41_main_tuned_reaches_the_launcher(monkeypatch):
+    """Without an extra cache V4.1 launches with WS3_MAIN_TUNED's knobs (Q ahead, asm dequant, producer 144) unless
+    the caller sets them; V3.2 keeps the tables."""
+    assert W3.WS3_MAIN_TUNED == {"v41": dict(q_ahead=True, deq_asm=True, producer_regs=144)}
+    calls = []
+
+    class Stub:
+        def __init__(self, meta):
+            calls.append(meta)
+
+        def __call__(self, *a):
+            pass
+
+    monkeypatch.setattr(W3, "_ClusterLauncher", Stub)
+    monkeypatch.setattr(W3, "combine_splits_", lambda *a, **k: None, raising=False)
+    import deepkernels.mla.combine as C
+    monkeypatch.setattr(C, "combine_splits_", lambda *a, **k: None)
+    W3._LAUNCHERS.clear()
+    for fmt in ("v41", "v32"):
+        kw = make_case(2, 1, 128, fmt, 128, 256, 64, device="cpu")
+        sched = torch.zeros(4, 8, dtype=torch.int32)
+        ns = torch.zeros(3, dtype=torch.int32)
+        out = torch.empty(2, 1, 128, 512, dtype=torch.bfloat16)
+        lse = torch.empty(2, 1, 128)
+        for knobs in ({}, _PRE_S20):
+            W3.launch_sparse_decode_gluon_ws3(out, lse, kw["q"], kw["k_cache"], kw["indices"], sched, ns, 0.1, fmt,
+                                              **knobs)
+    got = [(c["Q_AHEAD"], c["DEQ_ASM"], c["PRODUCER_REGS"]) for c in calls]
+    assert got == [(True, True, 144), (False, False, 120),
+                   (False, "v32" in W3.WS3_DEQ_ASM, W3.WS3_PRODUCER_REGS["v32"]), (False, False, 120)], got
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b,s_q,topk,s_k,page,with_len,sink,flags,n_sms", _SHAPES)
+def test_gpu_v41_main_tuned_bit_identical(b, s_q, topk, s_k, page, with_len, sink, flags, n_sms, poison, sms):
+    """The dispatched V4.1 main-cache build (WS3_MAIN_TUNED) against the build before session 20: bit-identical."""
+    if n_sms:
+        sms(n_sms)
+    kw = make_case(b, s_q, 128, "v41", topk, s_k, page, with_len=with_len, sink=sink, device="cuda", **flags)
+    _same(_direct(kw, "v41", **_PRE_S20), _direct(kw, "v41"))
 
 
 @pytest.mark.gpu

@@ -320,7 +320,9 @@ blocks per CTA, topk 2048 + 512, H200, even at 15-19 blocks, 1.03-1.06x slower b
   CTAs' block sequences diverge (they must be identical). Device run:
   ``GIT_SHA=<sha> OUT=$OUT bash benchmarks/device_sparse_ws3_extra.sh``.
 
-Q ahead (session 20, ``Q_AHEAD``: launcher / compile keyword ``q_ahead``, default :data:`WS3_Q_AHEAD` = no format;
+Q ahead (session 20, ``Q_AHEAD``: launcher / compile keyword ``q_ahead``, default :data:`WS3_Q_AHEAD` = no format,
+but the launcher's main-cache defaults :data:`WS3_MAIN_TUNED` turn it on for V4.1 with the inline-PTX dequant at 144
+producer registers, measured 0.963-0.972 of the time, bit-identical;
 the build without it is unchanged, ``test_default_ptx_unchanged``). The session-20 ncu profile of the V4.1 kernel
 (benchmarks/notes/mla_sparse_gluon.md, "Session 20 attribution (V4.1)") shows the producer pacing each request piece
 and then idling once per piece: its ``empty`` try-wait fails in 3.9 % of blocks, ~0.88 times per warp and piece, for
@@ -412,6 +414,14 @@ WS3_Q_ASYNC = frozenset({"v32"})
 # formats whose softmax warpgroup copies the NEXT request's Q during the current request's epilogue (``Q_AHEAD``,
 # module docstring "Q ahead"; session 20, opt-in until measured: no format)
 WS3_Q_AHEAD = frozenset()
+# What launches WITHOUT an extra cache take by format when the caller leaves the knobs None (the extra-cache entry keeps
+# the tables above): V4.1 since session 20 -- Q ahead + the WS kernel's inline-PTX dequant at producer setmaxnreg 144
+# ("qhd"). H200, git 6d50be0fba36, benchmarks/device_sparse_decode_s20.sh (24/24 GPU tests, out / lse bit-identical),
+# paired 5 rotated rounds, A/A 0.9997-1.0009 (results/sparse_decode_s20-h200-2026-11-30-s20.json), t / t_dispatched at
+# h_q 128, topk 2048: qhd 0.9715 / 0.9671 / 0.9630 at (b, s_q) = (64, 1) / (128, 1) / (128, 2); Q ahead alone
+# 0.981-0.984, the dequant alone 0.984-0.994. V3.2 Q ahead 1.005-1.014 (off); V4.1 + FP4 (extra cache) Q ahead
+# 0.993-0.998 (off: within 0.7 %).
+WS3_MAIN_TUNED = {"v41": dict(q_ahead=True, deq_asm=True, producer_regs=144)}
 # sparse_decode.py sends the calls WS / WS2 would take (no extra cache, h_q a multiple of 128) here for the formats in
 # DISPATCH_FMTS (DEEPKERNELS_SPARSE_WS3=0 / =1 override): both, since session 17 (H200, git 0b54eb4785ad, after the
 # softmax-loop spills were removed: 43/43 GPU tests, bit-identical to WS2, ws3 / ws2 1.16-1.25x at 6 shapes,
@@ -1072,7 +1082,8 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
     module docstring, "Row lanes"), ``idx_ahead`` / ``pf_lines`` (default :data:`WS3_IDX_AHEAD` /
     :data:`WS3_PF_LINES`; module docstring, "Index loads ahead"), ``q_async`` (default :data:`WS3_Q_ASYNC`: Q by
     cp.async), ``q_ahead`` (default :data:`WS3_Q_AHEAD`: the next request's Q copied during this request's epilogue;
-    module docstring, "Q ahead"). With an extra cache (dispatched for :data:`DISPATCH_EXTRA_PAIRS`; module
+    module docstring, "Q ahead"). Without an extra cache, knobs left None take :data:`WS3_MAIN_TUNED` for the format
+    first (V4.1: ``q_ahead``, ``deq_asm`` and producer registers 144). With an extra cache (dispatched for :data:`DISPATCH_EXTRA_PAIRS`; module
     docstring, "Extra cache"):
     the pairs :data:`WS3_EXTRA_PAIRS` run on :func:`_sparse_decode_gluon_ws3_x_kernel` (h_q not a multiple of 128:
     on the WS kernel's extra-cache entry), any other pair raises ValueError."""
@@ -1081,6 +1092,11 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
 
     has_x = extra_k_cache is not None
     xf = (xfmt or _xfmt(extra_k_cache)) if has_x else None
+    tuned = WS3_MAIN_TUNED.get(fmt) if not has_x else None
+    if tuned:          # the measured main-cache defaults (WS3_MAIN_TUNED); explicit knobs win
+        q_ahead = tuned["q_ahead"] if q_ahead is None else q_ahead
+        deq_asm = tuned["deq_asm"] if deq_asm is None else deq_asm
+        producer_regs = producer_regs or tuned["producer_regs"]
     if fmt not in WS_FMTS or (has_x and xf not in WS3_EXTRA_PAIRS[fmt]):
         raise ValueError(f"launch_sparse_decode_gluon_ws3: main cache {fmt!r}, extra cache {xf!r}: V3.2 or V4.1 main "
                          f"cache, no extra cache or {WS3_EXTRA_PAIRS} only")
