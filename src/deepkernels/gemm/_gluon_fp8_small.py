@@ -49,7 +49,8 @@ from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 from .._launch import KernelLauncher, cached_launcher, spec_key
 from ._gluon_fp8 import BLOCK_K, _g_kloop, _g_kloop_ahead, _g_load_stage, _g_store_tile, _num_sms, _smem_layout
 
-__all__ = ["SmallConfig", "pick_config", "launch_fp8_gemm_small", "SMALL_CANDIDATES", "SMALL_FP8_TABLE", "SmallPlan"]
+__all__ = ["SmallConfig", "pick_config", "launch_fp8_gemm_small", "SMALL_CANDIDATES", "SMALL_FP8_TABLE", "SmallPlan",
+           "rule_enabled", "rule_config"]
 
 _SMEM_RING = 196608  # bytes of shared memory given to the A + B ring (the rest: barriers, scratch)
 
@@ -97,6 +98,47 @@ SMALL_FP8_TABLE: dict = {
     (128, 7168, 16384): SmallConfig(128, 128, split=2, mode="reduce"),     # small_128x128_s6_k2_reduce  0.950
     (128, 7168, 2048): SmallConfig(128, 64, split=1, scale_ahead=1),       # small_128x64_s8_k1_sa1      0.872
 }
+
+# Opt-in rule for shapes outside SMALL_FP8_TABLE (session 20, second round; NOT on by default): DEEPKERNELS_GEMM_SMALL_RULE=1
+# (read when a call signature's plan is made) or SMALL_RULE = True. Derived from the first run's 12 shapes (the table's
+# basis, benchmarks/notes/gemm_small.md "Rule sweep"); benchmarks/gemm_small_sweep.py measures it at ~30 other (N, K)
+# x M in {1, 16, 64, 96, 128} before it may be switched on.
+SMALL_RULE = False
+RULE_MIN_K = 1024        # K 512 (4 K blocks) lost at every variant (1.05-1.15): too few K blocks per item
+
+
+def rule_enabled() -> bool:
+    """SMALL_RULE or env ``DEEPKERNELS_GEMM_SMALL_RULE`` in (1, true, on)."""
+    return SMALL_RULE or os.environ.get("DEEPKERNELS_GEMM_SMALL_RULE", "").strip().lower() in ("1", "true", "on")
+
+
+def rule_config(m: int, n: int, k: int, num_sms: int) -> SmallConfig | None:
+    """The rule's small-M config at any (M <= 128, N, K), or None (Triton). Pattern of the first run's winners:
+    keep the Triton config's K split (``select_fp8_config``: table or ``fp8_rule``), so D stays bit-identical to the
+    Triton path, and
+
+    * M > 64 (two Triton 64-row tiles read B twice; the small kernel once): always (K >= RULE_MIN_K). Split 1:
+      BLOCK_N 64 + scales-ahead (0.872 at 7168x2048, 0.922 at 24576x1536); split > 1: the Triton BLOCK_N (64 / 128)
+      with the separate reduce kernel (fixup lost to reduce at every split shape; 0.962 / 0.950 / 0.971);
+    * M <= 64 (B read once on both paths): only split 1 with the 64-wide N tiles in one wave (ceil(N / 64) <=
+      SMs): 64x64 k1 0.904 at 112 tiles vs 1.013-1.035 at 384 tiles; the split shapes were 0.976-1.03 (noise).
+    """
+    if m > 128 or m <= 0 or n <= 0 or k < RULE_MIN_K:
+        return None
+    from ._configs import select_fp8_config
+    t = select_fp8_config(m, n, k, num_sms)
+    num_kb = -(-k // 128)
+    split, _ = split_plan(num_kb, t.split_k)
+    if split * m * n >= 2 ** 31:
+        return None
+    if m > 64:
+        if split == 1:
+            return SmallConfig(128, 64, split=1, scale_ahead=1)
+        return SmallConfig(128, t.block_n if t.block_n in (64, 128) else 128, split=split, mode="reduce")
+    if split == 1 and -(-n // 64) <= num_sms:
+        return SmallConfig(64, 64, split=1)
+    return None
+
 
 # compile-tier set: every (BLOCK_M, BLOCK_N) x reduction kind the picker or the bench can produce
 SMALL_CANDIDATES = [SmallConfig(bm, bn, split=sp, mode=md, scale_ahead=sa) for bm in (64, 128) for bn in (64, 128)

@@ -446,6 +446,11 @@ def _use_small(m: int, n: int, k: int, d, c, sfb_per_row: bool):
     from ._gluon_fp8_small import SMALL_FP8_TABLE
 
     cfg = SMALL_FP8_TABLE.get((m_class(m), n, k))
+    if cfg is None:
+        # opt-in rule outside the table (session 20, second round; OFF by default, unmeasured): _gluon_fp8_small.rule_config
+        from . import _gluon_fp8_small as _S
+        if _S.rule_enabled():
+            cfg = _S.rule_config(m, n, k, get_num_sms())
     if cfg is None or interpret_mode() or gluon_disabled("gemm_small") or gluon_disabled("gemm"):
         return None
     from . import _gluon_fp8_small
