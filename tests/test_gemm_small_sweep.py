@@ -266,3 +266,74 @@ def test_gpu_rule_bitident_vs_triton(shape, monkeypatch):
     d, _ = _public(A, B, m, n, {ENV: "1"}, monkeypatch)
     t, _ = _public(A, B, m, n, {"DEEPKERNELS_DISABLE_GLUON": "gemm_small"}, monkeypatch)
     assert torch.equal(d, t)
+
+
+def test_run_loop_on_cpu_fakes(sweep, monkeypatch, tmp_path):
+    """The sweep's measuring loop end to end with the GPU parts faked (inputs on the CPU, launches = a float matmul,
+    graphs / timing stubbed): rows, variants, checks, paired ratios, the JSON after every shape, the fit, the budget."""
+    import json
+    import types
+
+    calls = {"save": 0}
+
+    def inputs(m, n, k):
+        kb = (k + 127) // 128
+        a = torch.randn(m, k).clamp(-4, 4).to(torch.float8_e4m3fn)
+        b = torch.randn(n, k).clamp(-4, 4).to(torch.float8_e4m3fn)
+        return (a, torch.ones(m, kb)), (b, torch.ones((n + 127) // 128, kb))
+
+    def prod(A, B, d):
+        d.copy_((A[0].float() @ B[0].float().T).to(torch.bfloat16))
+
+    def public_impls(m, n, k, A, B):
+        outs = {nm: torch.empty(m, n, dtype=torch.bfloat16) for nm in ("triton", "triton_aa", "public")}
+        fns = {nm: (lambda d=d: prod(A, B, d)) for nm, d in outs.items()}
+        assert os.environ.get(ENV) == "1"
+        return fns, outs, {"triton": "_Plan", "triton_aa": "_Plan", "public": "_SmallPlan"}
+
+    def save(res, path):
+        calls["save"] += 1
+        json.dump(res, open(path, "w"))
+
+    real = sweep._gemm_small()
+    fake = types.SimpleNamespace(_inputs=inputs, public_impls=public_impls, nbytes=real.nbytes, _save=save,
+                                 _graph=lambda fn: types.SimpleNamespace(replay=fn),
+                                 _result=lambda args, timing: dict(provenance={}, rounds=args.rounds, rows=[]))
+    monkeypatch.setattr(sweep, "_gemm_small", lambda: fake)
+
+    class _Plan:
+        def __init__(self, cfg):
+            self.cfg = cfg
+
+        def __call__(self, a, sfa, b, sfb, d):
+            prod((a, sfa), (b, sfb), d)
+    monkeypatch.setattr(S.SmallPlan, "checked", classmethod(lambda cls, a, sfa, b, sfb, d, cfg: _Plan(cfg)))
+    speed = {"triton": 1.0, "triton_aa": 1.0, "rule": 0.9, "twin": 0.95, "twin_bn": 1.1, "auto": 1.2,
+             "auto_reduce": 1.05}
+    monkeypatch.setattr(sweep, "_time_rounds", lambda graphs, names, rounds, rep: {
+        nm: [speed[nm] * 1e-2 * (1 + 0.01 * r) for r in range(rounds)] for nm in names})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, device=None, **kw: real_empty(*a, **kw))
+    out = tmp_path / "sweep.json"
+    args = sweep.parse_args(["--out", str(out), "--max-shapes", "3", "--extra-ms", "", "--ms", "16,128"])
+    assert sweep.run(args) == 0
+    res = json.load(open(out))
+    assert calls["save"] == 3 + 1 and len(res["rows"]) == 3
+    r0 = res["rows"][0]
+    assert r0["shape"] == [128, 1536, 7168] and r0["rule_config"] == "small_128x64_s8_k4_reduce"
+    assert r0["rule_plan"] == "_SmallPlan" and "twin" not in r0["impls"]          # the twin is the rule here
+    e = r0["impls"]["rule"]
+    assert e["diff"] < 1e-3 and not e["nan"] and e["bit_identical_to_triton"]
+    assert abs(e["graph_paired_vs_triton"] - 0.9) < 1e-9 and len(e["graph_us_rounds"]) == 3
+    assert abs(r0["impls"]["triton_aa"]["graph_paired_vs_triton"] - 1.0) < 1e-9
+    r1 = res["rows"][1]
+    assert r1["shape"] == [16, 1536, 7168] and r1["rule_config"] is None and "rule" not in r1["impls"]
+    assert set(r1["impls"]) >= {"triton", "triton_aa", "twin", "twin_bn"}
+    assert sum(g["rule_n"] for g in res["fit"].values()) == 2
+    # the budget: nothing started after it
+    args = sweep.parse_args(["--out", str(out), "--max-shapes", "2", "--budget-s", "-1"])
+    assert sweep.run(args) == 0
+    assert all(r.get("skipped") == "time budget" for r in json.load(open(out))["rows"])
