@@ -38,6 +38,9 @@
 10. Dense GEMMs: the c/d overlap check (ValueError) runs only on the validating path; a call whose signature
     matches a cached plan (same shapes, strides, 16-B alignment) with c partially overlapping d reaches
     ``d.copy_(c)``, whose torch RuntimeError names neither argument (strict xfail; ``gemm/dense.py``).
+11. Dense decode with the legacy metadata tensors on another device than q: the reference path ignored them, the
+    kernel path failed inside the launch ("Cannot copy out of meta tensor" here; on a GPU a CPU schedule is a Triton
+    pointer error) naming neither tensor. Now ValueError naming the tensor and q's device.
 """
 import numpy as np
 import pytest
@@ -462,3 +465,18 @@ def test_dense_gemm_cached_plan_still_rejects_overlapping_c():
     buf = torch.randn(m + 8, n).bfloat16()          # d = rows 0..63, c = rows 8..71: same signature, overlapping
     with pytest.raises(ValueError, match="overlap"):
         dk.bf16_gemm_nt(a, b, buf[:m], c=buf[8:])
+
+
+
+# ------------------------------------------------------------------------------------------------ 11. metadata device
+@REF
+@pytest.mark.parametrize("which", ["tile_scheduler_metadata", "num_splits"])
+def test_dense_decode_legacy_metadata_on_another_device_raises(which):
+    q, kc, bt, seqlens = _dense_decode_args()
+    meta, ns = dk.get_mla_metadata(seqlens, 16, 1)
+    if which == "tile_scheduler_metadata":
+        meta = meta.to("meta")
+    else:
+        ns = ns.to("meta")
+    with pytest.raises(ValueError, match=f"{which} must be on q's device"):
+        dk.flash_mla_with_kvcache(q, kc, bt, seqlens, 512, meta, ns)

@@ -210,8 +210,10 @@ def _validate_dense(q, k_cache, block_table, cache_seqlens, head_dim_v):
             raise ValueError(f"{name} has negative strides {t.stride()}")
 
 
-def _check_legacy_metadata(meta, num_splits, b):
-    """Checks of the legacy ``(tile_scheduler_metadata, num_splits)`` tensors (functions of their dtype/shape only)."""
+def _check_legacy_metadata(meta, num_splits, b, device):
+    """Checks of the legacy ``(tile_scheduler_metadata, num_splits)`` tensors (functions of their dtype, shape and
+    device only): both on q's ``device`` (the kernels read them there; the reference ignored a mismatch and the
+    kernel launch failed naming neither tensor)."""
     check_tensor("tile_scheduler_metadata", meta, ndim=2, dtype=torch.int32)
     if meta.shape[1] != 8 or meta.shape[0] < 1:
         raise ValueError(f"tile_scheduler_metadata must have shape [num_sm_parts, 8], got {list(meta.shape)}")
@@ -219,6 +221,10 @@ def _check_legacy_metadata(meta, num_splits, b):
     if num_splits.shape[0] != b + 1:
         raise ValueError(f"num_splits must have shape [b + 1] = [{b + 1}], got {list(num_splits.shape)} "
                          "(tile_scheduler_metadata/num_splits planned for another batch?)")
+    for name, t in (("tile_scheduler_metadata", meta), ("num_splits", num_splits)):
+        if t.device != device:
+            raise ValueError(f"{name} must be on q's device {device} (plan it with get_mla_metadata(cache_seqlens, "
+                             f"...) on that device), got {t.device}")
 
 
 def _get_schedule(meta, num_splits, cfg, cache_seqlens, device, rows, h_kv, legacy_checked=False):
@@ -229,7 +235,7 @@ def _get_schedule(meta, num_splits, cfg, cache_seqlens, device, rows, h_kv, lega
         if not isinstance(m, torch.Tensor):
             return None
         if not legacy_checked:
-            _check_legacy_metadata(m, num_splits, cfg.b)
+            _check_legacy_metadata(m, num_splits, cfg.b, device)
         return m.contiguous(), num_splits.contiguous()
 
     return resolve_schedule(meta, num_splits, cfg,
@@ -394,7 +400,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
             kernels run it as ``|scale|`` on ``-q``; one extra elementwise op on q). Non-finite: ValueError.
         tile_scheduler_metadata: a ``FlashMLASchedMeta`` from ``get_mla_metadata()`` (filled on first use; reuse
             with another b, s_q, h_q, h_kv, page size or causal raises ValueError), or the legacy
-            ``[num_sm_parts, 8]`` int32 tensor with ``num_splits [b + 1]`` int32.
+            ``[num_sm_parts, 8]`` int32 tensor with ``num_splits [b + 1]`` int32, both on q's device.
             **Reuse with other lengths is correct**: the schedule only balances work. Reused after
             ``cache_seqlens`` changed, each split's boundaries are clamped to the request's actual length and the
             last split of each request runs to its actual end, so growth is covered and shrinkage leaves empty
@@ -539,7 +545,7 @@ def _validate_call(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num
     plan.kernels = use_kernels(q, k_cache, block_table, cache_seqlens)
     if not plan.empty:
         if isinstance(meta, torch.Tensor):
-            _check_legacy_metadata(meta, num_splits, b)
+            _check_legacy_metadata(meta, num_splits, b, q.device)
         elif not isinstance(meta, FlashMLASchedMeta):
             raise TypeError(f"tile_scheduler_metadata must come from get_mla_metadata(), got {type(meta).__name__}")
     if sig is not None:
