@@ -162,6 +162,20 @@ s_q 2 (against half tiles) 0.965 / 0.967 / 1.002; h_q 64 s_q 1 8K 1.037 (A/A med
 at h_q 128 s_q 1 8K / 32K: 32K inside, 8K just outside (0.969), not falsified (< 0.975). Dispatched at >= 128 query
 heads per kv head (:data:`DISPATCH_PVR_MIN_HEADS`; h_q 64 keeps the half-tile / TRIM build).
 
+L2PF option (session 20b; launcher keyword ``l2pf``, constexpr L2PF, with PVR only; :data:`DISPATCH_L2PF` = False,
+UNVERIFIED on GPU). The ncu profile of the dispatched PVR build (h_q 128 s_q 1 s_k 8K, git cc34511,
+benchmarks/notes/mla_decode_gluon.md "Session 20 attribution of PVR") has the softmax warpgroup waiting ~443 cycles
+per tile (of 3,340) on ``kready_b``: part b of a slot is released only after P V_R_j (~2,000 cycles into tile j + 1)
+and its 32 KB load then takes ~2,000 cycles (L2 hit rate 4 %: every first read of a page comes from DRAM). With
+L2PF the producer, right after issuing part a of tile t, prefetches the next page of the piece (tile t + 1, if
+``t0 + 64 < k1``: block-table columns past the piece are never read) into L2 with ``cp.async.bulk.prefetch.L2``
+(64 rows x 1,152 B of the kv head's columns, 2 per lane of the producer warp, :func:`_g_prefetch_page`; the page id
+clamped like the loads'). That is ~1 tile ahead of its part-a load and ~1.6 tiles ahead of its part-b load. No
+barrier, register-held data or arithmetic changes: outputs bit-identical to the PVR build. Cross-compile (Triton
+3.6.0): 230,144 B shared memory, 168 registers, spill stores 16 B (as PVR, outside the loops), 0 spills in the three
+tile loops, 9 UTMALDG + 2 UBLKPF in the producer loop; the PVR build's PTX with L2PF off is byte-identical (pinned in
+tests/test_mla_decode_gluon_l2pf.py). Prediction: the notes, "Session 20b".
+
 Needs: CUDA, bf16/fp16, page_block_size 64, d_qk 576, ``k_cache`` strides ``(64 * s1, s1, 576, 1)`` with 16-B
 aligned rows. No interpreter support (Gluon); cross-compiles on a CPU (:func:`_compile_sm90`).
 """
