@@ -33,11 +33,12 @@
    values on the kernel path (interpreter: ``m_grouped_bf16_gemm_nt_masked(a, w, a, ...)`` calc_diff 0.98: programs
    read A rows other programs had already overwritten) and right ones on the reference path. The grouped GEMMs now
    raise ValueError naming the input (disjoint views of one workspace buffer stay legal; a call whose d overlaps an
-   input never uses a cached plan). The dense GEMMs (``gemm/dense.py``, not this session's file) have the same
-   defect: strict xfail below.
+   input never uses a cached plan). The dense GEMMs had the same defect; fixed the same way (the lead, in
+   ``gemm/dense.py``: the helpers moved to ``_validate.output_aliases`` / ``check_no_alias``).
 10. Dense GEMMs: the c/d overlap check (ValueError) runs only on the validating path; a call whose signature
     matches a cached plan (same shapes, strides, 16-B alignment) with c partially overlapping d reaches
-    ``d.copy_(c)``, whose torch RuntimeError names neither argument (strict xfail; ``gemm/dense.py``).
+    ``d.copy_(c)``, whose torch RuntimeError names neither argument. Fixed: a ``c`` in ``d``'s storage that is
+    not ``d`` itself never takes a cached plan (``dense._c_sig``).
 11. Dense decode with the legacy metadata tensors on another device than q: the reference path ignored them, the
     kernel path failed inside the launch ("Cannot copy out of meta tensor" here; on a GPU a CPU schedule is a Triton
     pointer error) naming neither tensor. Now ValueError naming the tensor and q's device.
@@ -446,18 +447,38 @@ def test_k_grouped_output_over_an_input_raises():
 
 
 @REF
-@pytest.mark.xfail(strict=True, reason="gemm/dense.py (not this session's file): the dense GEMMs do not check d "
-                                       "against a / b / scales; kernels read A rows already overwritten")
 def test_dense_gemm_output_over_an_input_raises():
     a = torch.randn(64, 256).bfloat16()
     with pytest.raises(ValueError, match="overlaps"):
         dk.bf16_gemm_nt(a, torch.randn(256, 256).bfloat16(), a)
+    x = torch.randn(64, 256).bfloat16()
+    b = torch.randn(256, 256).bfloat16()
+    dk.bf16_gemm_nt(x, b, torch.empty(64, 256, dtype=torch.bfloat16))       # a same-signature call first
+    with pytest.raises(ValueError, match="overlaps a"):
+        dk.bf16_gemm_nt(x, b, x)
+    buf = torch.randn(128, 256).bfloat16()                                   # disjoint views of one buffer: fine
+    dk.bf16_gemm_nt(buf[:64], b, buf[64:])
+
+
+@REF
+def test_dense_fp8_gemm_output_over_an_input_raises():
+    from deepkernels.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+    a = per_token_cast_to_fp8(torch.randn(64, 256).bfloat16(), use_ue8m0=False)
+    b = per_block_cast_to_fp8(torch.randn(128, 256).bfloat16(), use_ue8m0=False)
+    d = torch.empty(64, 128, dtype=torch.bfloat16)
+    dk.fp8_gemm_nt(a, b, d)
+    over_a = a[0].view(torch.bfloat16)[:, :128]                              # d's bytes over A's
+    with pytest.raises(ValueError, match=r"overlaps a\[0\]"):
+        dk.fp8_gemm_nt(a, b, over_a)
+    over_sfa = torch.empty(64 * 128, dtype=torch.bfloat16)
+    sfa = over_sfa.view(torch.float32)[: 64 * 2].view(64, 2)
+    sfa.copy_(a[1])
+    with pytest.raises(ValueError, match=r"overlaps a\[1\]"):
+        dk.fp8_gemm_nt((a[0], sfa), b, over_sfa.view(64, 128))
 
 
 
 @INTERP
-@pytest.mark.xfail(strict=True, reason="gemm/dense.py (not this session's file): the cached plan skips the c/d overlap "
-                                       "check; torch's copy_ RuntimeError names neither argument")
 def test_dense_gemm_cached_plan_still_rejects_overlapping_c():
     m, n, k = 64, 128, 256
     a, b = torch.randn(m, k).bfloat16(), torch.randn(n, k).bfloat16()
@@ -480,3 +501,16 @@ def test_dense_decode_legacy_metadata_on_another_device_raises(which):
         ns = ns.to("meta")
     with pytest.raises(ValueError, match=f"{which} must be on q's device"):
         dk.flash_mla_with_kvcache(q, kc, bt, seqlens, 512, meta, ns)
+
+
+# ------------------------------------------------------------------------- lead: deep_gemm.testing's timing helpers
+def test_deep_gemm_testing_names_its_missing_timing_helpers():
+    """Upstream's deep_gemm.testing.bench / bench_kineto are not served: the AttributeError says so (and what to use),
+    calc_diff / count_bytes are served."""
+    from deepkernels.compat import deep_gemm_testing as t
+    assert callable(t.calc_diff) and callable(t.count_bytes)
+    for name in ("bench", "bench_kineto"):
+        with pytest.raises(AttributeError, match="not implemented by deepkernels"):
+            getattr(t, name)
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        t.nope

@@ -7,7 +7,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-__all__ = ["check_tensor", "check_dtype", "check_shape", "check_compiled_dims", "overlaps", "check_distinct_elements",
+__all__ = ["check_tensor", "check_dtype", "check_shape", "check_compiled_dims", "overlaps", "output_aliases",
+           "check_no_alias", "check_distinct_elements",
            "check_int32_extent", "check_scale", "rewrite_nonpositive_scale", "check_int", "check_int_tuple",
            "check_gemm_recipe", "INT32_MAX"]
 
@@ -62,6 +63,28 @@ def overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
         return lo, lo + (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
     (a0, a1), (b0, b1) = span(x), span(y)
     return a0 < b1 and b0 < a1
+
+
+def output_aliases(d, inputs) -> bool:
+    """Whether ``d`` overlaps one of ``inputs`` (a tuple of tensors / None) in memory. Cheap when it cannot
+    (no shared storage: one storage-pointer comparison per input); the byte spans are compared only for an input
+    sharing d's storage (e.g. two views of one workspace tensor), so disjoint views of one buffer stay legal."""
+    try:
+        ds = d.untyped_storage().data_ptr()
+        return any(t is not None and t.untyped_storage().data_ptr() == ds and overlaps(d, t) for t in inputs)
+    except Exception:   # unusual argument types: validation reports them
+        return False
+
+
+def check_no_alias(d, named_inputs: dict) -> None:
+    """ValueError naming the input when the output ``d`` overlaps it: the kernels read the inputs tile by tile while
+    other programs write d, so an output written over an input gives wrong values (the reference, which computes
+    first and copies after, did not show it)."""
+    for name, t in named_inputs.items():
+        if t is not None and output_aliases(d, (t,)):
+            raise ValueError(f"d (shape {list(d.shape)}, strides {list(d.stride())}) overlaps {name} (shape "
+                             f"{list(t.shape)}, strides {list(t.stride())}) in memory; write the output to a separate "
+                             f"buffer")
 
 
 def check_distinct_elements(name: str, t: torch.Tensor) -> None:

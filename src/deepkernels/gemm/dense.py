@@ -19,7 +19,7 @@ import torch
 from .._backend import ensure_tma_allocator, gluon_disabled, interpret_mode, use_kernels
 from .._launch import KernelLauncher
 from .._validate import (check_compiled_dims, check_distinct_elements, check_gemm_recipe, check_int32_extent,
-                         check_tensor, overlaps)
+                         check_tensor, overlaps, check_no_alias, output_aliases)
 from ..quant.fp8 import ceil_div
 from ..reference import gemm as _ref
 from ._bf16_kernels import _bf16_gemm_nt_kernel
@@ -269,6 +269,8 @@ def _c_sig(c, d):
         return None
     if type(c) is not _T:
         raise TypeError  # unusual argument: full path
+    if c is not d and c.untyped_storage().data_ptr() == d.untyped_storage().data_ptr():
+        raise TypeError  # c in d's storage but not d itself: the full path checks the overlap every time
     return (_tsig(c), c is d, c.data_ptr() == d.data_ptr())
 
 
@@ -299,6 +301,8 @@ def _fp8_sig(a, b, d, c, recipe, recipe_a, recipe_b, compiled_dims, cfg):
             return None
         recipes = None if recipe is None and recipe_a is None and recipe_b is None else \
             (_recipe_sig(recipe), _recipe_sig(recipe_a), _recipe_sig(recipe_b))
+        if output_aliases(d, (ad, sa, bd, sb)):
+            return None      # d over an input: the full path raises (a plan must never be reused for it)
         return (_tsig(ad), _tsig(sa), _tsig(bd), _tsig(sb), _tsig(d), _c_sig(c, d),
                 recipes, compiled_dims, cfg, _NUM_SMS, _interp())
     except Exception:
@@ -307,7 +311,7 @@ def _fp8_sig(a, b, d, c, recipe, recipe_a, recipe_b, compiled_dims, cfg):
 
 def _bf16_sig(a, b, d, c, compiled_dims, cfg):
     try:
-        if type(a) is not _T or type(b) is not _T or type(d) is not _T:
+        if type(a) is not _T or type(b) is not _T or type(d) is not _T or output_aliases(d, (a, b)):
             return None
         return (_tsig(a), _tsig(b), _tsig(d), _c_sig(c, d), compiled_dims, cfg, _NUM_SMS, _interp())
     except Exception:
@@ -619,7 +623,8 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=Non
         TypeError for wrong types/dtypes (a recipe / recipe_a / recipe_b that is not a tuple or list of ints);
         ValueError for shape mismatches, wrong scale shapes, unsupported recipes (or recipe together with
         recipe_a / recipe_b, or only one of recipe_a / recipe_b), misaligned strides, a ``d`` whose rows overlap
-        in memory (e.g. an ``expand``-ed view; a broadcast ``c`` is fine), or M, N or K >= 2^31 (32-bit TMA
+        in memory (e.g. an ``expand``-ed view; a broadcast ``c`` is fine), a ``d`` overlapping an input (A, B or
+        a scale tensor; disjoint views of one buffer are fine), or M, N or K >= 2^31 (32-bit TMA
         coordinates; M·N beyond 2^31 is fine: D offsets are int64) -- all before any allocation or launch.
     """
     sig = _fp8_sig(a, b, d, c, recipe, recipe_a, recipe_b, compiled_dims, _config)
@@ -637,6 +642,7 @@ def fp8_gemm_nt(a, b, d: torch.Tensor, c: torch.Tensor | None = None, recipe=Non
         raise ValueError(f"a[0] [M, K] and b[0] [N, K] must share K, got {list(a_data.shape)} and {list(b_data.shape)}")
     _check_extents(m, n, k)
     _check_out(d, c, m, n, (torch.bfloat16, torch.float32))
+    check_no_alias(d, {"a[0]": a_data, "a[1]": sfa, "b[0]": b_data, "b[1]": sfb})
     gran = _ref.resolve_recipe(recipe, n, k, sfb)
     sfa_in, sfb_in, a_in, b_in = sfa, sfb, a_data, b_data
     sfa, _ = _normalise_sf("a[1]", sfa, m, k, 1)
@@ -738,7 +744,8 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
         compiled_dims: accepted for compatibility (no effect on results).
 
     ``m == 0 or n == 0``: no-op; ``k == 0``: ``d = c`` or zeros. Raises TypeError/ValueError before launch for
-    wrong dtypes, shapes, misaligned strides, a ``d`` with overlapping rows, or M, N or K >= 2^31 (as
+    wrong dtypes, shapes, misaligned strides, a ``d`` with overlapping rows or overlapping ``a`` / ``b``, a ``c``
+    overlapping ``d`` without being ``d``, or M, N or K >= 2^31 (as
     :func:`fp8_gemm_nt`).
     """
     sig = _bf16_sig(a, b, d, c, compiled_dims, _config)
@@ -755,6 +762,7 @@ def bf16_gemm_nt(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, c: torch.Ten
         raise ValueError(f"a [M, K] and b [N, K] must share K, got {list(a.shape)} and {list(b.shape)}")
     _check_extents(m, n, k)
     _check_out(d, c, m, n, (torch.bfloat16, torch.float32))
+    check_no_alias(d, {"a": a, "b": b})
     a_km = b_km = True
     if m and n and k:
         a, a_km = _k_major("a", a, allow_mn_major=True)

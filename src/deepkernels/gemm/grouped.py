@@ -31,7 +31,8 @@ import numbers
 import torch
 
 from .._backend import gluon_disabled, use_kernels
-from .._validate import check_compiled_dims, check_tensor, overlaps
+from .._validate import check_compiled_dims, check_no_alias as _check_no_alias, check_tensor, overlaps
+from .._validate import output_aliases as _output_aliases
 from ..quant.fp8 import ceil_div
 from ..reference import grouped_gemm as _ref
 from . import _grouped_launch as _L
@@ -171,28 +172,6 @@ def _store(sig, plan) -> None:
 def _same(x: torch.Tensor, y: torch.Tensor) -> bool:
     """``x`` is ``y``'s memory with ``y``'s strides (no copy was made)."""
     return x.data_ptr() == y.data_ptr() and x.stride() == y.stride()
-
-
-def _output_aliases(d, inputs) -> bool:
-    """Whether ``d`` overlaps one of ``inputs`` (a tuple of tensors / None) in memory. Cheap when it cannot
-    (no shared storage: one storage-pointer comparison per input); the byte spans are compared only for an input
-    sharing d's storage (e.g. two views of one workspace tensor), so disjoint views of one buffer stay legal."""
-    try:
-        ds = d.untyped_storage().data_ptr()
-        return any(t is not None and t.untyped_storage().data_ptr() == ds and overlaps(d, t) for t in inputs)
-    except Exception:   # unusual argument types: validation reports them
-        return False
-
-
-def _check_no_alias(d, named_inputs: dict) -> None:
-    """ValueError naming the input when the output ``d`` overlaps it: the kernels read the inputs tile by tile while
-    other programs write d, so an output written over an input gives wrong values (the reference, which computes
-    first and copies after, did not show it)."""
-    for name, t in named_inputs.items():
-        if t is not None and _output_aliases(d, (t,)):
-            raise ValueError(f"d (shape {list(d.shape)}, strides {list(d.stride())}) overlaps {name} (shape "
-                             f"{list(t.shape)}, strides {list(t.stride())}) in memory; write the output to a separate "
-                             f"buffer")
 
 
 def _packed_index(t):
