@@ -3,7 +3,9 @@
 Upstream's timing helpers (``bench``, ``bench_kineto``, ``suppress_stdout_stderr``, ``empty_suppress``) are not served:
 accessing them raises an AttributeError that says so and names the replacement (``triton.testing.do_bench`` /
 ``do_bench_cudagraph`` for timing, ``torch.profiler`` for kernel-only times)."""
-from deepkernels.testing.numerics import calc_diff, count_bytes  # noqa: F401
+from deepkernels.testing.numerics import calc_diff, count_bytes
+
+__all__ = ["calc_diff", "count_bytes"]
 
 NOT_IMPLEMENTED = {
     "bench": "a CUDA-event timing loop upstream; use triton.testing.do_bench / do_bench_cudagraph",
