@@ -115,6 +115,14 @@ def analyse(sass, labels, rows=None):
     for r in ("soft", "pv"):
         lo, hi = res["loops"][r]
         res[f"{r}_loop"] = (len([o for o in off if lo <= o <= hi]), sum(smp(o) for o in off if lo <= o <= hi))
+        # in-loop waits: each try-wait + the branch after it (waits on its result); wgmma waits (WARPGROUP.DEPBAR)
+        waits = []
+        for o in off:
+            if lo <= o <= hi and "TRYWAIT" in sass[o][0]:
+                br = next(x for x in off if x > o and "BRA" in sass[x][0])
+                waits.append((o, smp(o) + smp(br)))
+        res[f"{r}_waits"] = waits
+        res[f"{r}_depbar"] = [(o, smp(o)) for o in off if lo <= o <= hi and "WARPGROUP.DEPBAR" in sass[o][0]]
     res["sb5_waits"] = [(o, sass[o][0]) for o in body if sass[o][4] >> 5 & 1]
     res["sb5_sets"] = [(o, sass[o][0]) for o in body if sass[o][2] == 5]
     return res
@@ -148,6 +156,9 @@ def main(argv=None) -> int:
     for r in ("soft", "pv"):
         n, s = res[f"{r}_loop"]
         print(f"{r} loop {n} instructions, {s} of {res['tot'][r]} samples ({s / res['tot'][r] * per:.0f} cyc/blk)")
+        tr = res["tot"][r]
+        print("   try-waits (+ their branch):", [(hex(o), x, round(x / tr * per)) for o, x in res[f"{r}_waits"]],
+              " wgmma waits:", [(hex(o), x, round(x / tr * per)) for o, x in res[f"{r}_depbar"]], "(samples, cyc/blk)")
     print("try-wait retry loops (role, entries = block-waits whose first try failed, retries each):")
     for o, (r, tgt, ent, ret) in sorted(res["retry"].items()):
         print(f"  {o:#x} -> {tgt:#x} {r:5s} entries {ent:6d}, {ret / max(ent, 1):5.1f} retries each")
