@@ -42,6 +42,8 @@ class _D:
 def rule_env(monkeypatch):
     monkeypatch.setattr(dense, "interpret_mode", lambda: False)
     monkeypatch.setattr(S, "available", lambda: True)
+    monkeypatch.setattr(S, "SMALL_RULE", False)     # these tests pin the table; the rule: test_gemm_small_sweep.py
+    monkeypatch.delenv("DEEPKERNELS_GEMM_SMALL_RULE", raising=False)
     monkeypatch.delenv("DEEPKERNELS_DISABLE_GLUON", raising=False)
     return dense._use_small
 

@@ -99,29 +99,35 @@ SMALL_FP8_TABLE: dict = {
     (128, 7168, 2048): SmallConfig(128, 64, split=1, scale_ahead=1),       # small_128x64_s8_k1_sa1      0.872
 }
 
-# Opt-in rule for shapes outside SMALL_FP8_TABLE (session 20, second round; NOT on by default): DEEPKERNELS_GEMM_SMALL_RULE=1
-# (read when a call signature's plan is made) or SMALL_RULE = True. Derived from the first run's 12 shapes (the table's
-# basis, benchmarks/notes/gemm_small.md "Rule sweep"); benchmarks/gemm_small_sweep.py measures it at ~30 other (N, K)
-# x M in {1, 16, 64, 96, 128} before it may be switched on.
-SMALL_RULE = False
+# The rule for shapes outside SMALL_FP8_TABLE (session 20, second round), on by default since its sweep:
+# DEEPKERNELS_GEMM_SMALL_RULE=0 (read when a call signature's plan is made) or SMALL_RULE = False turns it off.
+# Derived from the first run's 12 shapes, then narrowed by benchmarks/gemm_small_sweep.py (H200, git 646a3c203ff9, 30
+# other (N, K) x M in {1, 16, 64, 96, 128}, 102 shapes, 3 rotated rounds, A/A 0.984-1.017, every rule output
+# bit-identical to the Triton path; benchmarks/results/gemm_small_sweep-h200-2026-11-30-s20.json): where Triton does
+# not split K and the 64-wide N tiles fit one wave the rule won at all 24 shapes (M <= 64: median 0.878, 0.835-0.994;
+# M > 64: 0.922 / 0.915, 0.854-0.954); with a K split (M > 64) 0.891-1.102 (median 0.954) and with more 64-wide tiles
+# than SMs 0.875-1.058: those stay on Triton.
+SMALL_RULE = True
 RULE_MIN_K = 1024        # K 512 (4 K blocks) lost at every variant (1.05-1.15): too few K blocks per item
 
 
 def rule_enabled() -> bool:
-    """SMALL_RULE or env ``DEEPKERNELS_GEMM_SMALL_RULE`` in (1, true, on)."""
-    return SMALL_RULE or os.environ.get("DEEPKERNELS_GEMM_SMALL_RULE", "").strip().lower() in ("1", "true", "on")
+    """Env ``DEEPKERNELS_GEMM_SMALL_RULE`` (1 / true / on / yes, or 0 / false / off / no) if set, else SMALL_RULE."""
+    v = os.environ.get("DEEPKERNELS_GEMM_SMALL_RULE", "").strip().lower()
+    if v in ("1", "true", "on", "yes"):
+        return True
+    if v in ("0", "false", "off", "no"):
+        return False
+    return SMALL_RULE
 
 
 def rule_config(m: int, n: int, k: int, num_sms: int) -> SmallConfig | None:
-    """The rule's small-M config at any (M <= 128, N, K), or None (Triton). Pattern of the first run's winners:
-    keep the Triton config's K split (``select_fp8_config``: table or ``fp8_rule``), so D stays bit-identical to the
-    Triton path, and
-
-    * M > 64 (two Triton 64-row tiles read B twice; the small kernel once): always (K >= RULE_MIN_K). Split 1:
-      BLOCK_N 64 + scales-ahead (0.872 at 7168x2048, 0.922 at 24576x1536); split > 1: the Triton BLOCK_N (64 / 128)
-      with the separate reduce kernel (fixup lost to reduce at every split shape; 0.962 / 0.950 / 0.971);
-    * M <= 64 (B read once on both paths): only split 1 with the 64-wide N tiles in one wave (ceil(N / 64) <=
-      SMs): 64x64 k1 0.904 at 112 tiles vs 1.013-1.035 at 384 tiles; the split shapes were 0.976-1.03 (noise).
+    """The rule's small-M config at any (M <= 128, N, K >= RULE_MIN_K), or None (Triton): only where the Triton
+    config (``select_fp8_config``: table or ``fp8_rule``) does not split K and the 64-wide N tiles fit one wave
+    (ceil(N / 64) <= SMs), so D stays bit-identical to the Triton path: M > 64 (two Triton 64-row tiles read B
+    twice, the small kernel once) BLOCK_N 64 + scales-ahead, M <= 64 64x64. Measured (the sweep above): 24 of 24
+    such shapes faster, 0.835-0.994. The first version also took M > 64 with a K split (the Triton BLOCK_N + the
+    separate reduce) and more tiles than SMs: 0.875-1.102 in the sweep, dropped.
     """
     if m > 128 or m <= 0 or n <= 0 or k < RULE_MIN_K:
         return None
@@ -131,13 +137,11 @@ def rule_config(m: int, n: int, k: int, num_sms: int) -> SmallConfig | None:
     split, _ = split_plan(num_kb, t.split_k)
     if split * m * n >= 2 ** 31:
         return None
+    if split != 1 or -(-n // 64) > num_sms:
+        return None
     if m > 64:
-        if split == 1:
-            return SmallConfig(128, 64, split=1, scale_ahead=1)
-        return SmallConfig(128, t.block_n if t.block_n in (64, 128) else 128, split=split, mode="reduce")
-    if split == 1 and -(-n // 64) <= num_sms:
-        return SmallConfig(64, 64, split=1)
-    return None
+        return SmallConfig(128, 64, split=1, scale_ahead=1)
+    return SmallConfig(64, 64, split=1)
 
 
 # compile-tier set: every (BLOCK_M, BLOCK_N) x reduction kind the picker or the bench can produce

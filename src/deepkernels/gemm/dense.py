@@ -427,8 +427,10 @@ class _SmallPlan:
 
 def _use_small(m: int, n: int, k: int, d, c, sfb_per_row: bool):
     """The small-M Gluon kernel's config for this call, or None (Triton table / rule). BF16 out, no C, 128x128 weight
-    scales (the kernel's only recipe), M <= 128, and only the (M class, N, K) rows of
-    ``_gluon_fp8_small.SMALL_FP8_TABLE``; ``DEEPKERNELS_DISABLE_GLUON=gemm_small`` (or ``gemm``, or ``1``) keeps the
+    scales (the kernel's only recipe), M <= 128: the (M class, N, K) rows of ``_gluon_fp8_small.SMALL_FP8_TABLE``,
+    elsewhere ``_gluon_fp8_small.rule_config`` (Triton would not split K and ceil(N / 64) <= SMs; measured faster
+    at 24 of 24 such sweep shapes, bit-identical; ``DEEPKERNELS_GEMM_SMALL_RULE=0`` keeps the table only);
+    ``DEEPKERNELS_DISABLE_GLUON=gemm_small`` (or ``gemm``, or ``1``) keeps the
     Triton path, as do ``TRITON_INTERPRET`` and non-CUDA tensors.
 
     Rule (session 20, H200, git 34ef2f5, benchmarks/results/gemm_small-h200-2026-11-30-s20.json, notes
@@ -451,7 +453,7 @@ def _use_small(m: int, n: int, k: int, d, c, sfb_per_row: bool):
 
     cfg = SMALL_FP8_TABLE.get((m_class(m), n, k))
     if cfg is None:
-        # opt-in rule outside the table (session 20, second round; OFF by default, unmeasured): _gluon_fp8_small.rule_config
+        # the rule outside the table (session 20 sweep; on by default): _gluon_fp8_small.rule_config
         from . import _gluon_fp8_small as _S
         if _S.rule_enabled():
             cfg = _S.rule_config(m, n, k, get_num_sms())
