@@ -8,11 +8,11 @@ the final EXIT assigned to the partition they branch back to, each partition's p
 backward branch of >150 instructions executed once per CTA-block and warp (32,768 times), the producer's push
 rounds = ``MEMBAR.ALL.CTA`` .. ``BRA.U.ANY``, the loop-top drain = the producer-loop instructions before the
 ``empty`` try-wait that wait on scoreboard 5. The local cross-compile must match the profiled SASS line for line
-(up to branch-target spelling, ``.reuse`` and LDGSTS operand order). ``--c1``: also lists the scoreboard-5 waits and
-loads of the ``C1_SMEM`` build's producer loop (chunk 1 staged by cp.async). Usage (CPU):
+(up to branch-target spelling, ``.reuse`` and LDGSTS operand order). (The ``--c1`` listing of the session-20 C1_SMEM
+build went with that build: measured 1.04-1.05x slower and removed; its code is at git 646a3c2.) Usage (CPU):
 
     PYTHONPATH=src python benchmarks/ncu_sparse_decode_ws3_tuned_roles.py \\
-        benchmarks/results/ncu-h200-2026-11-30-s20b/sparse_v41.sass.csv [--c1]
+        benchmarks/results/ncu-h200-2026-11-30-s20b/sparse_v41.sass.csv
 """
 from __future__ import annotations
 
@@ -131,7 +131,6 @@ def analyse(sass, labels, rows=None):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("export", help="ncu source export (sass.csv) of case sparse_v41 at git cc34511 (tuned V4.1)")
-    ap.add_argument("--c1", action="store_true", help="also the C1_SMEM build's producer loop (no samples)")
     args = ap.parse_args(argv)
     from deepkernels.mla import _gluon_sparse_decode_ws3 as W3
     rows = load_export(args.export)
@@ -164,12 +163,6 @@ def main(argv=None) -> int:
         print(f"  {o:#x} -> {tgt:#x} {r:5s} entries {ent:6d}, {ret / max(ent, 1):5.1f} retries each")
     print("producer loop SB5 waits:", [(hex(o), t) for o, t in res["sb5_waits"]])
     print("producer loop SB5 loads:", [(hex(o), t) for o, t in res["sb5_sets"]])
-    if args.c1:
-        lab = {}
-        cs = sass_hex(W3.compile_sm90_ws3_c1(6, False, False, **KNOBS).asm["cubin"], lab)
-        rc = analyse(cs, lab)
-        print(f"C1_SMEM build: producer loop {rc['n_prod_loop']} instructions; SB5 waits",
-              [(hex(o), t) for o, t in rc["sb5_waits"]], "SB5 loads", [(hex(o), t) for o, t in rc["sb5_sets"]])
     return 0
 
 

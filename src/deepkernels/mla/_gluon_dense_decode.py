@@ -162,20 +162,6 @@ s_q 2 (against half tiles) 0.965 / 0.967 / 1.002; h_q 64 s_q 1 8K 1.037 (A/A med
 at h_q 128 s_q 1 8K / 32K: 32K inside, 8K just outside (0.969), not falsified (< 0.975). Dispatched at >= 128 query
 heads per kv head (:data:`DISPATCH_PVR_MIN_HEADS`; h_q 64 keeps the half-tile / TRIM build).
 
-L2PF option (session 20b; launcher keyword ``l2pf``, constexpr L2PF, with PVR only; :data:`DISPATCH_L2PF` = False,
-UNVERIFIED on GPU). The ncu profile of the dispatched PVR build (h_q 128 s_q 1 s_k 8K, git cc34511,
-benchmarks/notes/mla_decode_gluon.md "Session 20 attribution of PVR") has the softmax warpgroup waiting ~443 cycles
-per tile (of 3,340) on ``kready_b``: part b of a slot is released only after P V_R_j (~2,000 cycles into tile j + 1)
-and its 32 KB load then takes ~2,000 cycles (L2 hit rate 4 %: every first read of a page comes from DRAM). With
-L2PF the producer, right after issuing part a of tile t, prefetches the next page of the piece (tile t + 1, if
-``t0 + 64 < k1``: block-table columns past the piece are never read) into L2 with ``cp.async.bulk.prefetch.L2``
-(64 rows x 1,152 B of the kv head's columns, 2 per lane of the producer warp, :func:`_g_prefetch_page`; the page id
-clamped like the loads'). That is ~1 tile ahead of its part-a load and ~1.6 tiles ahead of its part-b load. No
-barrier, register-held data or arithmetic changes: outputs bit-identical to the PVR build. Cross-compile (Triton
-3.6.0): 230,144 B shared memory, 168 registers, spill stores 16 B (as PVR, outside the loops), 0 spills in the three
-tile loops, 9 UTMALDG + 2 UBLKPF in the producer loop; the PVR build's PTX with L2PF off is byte-identical (pinned in
-tests/test_mla_decode_gluon_l2pf.py). Prediction: the notes, "Session 20b".
-
 Needs: CUDA, bf16/fp16, page_block_size 64, d_qk 576, ``k_cache`` strides ``(64 * s1, s1, 576, 1)`` with 16-B
 aligned rows. No interpreter support (Gluon); cross-compiles on a CPU (:func:`_compile_sm90`).
 """
@@ -233,9 +219,6 @@ DISPATCH_TRIM = True
 # s_q 2 0.965 / 0.967 / 1.002; h_q 64 s_q 1 8K 1.037 (slower: not dispatched there)
 DISPATCH_PVR = True
 DISPATCH_PVR_MIN_HEADS = 128
-# The L2PF option (launcher keyword ``l2pf``, constexpr L2PF; module docstring "L2PF option"; with PVR only): session
-# 20b, UNVERIFIED on GPU, off until its paired device run (benchmarks/device_mla_decode_s20b.sh).
-DISPATCH_L2PF = False
 GLUON_CANDIDATES = [GLUON_DEFAULT]
 
 
@@ -282,7 +265,7 @@ def _g_producer(kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlen
                 stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES: gl.constexpr,
                 HALF: gl.constexpr = False, QTMA: gl.constexpr = False, qn_desc=None, qp_desc=None, q_nope=None,
                 q_rope=None, qready=None, qempty=None, rows=None, group=None, PVR: gl.constexpr = False,
-                kready_b=None, kempty_b=None, kh_desc=None, kpf_ptr=None, L2PF: gl.constexpr = False):
+                kready_b=None, kempty_b=None, kh_desc=None):
     mb, kvh, part = _g_coords(num_m_blocks, h_kv)
     begin_req, end_req, begin_blk, end_blk, begin_split = _g_record(meta_ptr, part, b)
     col = kvh * 576
@@ -306,7 +289,7 @@ def _g_producer(kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlen
                 # after P V_L), part b = cols 256-511 (32 KB, released by the PV warpgroup after P V_R); [64, 256]
                 # boxes (kh_desc) into column halves of the tile
                 _g_load_pvr(kh_desc, kp_desc, k_nope, k_rope, kready, kempty, kready_b, kempty_b, bt_row, t0, col,
-                            slot, ((it // NUM_STAGES) & 1) ^ 1, num_kv_blocks, k1, h_kv, kpf_ptr, L2PF)
+                            slot, ((it // NUM_STAGES) & 1) ^ 1, num_kv_blocks)
             elif HALF:
                 # two 32-token halves of the page, each on its own ready/empty pair: the first half is released
                 # by the consumers halfway through P V, so its next load starts earlier
@@ -333,11 +316,9 @@ def _g_producer(kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlen
 
 @_jit
 def _g_load_pvr(kh_desc, kp_desc, k_nope, k_rope, kready, kempty, kready_b, kempty_b, bt_row, t0, col, slot, phase,
-                num_kv_blocks, k1=None, h_kv=None, kpf_ptr=None, L2PF: gl.constexpr = False):
+                num_kv_blocks):
     """PVR: one page into ring slot ``slot`` as part a (``kempty``/``kready``: K_nope cols 0-255 + K_rope) and part b
-    (``kempty_b``/``kready_b``: cols 256-511), each loaded once its own release has come. L2PF: after part a's
-    loads, the next page of the piece (if any) is prefetched into L2 (:func:`_g_prefetch_page`), before the wait
-    for part b's release."""
+    (``kempty_b``/``kready_b``: cols 256-511), each loaded once its own release has come."""
     mbarrier.wait(kempty.index(slot), phase)
     page = gl.load(bt_row + t0 // 64)
     page = gl.minimum(gl.maximum(page, 0), num_kv_blocks - 1)
@@ -345,28 +326,10 @@ def _g_load_pvr(kh_desc, kp_desc, k_nope, k_rope, kready, kempty, kready_b, kemp
     mbarrier.expect(bar, kh_desc.block_type.nbytes + kp_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(kh_desc, [page * 64, col], bar, k_nope.index(slot).slice(0, 256, dim=1))
     tma.async_copy_global_to_shared(kp_desc, [page * 64, col + 512], bar, k_rope.index(slot))
-    if L2PF:
-        if t0 + 64 < k1:      # block-table columns >= ceil(k1 / 64) are never read
-            nxt = gl.load(bt_row + t0 // 64 + 1)
-            nxt = gl.minimum(gl.maximum(nxt, 0), num_kv_blocks - 1)
-            _g_prefetch_page(kpf_ptr, nxt, col, h_kv)
     mbarrier.wait(kempty_b.index(slot), phase)
     bar_b = kready_b.index(slot)
     mbarrier.expect(bar_b, kh_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(kh_desc, [page * 64, col + 256], bar_b, k_nope.index(slot).slice(256, 256, dim=1))
-
-
-@_jit
-def _g_prefetch_page(kpf_ptr, page, col, h_kv):
-    """L2PF: ``cp.async.bulk.prefetch.L2`` of the 64 rows (576 elements = 1,152 B each, NoPE + RoPE of kv head
-    ``col / 576``) of cache page ``page``; the producer warp issues 2 rows per lane. Rows start 16-B aligned (the
-    launcher's cache contract: 16-B aligned rows); no registers or shared memory are held, no barrier involved."""
-    LR: gl.constexpr = gl.BlockedLayout([2], [32], [1], [0])
-    r = gl.arange(0, 64, layout=LR)
-    ptrs = kpf_ptr + ((page * 64 + r).to(gl.int64) * (h_kv * 576) + col)
-    gl.inline_asm_elementwise(
-        asm="cp.async.bulk.prefetch.L2.global [$1], 1152; mov.u32 $0, 0;",
-        constraints="=r,l", args=[ptrs], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @_jit
@@ -675,7 +638,7 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
                           kempty, pready, pfree, CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr,
                           PV_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, HALF: gl.constexpr,
                           QTMA: gl.constexpr, qn_desc, qp_desc, TRIM: gl.constexpr = False,
-                          PVR: gl.constexpr = False, kh_desc=None, kpf_ptr=None, L2PF: gl.constexpr = False):
+                          PVR: gl.constexpr = False, kh_desc=None):
     """The opt-in variant's partitions (HALF: 32-token half-tile ready/empty pairs; QTMA: Q loaded by the producer
     with TMA on ``qready``/``qempty``; TRIM: the softmax warpgroup's trimmed per-tile math, :func:`_g_softmax_trim`;
     PVR: column-split slots, ``kready``/``kempty`` then guard part a and ``kready_b``/``kempty_b`` part b, and
@@ -706,7 +669,7 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
                 (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
                                nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
                                False, QTMA, qn_desc, qp_desc, q_nope, q_rope, qready, qempty, rows, group, PVR,
-                               kready_b, kempty_b, kh_desc, kpf_ptr, L2PF)),
+                               kready_b, kempty_b, kh_desc)),
             ], [4, 1], [PV_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
@@ -752,8 +715,7 @@ def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_
                              out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                              stride_qb, stride_qs, stride_qh, stride_btb, max_pages, num_kv_blocks,
                              b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows, sm_scale, sm_scale_log2,
-                             qn_desc=None, qp_desc=None, kh_desc=None, kpf_ptr=None, L2PF: gl.constexpr = False,
-                             PVR: gl.constexpr = False,
+                             qn_desc=None, qp_desc=None, kh_desc=None, PVR: gl.constexpr = False,
                              HALF: gl.constexpr = False,
                              QTMA: gl.constexpr = False,
                              TRIM: gl.constexpr = False, CAUSAL: gl.constexpr = False, NUM_STAGES: gl.constexpr = 2,
@@ -785,7 +747,7 @@ def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_
                               max_pages, num_kv_blocks, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
                               sm_scale, sm_scale_log2, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
                               kempty, pready, pfree, CAUSAL, NUM_STAGES, PV_REGS, PRODUCER_REGS, HALF, QTMA,
-                              qn_desc, qp_desc, TRIM, PVR, kh_desc, kpf_ptr, L2PF)
+                              qn_desc, qp_desc, TRIM, PVR, kh_desc)
     else:
         gl.warp_specialize([
             (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
@@ -832,7 +794,7 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor, rows: int) -> bool:
 
 
 def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
-                       config=None, _spec=None, half_tiles=None, q_tma=None, trim=None, pvr=None, l2pf=None):
+                       config=None, _spec=None, half_tiles=None, q_tma=None, trim=None, pvr=None):
     """Launch the Gluon split-KV kernel (no combine). Arguments as in ``decode._dense_launch`` (q ``[b, s_q, h_q,
     576]``, k_cache ``[num_blocks, 64, h_kv, 576]``, block_table ``[b, *]`` int32 with stride(1) == 1, seqlens
     ``[b]`` int32 contiguous, sched ``[parts, 8]`` / num_splits ``[b + 1]`` int32); outputs allocated by the
@@ -857,10 +819,7 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     ``pvr``: the PVR option (module docstring "PVR option"): P V_R issued behind the next tile's S, K slots released
     by column halves; None takes :data:`DISPATCH_PVR` (on) at >= :data:`DISPATCH_PVR_MIN_HEADS` query heads per kv
     head unless ``half_tiles=True`` is asked for (``DEEPKERNELS_DENSE_DECODE_VARIANT=0`` keeps it off). Needs Q by TMA (off where ``q_tma`` resolves to False)
-    and replaces the half-tile split (``half_tiles`` forced off); combines with ``trim``.
-
-    ``l2pf``: the L2PF option (module docstring "L2PF option"): with PVR only, the producer prefetches the next page
-    of the piece into L2 after each part-a load; None takes :data:`DISPATCH_L2PF` (off)."""
+    and replaces the half-tile split (``half_tiles`` forced off); combines with ``trim``."""
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
     if pvr is None:      # measured at h_q 64 / 128 (h_kv 1): a gain at 128 heads only; an explicit half_tiles=True wins
         pvr = (DISPATCH_PVR and os.environ.get("DEEPKERNELS_DENSE_DECODE_VARIANT", "") != "0"
@@ -881,9 +840,6 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     if half_tiles is None:   # measured only together with Q by TMA (half tiles alone: not A/B-tested)
         half_tiles = on and q.shape[1] >= DISPATCH_HALF_MIN_SQ and q_tma
     pvr = bool(pvr) and q_tma         # built with Q by TMA only (module docstring "PVR option")
-    if l2pf is None:
-        l2pf = DISPATCH_L2PF and os.environ.get("DEEPKERNELS_DENSE_DECODE_VARIANT", "") != "0"
-    l2pf = bool(l2pf) and pvr         # built with PVR only (module docstring "L2PF option")
     half_tiles = bool(half_tiles) and not pvr
     grid, args = _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc,
                               32 if half_tiles else 64)
@@ -897,13 +853,12 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
         launcher(grid, *args, scale, scale * _LOG2E)
         return out, lse
     # the variant: every constexpr and the two Q descriptors (None without q_tma) passed by position
-    constexprs = (l2pf, pvr, half_tiles, q_tma, trim, causal_c, stages, pv_regs, prod_regs)
+    constexprs = (pvr, half_tiles, q_tma, trim, causal_c, stages, pv_regs, prod_regs)
     qd = _q_descs(q) if q_tma else (None, None)
     if pvr:
         qd = (*qd, TensorDescriptor(k_cache, args[1].shape, args[1].strides, [64, 256], _smem_layout()))
     else:
         qd = (*qd, None)
-    qd = (*qd, k_cache if l2pf else None)
     key = (tuple(zip(_CONSTEXPRS_VARIANT, constexprs)),
            spec_key(*args, *qd) if _spec is None else (_spec, "variant"))
     launcher = cached_launcher(_LAUNCHERS, _mla_decode_gluon_kernel, key, dict(num_warps=4), _LAUNCHER_LIMIT,
@@ -956,13 +911,13 @@ def _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, 
 
 
 _CONSTEXPRS = ("CAUSAL", "NUM_STAGES", "PV_REGS", "PRODUCER_REGS")
-_CONSTEXPRS_VARIANT = ("L2PF", "PVR", "HALF", "QTMA", "TRIM") + _CONSTEXPRS     # parameter order
+_CONSTEXPRS_VARIANT = ("PVR", "HALF", "QTMA", "TRIM") + _CONSTEXPRS     # parameter order
 _LAUNCHERS: dict = {}   # (kernel, (constexprs, specialisation)) -> KernelLauncher (deepkernels._launch.cached_launcher)
 _LAUNCHER_LIMIT = 1024
 
 
 def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_splits, scale, causal, config=None,
-                        half_tiles=False, q_tma=False, trim=False, pvr=False, l2pf=False):
+                        half_tiles=False, q_tma=False, trim=False, pvr=False):
     """Whole split-KV step on the Gluon kernel: allocate out/lse/accumulators (NaN-poisoned when
     ``decode._POISON_OUTPUTS``), launch, combine (``combine_splits_`` unchanged). Same arguments and results as
     ``decode._dense_launch`` (which dispatches here when :func:`supported`); for tests and benchmarks.
@@ -986,21 +941,17 @@ def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_split
     if block_table.stride(1) != 1:
         block_table = block_table.contiguous()
     gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
-                       config, half_tiles=half_tiles, q_tma=q_tma, trim=trim, pvr=pvr, l2pf=l2pf)
+                       config, half_tiles=half_tiles, q_tma=q_tma, trim=trim, pvr=pvr)
     combine_splits_(out, lse, o_acc, l_acc, num_splits, lengths=seqlens, causal=bool(causal and s_q > 1))
     return out, lse
 
 
-def _compile_sm90(config=None, causal=False, dtype="bf16", half_tiles=False, q_tma=False, trim=False, pvr=False,
-                  l2pf=False):
+def _compile_sm90(config=None, causal=False, dtype="bf16", half_tiles=False, q_tma=False, trim=False, pvr=False):
     """Cross-compile the kernel for sm90 (no GPU needed). Returns the CompiledKernel. ``half_tiles`` / ``q_tma`` /
-    ``trim`` / ``pvr`` / ``l2pf``: the opt-in options (module docstring); all False compile the default kernel exactly
-    as before. ``pvr`` needs ``q_tma`` and excludes ``half_tiles`` (both split the ring slots); ``l2pf`` needs
-    ``pvr``."""
+    ``trim`` / ``pvr``: the opt-in options (module docstring); all False compile the default kernel exactly as
+    before. ``pvr`` needs ``q_tma`` and excludes ``half_tiles`` (both split the ring slots)."""
     if pvr and (half_tiles or not q_tma):
         raise ValueError("pvr needs q_tma and replaces half_tiles")
-    if l2pf and not pvr:
-        raise ValueError("l2pf needs pvr")
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
     lay = repr(_smem_layout())
     fn = _mla_decode_gluon_kernel
@@ -1023,14 +974,9 @@ def _compile_sm90(config=None, causal=False, dtype="bf16", half_tiles=False, q_t
         sig["kh_desc"] = f"tensordesc<{dtype}[64, 256],{lay}>"
     else:
         consts.update(kh_desc=None)
-    if l2pf:
-        sig["kpf_ptr"] = f"*{dtype}"
-    else:
-        consts.update(kpf_ptr=None)
-    consts.update(L2PF=bool(l2pf))
     consts.update(PVR=bool(pvr), HALF=bool(half_tiles), QTMA=bool(q_tma), TRIM=bool(trim), CAUSAL=causal,
                   NUM_STAGES=stages,
                   PV_REGS=pv_regs, PRODUCER_REGS=prod_regs)
     div16 = ("q_ptr", "bt_ptr", "seqlens_ptr", "meta_ptr", "nsplits_ptr", "out_ptr", "lse_ptr", "oacc_ptr",
-             "lacc_ptr", "stride_qb", "stride_qs", "stride_qh") + (("kpf_ptr", ) if l2pf else ())
+             "lacc_ptr", "stride_qb", "stride_qs", "stride_qh")
     return _compile_sm90_gluon(fn, sig, consts, div16, num_warps=4)

@@ -354,32 +354,6 @@ multiples keeps the build without it (:func:`_q_ahead`, the ``Q_ASYNC`` gate).
   the softmax warpgroup's boundary phase (the bench's ``qa`` column, Q_ASYNC alone, tells "latency of the Q load"
   from "Q on the boundary at all" apart). Bench: ``benchmarks/sparse_decode_s20.py``; device run:
   ``GIT_SHA=<sha> PYTHONPATH=$PWD/src OUT=$OUT bash benchmarks/device_sparse_decode_s20.sh``.
-
-Chunk 1 staged (session 20, ``C1_SMEM``: the entry :func:`_sparse_decode_gluon_ws3_c1_kernel`, run for the formats
-in :data:`WS3_C1_SMEM`; V4.1 main cache only, opt-in, default none).
-Scoreboard 5 of the producer loop is shared by the carried index load and all eight chunk ``LDG.E.128`` (a
-scoreboard counts; a load is not tracked alone), so the first SB5 reader of each iteration waits for the next
-block's chunk-1 loads issued ~50-150 instructions earlier: in the tuned V4.1 build's profile (notes, "Session 20
-attribution (V4.1 tuned)") 822 cycles per mean block at the loop top plus a heavy second push round (its
-``MEMBAR.ALL.CTA`` right after those loads). With ``C1_SMEM`` chunk 1's raw words go by cp.async (4 x 16 B per
-thread, zero-filled for invalid tokens as the register load's ``other=0``) into ``c1s``, an 8 KB [64, 32] int32
-buffer with a 16-byte swizzle (conflict-free 128-bit accesses for the chunk layout): issued after the block's
-``ready`` arrive, waited for (``wait_group 0``: the producer has no other cp.async for V4.1) between chunk 0's
-dequant and the first push's barrier, read back by the SAME thread in the chunk layout (no data crosses threads).
-Chunk 1's exponent bytes stay register loads. Only chunk 0 and the index are then on SB5, issued ~600 instructions
-before the next reader. Same bytes, same dequant code: out / lse bit-identical by construction. No mbarrier
-added; the loop keeps its 3 barriers (Triton's barrier pass adds none: the copies are issued after the ``ready``
-arrive and the wait sits in front of the push barrier); one ``wait_group 0`` after the loop (the copy past the
-last block lands before the buffer is reused). Shared memory 205,488 -> 213,696 B.
-* Cross-compile (page shift 6, no lengths / sink, tuned knobs): producer loop 614 -> 638 SASS instructions, 0
-  spills; SB5 loads in the loop 9 -> 5 (index + chunk 0); 4 LDGSTS + 4 LDS.128 per thread and block; softmax /
-  PV loops unchanged (582 / 190), 0 spills. ``tests/test_mla_sparse_decode_ws3_c1.py``, :func:`compile_sm90_ws3_c1`.
-* Prediction (UNVERIFIED on GPU): small. The same profile says the softmax warpgroup, not the producer, now sets
-  the pace inside a request (its loop 3,982 cycles per block, of which only ~257 waiting on ``ready`` / ``pfree``;
-  two wgmma waits 1,077), so a faster producer can win at most that slack: V4.1 0.96-1.00 of the dispatched
-  build's time at (64, 1), (128, 1), (128, 2). Falsifiers: >= 1.00 at all three with the A/A within +-0.5 % (the
-  drain is off the critical path and the staging costs), <= 0.95 (the producer paces more than the slack says).
-  Bench ``benchmarks/sparse_decode_c1.py``; device run ``benchmarks/device_sparse_decode_s20b.sh``.
 """
 from __future__ import annotations
 
@@ -448,9 +422,6 @@ WS3_Q_AHEAD = frozenset()
 # 0.981-0.984, the dequant alone 0.984-0.994. V3.2 Q ahead 1.005-1.014 (off); V4.1 + FP4 (extra cache) Q ahead
 # 0.993-0.998 (off: within 0.7 %).
 WS3_MAIN_TUNED = {"v41": dict(q_ahead=True, deq_asm=True, producer_regs=144)}
-# formats whose no-extra-cache calls run the chunk-1-staged entry (``C1_SMEM``, module docstring "Chunk 1 staged";
-# session 20 second round, opt-in until measured: none; V4.1 only)
-WS3_C1_SMEM = frozenset()
 # sparse_decode.py sends the calls WS / WS2 would take (no extra cache, h_q a multiple of 128) here for the formats in
 # DISPATCH_FMTS (DEEPKERNELS_SPARSE_WS3=0 / =1 override): both, since session 17 (H200, git 0b54eb4785ad, after the
 # softmax-loop spills were removed: 43/43 GPU tests, bit-identical to WS2, ws3 / ws2 1.16-1.25x at 6 shapes,
@@ -588,37 +559,6 @@ def _w3_load_chunk41(kv_ptr, rec, valid, G, L3: gl.constexpr):
 
 
 @_jit
-def _w3_cp_chunk41(c1s, kv_ptr, rec, valid, G, L3: gl.constexpr):
-    """``C1_SMEM``: the raw words of :func:`_w3_load_chunk41` (chunk ``G``) by cp.async into ``c1s`` ([64, 32] int32,
-    16-byte swizzle), one commit group; invalid tokens zero-filled (src-size 0) as the register load's ``other=0``.
-    The [64, 32] layout ``L2`` holds each thread's words as ``L3`` does (reshape without data movement)."""
-    L2: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])
-    w = gl.arange(0, 32, gl.SliceLayout(0, L2))
-    r2 = gl.convert_layout(rec, gl.SliceLayout(1, L2))
-    v2 = gl.convert_layout(valid, gl.SliceLayout(1, L2))
-    wp = (kv_ptr + r2).to(gl.pointer_type(gl.int32))
-    async_copy.async_copy_global_to_shared(c1s, wp[:, None] + (G * 32 + w)[None, :],
-                                           mask=v2[:, None] & (w >= 0)[None, :])
-    async_copy.commit_group()
-
-
-@_jit
-def _w3_load_eb41(kv_ptr, rec, valid, G, L3: gl.constexpr):
-    """The UE8M0 exponent bytes of :func:`_w3_load_chunk41` alone (``C1_SMEM``: its words come by cp.async)."""
-    g = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(2, L3)))
-    vm2 = valid[:, None] & (g >= 0)[None, :]
-    return gl.load(kv_ptr + (rec + (512 + 4 * G))[:, None] + g[None, :], mask=vm2, other=127)
-
-
-@_jit
-def _w3_read_c1(c1s, L3: gl.constexpr):
-    """``C1_SMEM``: this thread's staged words of chunk 1 (after ``wait_group 0``) as the [64, 4, 8] ``L3`` tensor
-    the register path carries (same thread, same words: no barrier needed between its cp.async and this read)."""
-    L2: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])
-    return gl.convert_layout(gl.reshape(c1s.load(L2), [64, 4, 8]), L3)
-
-
-@_jit
 def _w3_load_chunk_fp4(kv_ptr, rec, valid, G, L3: gl.constexpr):
     """``_gluon_sparse_decode_ws._w_load_chunk_fp4`` with a runtime chunk ``G`` of 128 columns (FP4 extra cache,
     288-B records: bytes [64 G, 64 G + 64) of the e2m1 pairs = 8 scale groups of 2 words, their 8 e4m3 scale bytes
@@ -638,7 +578,7 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
                num_tok, page, stride_kb, it, dr, hb, ring_off, ready_off, lane, gs, peer,
                PAGE_SHIFT: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PF_L2: gl.constexpr,
                ROPE_ROWS: gl.constexpr = False, ROW_LANES: gl.constexpr = False, IDX_AHEAD: gl.constexpr = False,
-               PF_LINES: gl.constexpr = False, c1s=None, C1_SMEM: gl.constexpr = False):
+               PF_LINES: gl.constexpr = False):
     """The producer's block loop over positions [t_lo, t_end) (ring counter ``it`` in and out): per block the
     validity mask, (V3.2) the 64 RoPE rows by cp.async, and this CTA's half of the NoPE columns -- chunks
     ``2 r, 2 r + 1`` (``r = hb & 1``) of 128 columns, dequantised into ``kv8[4 slot + 2 r + c]`` (the ring viewed as
@@ -649,9 +589,7 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
     the e2m1 pairs + their 8 e4m3 scales, WS's dequantisation; no RoPE tile, as V4.1). ``IDX_AHEAD`` (module
     docstring, "Index loads ahead"): each block's indices are loaded one iteration before they are used (block j + 2
     in iteration j, and with ``PF_L2`` block j + 3 for the prefetch of iteration j + 1), carried in registers.
-    ``PF_LINES``: the L2 prefetch per thread (:func:`_w3_prefetch_lines`) instead of the bulk prefetch.
-    ``C1_SMEM`` (V4.1 only; module docstring, "Chunk 1 staged"): chunk 1's raw words by cp.async into ``c1s``
-    instead of registers (issued after the block's ``ready`` arrive, waited for before the next block's first push)."""
+    ``PF_LINES``: the L2 prefetch per thread (:func:`_w3_prefetch_lines`) instead of the bulk prefetch."""
     LPF: gl.constexpr = gl.BlockedLayout([1, 2], [16, 2], [4, 1], [0, 1] if ROW_LANES else [1, 0])
     if FMT == 0:
         RB: gl.constexpr = 656
@@ -686,11 +624,7 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
         r1, s1 = _w3_load_chunk(kv_ptr, rec, v, g0 + 1, L)
     elif FMT == 2:
         r0, s0 = _w3_load_chunk41(kv_ptr, rec, v, g0, L)
-        if C1_SMEM:
-            _w3_cp_chunk41(c1s, kv_ptr, rec, v, g0 + 1, L)
-            s1 = _w3_load_eb41(kv_ptr, rec, v, g0 + 1, L)
-        else:
-            r1, s1 = _w3_load_chunk41(kv_ptr, rec, v, g0 + 1, L)
+        r1, s1 = _w3_load_chunk41(kv_ptr, rec, v, g0 + 1, L)
     else:
         r0, s0 = _w3_load_chunk_fp4(kv_ptr, rec, v, g0, L)
         r1, s1 = _w3_load_chunk_fp4(kv_ptr, rec, v, g0 + 1, L)
@@ -758,20 +692,14 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
             _w_dequant_store_fp4(r0, s0, kv8.index(q0))
             r0, s0 = _w3_load_chunk_fp4(kv_ptr, rec, v, g0, L)
         fence_async_shared()
-        if C1_SMEM:     # this block's chunk 1 (issued at the end of the previous iteration); no other cp.async here
-            async_copy.wait_group(0)
         gl.thread_barrier()
         _c_push(lane, gs + ring_off + q0 * 16384, bar, peer)
         if FMT == 0:
             _w_dequant_store(r1, s1, kv8.index(q0 + 1), DEQ_ASM)
             r1, s1 = _w3_load_chunk(kv_ptr, rec, v, g0 + 1, L)
         elif FMT == 2:
-            if C1_SMEM:
-                _w_dequant_store41(_w3_read_c1(c1s, L), s1, kv8.index(q0 + 1), DEQ_ASM)
-                s1 = _w3_load_eb41(kv_ptr, rec, v, g0 + 1, L)
-            else:
-                _w_dequant_store41(r1, s1, kv8.index(q0 + 1), DEQ_ASM)
-                r1, s1 = _w3_load_chunk41(kv_ptr, rec, v, g0 + 1, L)
+            _w_dequant_store41(r1, s1, kv8.index(q0 + 1), DEQ_ASM)
+            r1, s1 = _w3_load_chunk41(kv_ptr, rec, v, g0 + 1, L)
         else:
             _w_dequant_store_fp4(r1, s1, kv8.index(q0 + 1))
             r1, s1 = _w3_load_chunk_fp4(kv_ptr, rec, v, g0 + 1, L)
@@ -781,11 +709,7 @@ def _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, strid
         if FMT == 0:
             async_copy.mbarrier_arrive(ready.index(slot))
         mbarrier.arrive(ready.index(slot))
-        if C1_SMEM:     # the next block's chunk 1 (the barrier above ordered every read of c1s before it)
-            _w3_cp_chunk41(c1s, kv_ptr, rec, v, g0 + 1, L)
         it += 1
-    if C1_SMEM:
-        async_copy.wait_group(0)    # the copy past the last block (zero-filled) lands before c1s is reused
     return it
 
 
@@ -797,8 +721,7 @@ def _w3_producer(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
                  ROW_LANES: gl.constexpr = False, xkv_ptr=None, xidx_ptr=None, xlen_ptr=None, stride_xkb=None,
                  xpage=None, xnum_tok=None, stride_xib=None, stride_xis=None, xtopk=None,
                  HAS_EXTRA: gl.constexpr = False, HAS_XLEN: gl.constexpr = False, XPAGE_SHIFT: gl.constexpr = 0,
-                 XFMT: gl.constexpr = 0, IDX_AHEAD: gl.constexpr = False, PF_LINES: gl.constexpr = False,
-                 c1s=None, C1_SMEM: gl.constexpr = False):
+                 XFMT: gl.constexpr = 0, IDX_AHEAD: gl.constexpr = False, PF_LINES: gl.constexpr = False):
     """Worker partition (4 warps): this CTA's half of every block of its (request, block) line (:func:`_w3_blocks`).
     ``HAS_EXTRA`` (the ``x*`` arguments; their defaults without): after a request's main blocks its extra-cache blocks
     (:func:`_gluon_sparse_decode_ws._w_xrange`) of format ``XFMT`` through the same helper, the ring counter running
@@ -821,7 +744,7 @@ def _w3_producer(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
                                                                SBLOCK)
         it = _w3_blocks(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, req, si64, stride_ib, stride_is, t_lo,
                         t_end, num_tok, page, stride_kb, it, dr, hb, ring_off, ready_off, lane, gs, peer, PAGE_SHIFT,
-                        FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, IDX_AHEAD, PF_LINES, c1s, C1_SMEM)
+                        FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, IDX_AHEAD, PF_LINES)
         if HAS_EXTRA:
             x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
             it = _w3_blocks(kv8, kv_p, vmask, ready, empty, xkv_ptr, xidx_ptr, req, si64, stride_xib, stride_xis, x_lo,
@@ -880,49 +803,7 @@ def _sparse_decode_gluon_ws3_kernel(
 ):
     """WS2's arguments + the shared offsets of the ring / ``ready`` / ``empty`` (:func:`smem_offsets`). Launched as
     2-CTA clusters only (:func:`launch_sparse_decode_gluon_ws3`)."""
-    _w3_main_body(q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr,
-                  lacc_ptr, stride_qb, stride_qs, stride_qh, stride_kb, page, num_tok, stride_ib, stride_is,
-                  b, s_q, h_q, topk, acc_rows, sm_scale_log2, ring_off, ready_off, empty_off,
-                  PAGE_SHIFT, HAS_LEN, HAS_SINK, SBLOCK, PRODUCER_REGS, FMT, DEQ_ASM, PV_REGS, PF_L2, Q_AHEAD,
-                  ROPE_ROWS, ROW_LANES, IDX_AHEAD, PF_LINES, Q_ASYNC, False)
-
-
-@_jit(do_not_specialize=_NO_SPEC)
-def _sparse_decode_gluon_ws3_c1_kernel(
-    q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
-    stride_qb, stride_qs, stride_qh, stride_kb, page, num_tok, stride_ib, stride_is,
-    b, s_q, h_q, topk, acc_rows, sm_scale_log2, ring_off, ready_off, empty_off,
-    PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PV_REGS: gl.constexpr,
-    PF_L2: gl.constexpr, Q_AHEAD: gl.constexpr, ROPE_ROWS: gl.constexpr, ROW_LANES: gl.constexpr,
-    IDX_AHEAD: gl.constexpr = False, PF_LINES: gl.constexpr = False, Q_ASYNC: gl.constexpr = False,
-):
-    """:func:`_sparse_decode_gluon_ws3_kernel` (same parameters) with chunk 1 staged in shared memory (module
-    docstring, "Chunk 1 staged"; V4.1 only): a separate entry, so the default kernel's parameters and PTX are
-    untouched. Launched by :func:`launch_sparse_decode_gluon_ws3` for formats in :data:`WS3_C1_SMEM`."""
-    _w3_main_body(q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr,
-                  lacc_ptr, stride_qb, stride_qs, stride_qh, stride_kb, page, num_tok, stride_ib, stride_is,
-                  b, s_q, h_q, topk, acc_rows, sm_scale_log2, ring_off, ready_off, empty_off,
-                  PAGE_SHIFT, HAS_LEN, HAS_SINK, SBLOCK, PRODUCER_REGS, FMT, DEQ_ASM, PV_REGS, PF_L2, Q_AHEAD,
-                  ROPE_ROWS, ROW_LANES, IDX_AHEAD, PF_LINES, Q_ASYNC, True)
-
-
-@_jit
-def _w3_main_body(
-    q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
-    stride_qb, stride_qs, stride_qh, stride_kb, page, num_tok, stride_ib, stride_is,
-    b, s_q, h_q, topk, acc_rows, sm_scale_log2, ring_off, ready_off, empty_off,
-    PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PV_REGS: gl.constexpr,
-    PF_L2: gl.constexpr, Q_AHEAD: gl.constexpr, ROPE_ROWS: gl.constexpr, ROW_LANES: gl.constexpr,
-    IDX_AHEAD: gl.constexpr, PF_LINES: gl.constexpr, Q_ASYNC: gl.constexpr, C1_SMEM: gl.constexpr,
-):
-    """The body of the no-extra-cache kernel entries (``C1_SMEM``: module docstring, "Chunk 1 staged")."""
     q_n, q_p, kv_n, kv8, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree = _w3_smem(FMT)
-    if C1_SMEM:
-        c1s = gl.allocate_shared_memory(gl.int32, [64, 32], gl.SwizzledSharedLayout(4, 1, 8, order=[1, 0]))
-    else:
-        c1s = vmask     # unused without C1_SMEM (warp_specialize takes no None)
     _c_init_fence(h_q)
     if Q_AHEAD:     # the softmax warpgroup copies the next request's Q during this one's epilogue ("Q ahead")
         gl.warp_specialize([
@@ -935,8 +816,7 @@ def _w3_main_body(
             (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
                             stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off,
                             PAGE_SHIFT, HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, None, None, None,
-                            None, None, None, None, None, None, False, False, 0, 0, IDX_AHEAD, PF_LINES, c1s,
-                            C1_SMEM)),
+                            None, None, None, None, None, None, False, False, 0, 0, IDX_AHEAD, PF_LINES)),
         ], [4, 4], [PV_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
@@ -949,8 +829,7 @@ def _w3_main_body(
             (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
                             stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off,
                             PAGE_SHIFT, HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, None, None, None,
-                            None, None, None, None, None, None, False, False, 0, 0, IDX_AHEAD, PF_LINES, c1s,
-                            C1_SMEM)),
+                            None, None, None, None, None, None, False, False, 0, 0, IDX_AHEAD, PF_LINES)),
         ], [4, 4], [PV_REGS, PRODUCER_REGS])
 
 
@@ -1125,15 +1004,6 @@ class _ClusterLauncher:
                  *self.tail)
 
 
-class _ClusterLauncherC1(_ClusterLauncher):
-    """:class:`_ClusterLauncher` of :func:`_sparse_decode_gluon_ws3_c1_kernel` (same parameters)."""
-
-    __slots__ = ()
-
-    def _jit_kernel(self):
-        return _sparse_decode_gluon_ws3_c1_kernel
-
-
 class _ClusterLauncherX(_ClusterLauncher):
     """:class:`_ClusterLauncher` of the extra-cache entry :func:`_sparse_decode_gluon_ws3_x_kernel` (same argument
     tail: runtime arguments, ``sm_scale_log2``, the three shared offsets, the constexprs)."""
@@ -1199,15 +1069,6 @@ _CONSTEXPRS = ("PAGE_SHIFT", "HAS_LEN", "HAS_SINK", "SBLOCK", "PRODUCER_REGS", "
 _CONSTEXPRS_X = _CONSTEXPRS + ("XPAGE_SHIFT", "HAS_XLEN", "XFMT")
 
 
-def _c1_smem(fmt: str, c1_smem=None) -> bool:
-    """Whether a no-extra-cache call runs the chunk-1-staged entry (module docstring, "Chunk 1 staged"): ``c1_smem``,
-    default ``fmt in`` :data:`WS3_C1_SMEM` (empty: off); V4.1 only (ValueError for another format asked for it)."""
-    on = bool((fmt in WS3_C1_SMEM) if c1_smem is None else c1_smem)
-    if on and fmt != "v41":
-        raise ValueError(f"C1_SMEM: V4.1 main cache only, not {fmt!r}")
-    return on
-
-
 def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None,
                                    extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
                                    extra_topk_length=None, config=None, _spec=None, *, pv_regs=None,
@@ -1221,8 +1082,7 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
     module docstring, "Row lanes"), ``idx_ahead`` / ``pf_lines`` (default :data:`WS3_IDX_AHEAD` /
     :data:`WS3_PF_LINES`; module docstring, "Index loads ahead"), ``q_async`` (default :data:`WS3_Q_ASYNC`: Q by
     cp.async), ``q_ahead`` (default :data:`WS3_Q_AHEAD`: the next request's Q copied during this request's epilogue;
-    module docstring, "Q ahead"). Formats in :data:`WS3_C1_SMEM` (default none; V4.1 only) run without an extra
-    cache on :func:`_sparse_decode_gluon_ws3_c1_kernel` (module docstring, "Chunk 1 staged"). Without an extra cache, knobs left None take :data:`WS3_MAIN_TUNED` for the format
+    module docstring, "Q ahead"). Without an extra cache, knobs left None take :data:`WS3_MAIN_TUNED` for the format
     first (V4.1: ``q_ahead``, ``deq_asm`` and producer registers 144). With an extra cache (dispatched for :data:`DISPATCH_EXTRA_PAIRS`; module
     docstring, "Extra cache"):
     the pairs :data:`WS3_EXTRA_PAIRS` run on :func:`_sparse_decode_gluon_ws3_x_kernel` (h_q not a multiple of 128:
@@ -1273,14 +1133,11 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
                   _rope_rows(fmt, rope_rows), _row_lanes(fmt, row_lanes), _idx_ahead(fmt, idx_ahead),
                   _pf_lines(fmt, pf_lines), _q_async(fmt, q_async, q))
     names, cls = _CONSTEXPRS, _ClusterLauncher
-    c1 = not has_x and _c1_smem(fmt)
-    if c1:      # the chunk-1-staged entry: same parameters, its own launcher-key marker
-        cls = _ClusterLauncherC1
     if has_x:
         names, cls = _CONSTEXPRS_X, _ClusterLauncherX
         constexprs += (_page_shift(xkv.shape[1]), extra_topk_length is not None, _XFMT_CODES[xf])
     opts = (WS3_NUM_WARPS, maxnreg or WS_MAXNREG)
-    key = (names, constexprs, opts, spec, _launch_device(q)) + (("c1_smem",) if c1 else ())
+    key = (names, constexprs, opts, spec, _launch_device(q))
     launcher = _LAUNCHERS.get(key)
     if launcher is None:
         if len(_LAUNCHERS) >= _LAUNCHER_LIMIT:
@@ -1303,15 +1160,6 @@ def compile_sm90_ws3(fmt: str = "v32", page_shift: int = 6, has_len: bool = True
                         q_ahead=q_ahead)
 
 
-def compile_sm90_ws3_c1(page_shift: int = 6, has_len: bool = True, has_sink: bool = True, **knobs):
-    """:func:`compile_sm90_ws3` of the chunk-1-staged entry :func:`_sparse_decode_gluon_ws3_c1_kernel` (V4.1;
-    ``knobs``: the keywords of :func:`compile_sm90_ws3` after ``has_sink``)."""
-    return _compile_ws3("v41", page_shift, has_len, has_sink, knobs.pop("pv_regs", None),
-                        knobs.pop("producer_regs", None), knobs.pop("maxnreg", None), knobs.pop("deq_asm", None),
-                        knobs.pop("pf_l2", None), knobs.pop("rope_rows", None), knobs.pop("row_lanes", None),
-                        c1_smem=True, **knobs)
-
-
 def compile_sm90_ws3_extra(fmt: str = "v41", xfmt: str = "fp4", page_shift: int = 6, has_len: bool = True,
                            has_sink: bool = True, xpage_shift: int = 6, has_xlen: bool = True, pv_regs=None,
                            producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, q_ahead=None,
@@ -1326,7 +1174,7 @@ def compile_sm90_ws3_extra(fmt: str = "v41", xfmt: str = "fp4", page_shift: int 
 
 def _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, maxnreg, deq_asm, pf_l2, rope_rows,
                  row_lanes, xfmt=None, xpage_shift=6, has_xlen=True, idx_ahead=None, pf_lines=None, q_async=None,
-                 q_ahead=None, c1_smem=False):
+                 q_ahead=None):
     if xfmt is not None:
         fn = _sparse_decode_gluon_ws3_x_kernel
         sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", xkv_ptr="*u8", xidx_ptr="*i32",
@@ -1356,7 +1204,4 @@ def _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, max
     if xfmt is not None:
         consts.update(XPAGE_SHIFT=xpage_shift, HAS_XLEN=has_xlen, XFMT=_XFMT_CODES[xfmt])
         hinted += ["stride_xkb", "stride_xib", "stride_xis"]
-    elif c1_smem:
-        _c1_smem(fmt, True)
-        fn = _sparse_decode_gluon_ws3_c1_kernel
     return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=WS3_NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)
