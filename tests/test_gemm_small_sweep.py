@@ -257,8 +257,8 @@ def test_gpu_rule_public_op(shape, monkeypatch):
     assert tk == {dense._Plan}
     diff = float(calc_diff(d.double(), t.double()))
     assert diff < 1e-6, f"vs the Triton path: calc_diff {diff}"
-    off, ok = _public(A, B, m, n, {}, monkeypatch)
-    assert ok == {dense._Plan}, "flag off: Triton plan"
+    off, ok = _public(A, B, m, n, {ENV: "0"}, monkeypatch)
+    assert ok == {dense._Plan}, "rule off (env 0): Triton plan"
 
 
 @pytest.mark.gpu

@@ -830,9 +830,11 @@ def test_gpu_dense_decode_descriptor_cache(monkeypatch):
     ln = launchers[0]
     assert ln.desc_state == "on", ln.desc_state
     call()
-    # descriptors per launch: 2 over k_cache, + 2 over q with Q by TMA (dispatched since session 16)
+    # descriptors per launch: 2 over k_cache, + 2 over q with Q by TMA (dispatched since session 16), + PVR's [64, 256]
+    # K half-slot descriptor at 128 heads (dispatched since session 20)
     n = sum(1 for _, m in ln._desc.items if m is not None)
-    assert n == (4 if G.DISPATCH_Q_TMA and G.q_tma_supported(q, 1) else 2), n
+    qt = G.DISPATCH_Q_TMA and G.q_tma_supported(q, 1)
+    assert n == (2 + 2 * qt + (qt and G.DISPATCH_PVR and q.shape[2] >= G.DISPATCH_PVR_MIN_HEADS)), n
     h0, m0 = ln.desc_hits, ln.desc_misses
     assert m0 >= 1 and h0 + m0 == n
     out = call()
