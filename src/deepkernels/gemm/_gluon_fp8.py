@@ -1087,15 +1087,32 @@ def _launch_fp8_gluon(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: 
     ``config.epi_tma`` (TMA-store epilogue) needs a TMA-able d (:func:`d_tma_ok`); for any other d the same config
     runs with the register epilogue (``launcher`` is then ignored: it was built for the TMA variant).
     """
-    if not available():
-        raise RuntimeError(f"Gluon is not importable: {_IMPORT_ERROR!r}")
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        raise RuntimeError("Gluon kernels have no interpreter support (TRITON_INTERPRET is set)")
+    check_gluon_runnable()
     cfg = config or GLUON_DEFAULT
     if cfg.epi_tma and (not cfg.warp_spec or cfg.overlap or cfg.prefetch):
         raise ValueError(f"the TMA-store epilogue exists for the plain (non-overlap, non-prefetch) WS loop only: {cfg}")
     if cfg.scale_ahead and (not cfg.warp_spec or cfg.overlap or cfg.prefetch or cfg.scale_ahead not in (1, 2)):
         raise ValueError(f"scale_ahead (1 or 2) exists for the plain (non-overlap, non-prefetch) WS loop only: {cfg}")
+    m, n, k = check_dense_operands(a, sfa, b, sfb, d)
+    if m == 0 or n == 0:
+        return d
+    if k == 0:
+        return d.zero_()
+    return _go_dense(a, sfa, b, sfb, d, cfg, num_sms or _num_sms(a.device), launcher)
+
+
+def check_gluon_runnable() -> None:
+    """RuntimeError unless Gluon imports and the Triton interpreter is off (Gluon kernels have no interpreter)."""
+    if not available():
+        raise RuntimeError(f"Gluon is not importable: {_IMPORT_ERROR!r}")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("Gluon kernels have no interpreter support (TRITON_INTERPRET is set)")
+
+
+def check_dense_operands(a, sfa, b, sfb, d) -> tuple[int, int, int]:
+    """The operand checks the dense Gluon launchers share (this module's and ``_gluon_fp8_small``'s): CUDA tensors,
+    e4m3 a / b, float32 sfa / sfb, bf16 d, shapes a [M, K], b [N, K], sfa [M, ceil(K/128)], sfb [ceil(N/128),
+    ceil(K/128)], d [M, N], K-major a / b and row-major d. Returns (M, N, K)."""
     for name, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("d", d)):
         if not t.is_cuda:
             raise ValueError(f"{name} must be a CUDA tensor")
@@ -1111,11 +1128,7 @@ def _launch_fp8_gluon(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: 
                          f"sfb {tuple(sfb.shape)} d {tuple(d.shape)}")
     if (a.stride(1) != 1 and k > 1) or (b.stride(1) != 1 and k > 1) or (d.stride(1) != 1 and n > 1):
         raise ValueError("a, b must be K-major and d row-major")
-    if m == 0 or n == 0:
-        return d
-    if k == 0:
-        return d.zero_()
-    return _go_dense(a, sfa, b, sfb, d, cfg, num_sms or _num_sms(a.device), launcher)
+    return m, n, k
 
 
 def _go_dense(a, sfa, b, sfb, d, cfg, num_sms, launcher):

@@ -47,7 +47,8 @@ import torch
 from .._gluon import IMPORT_ERROR as _IMPORT_ERROR, available, gl, mbarrier, TensorDescriptor
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 from .._launch import KernelLauncher, cached_launcher, spec_key
-from ._gluon_fp8 import BLOCK_K, _g_kloop, _g_kloop_ahead, _g_load_stage, _g_store_tile, _num_sms, _smem_layout
+from ._gluon_fp8 import (BLOCK_K, _g_kloop, _g_kloop_ahead, _g_load_stage, _g_store_tile, _num_sms, _smem_layout,
+                         check_dense_operands, check_gluon_runnable)
 
 __all__ = ["SmallConfig", "pick_config", "launch_fp8_gemm_small", "SMALL_CANDIDATES", "SMALL_FP8_TABLE", "SmallPlan",
            "rule_enabled", "rule_config"]
@@ -397,28 +398,12 @@ def launch_fp8_gemm_small(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, s
 
 
 def _check_small(a, sfa, b, sfb, d) -> None:
-    """The input checks of :func:`launch_fp8_gemm_small` (its docstring)."""
-    if not available():
-        raise RuntimeError(f"Gluon is not importable: {_IMPORT_ERROR!r}")
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        raise RuntimeError("Gluon kernels have no interpreter support (TRITON_INTERPRET is set)")
-    for name, t in (("a", a), ("sfa", sfa), ("b", b), ("sfb", sfb), ("d", d)):
-        if not t.is_cuda:
-            raise ValueError(f"{name} must be a CUDA tensor")
-    if a.dtype != torch.float8_e4m3fn or b.dtype != torch.float8_e4m3fn:
-        raise TypeError("a and b must be float8_e4m3fn")
-    if sfa.dtype != torch.float32 or sfb.dtype != torch.float32 or d.dtype != torch.bfloat16:
-        raise TypeError("sfa/sfb must be float32 and d bfloat16")
-    m, k = a.shape
-    n, k2 = b.shape
-    kb = (k + 127) // 128
-    if k2 != k or tuple(d.shape) != (m, n) or tuple(sfa.shape) != (m, kb) or tuple(sfb.shape) != ((n + 127) // 128, kb):
-        raise ValueError(f"shape mismatch: a {tuple(a.shape)} sfa {tuple(sfa.shape)} b {tuple(b.shape)} "
-                         f"sfb {tuple(sfb.shape)} d {tuple(d.shape)}")
+    """The input checks of :func:`launch_fp8_gemm_small` (its docstring): the dense Gluon launchers' shared checks,
+    then M <= 128."""
+    check_gluon_runnable()
+    m, _, _ = check_dense_operands(a, sfa, b, sfb, d)
     if m > 128:
         raise ValueError(f"the small-M kernel covers M <= 128, got M = {m}")
-    if (a.stride(1) != 1 and k > 1) or (b.stride(1) != 1 and k > 1) or (d.stride(1) != 1 and n > 1):
-        raise ValueError("a, b must be K-major and d row-major")
 
 
 def _geometry(m: int, n: int, k: int, cfg: SmallConfig | None, sms: int):
