@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from deepkernels.gemm import _gluon_fp8_small as S
+from test_gemm_gluon_small import _inputs, _ref64     # GPU inputs and the float64 reference: one copy
 from deepkernels.gemm import dense
 
 needs_gluon = pytest.mark.skipif(not S.available(), reason=f"gluon not importable: {S._IMPORT_ERROR!r}")
@@ -231,18 +232,6 @@ GPU_NK = sorted({(n, k) for _, n, k in S.SMALL_FP8_TABLE})
 GPU_CASES = [(m, n, k) for n, k in GPU_NK for m in (1, 7, 64, 100, 128)]
 
 
-def _inputs(m, n, k, seed=0):
-    from deepkernels.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    return per_token_cast_to_fp8(a, use_ue8m0=False), per_block_cast_to_fp8(b, use_ue8m0=False)
-
-
-def _ref64(A, B, k):
-    sa = A[1].double().repeat_interleave(128, 1)[:, :k]
-    sb = B[1].double().repeat_interleave(128, 0)[:B[0].shape[0]].repeat_interleave(128, 1)[:, :k]
-    return (A[0].double() * sa) @ (B[0].double() * sb).T
 
 
 def _public(A, B, m, n, d=None):

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from deepkernels.gemm import _gluon_fp8_small as S
+from test_gemm_gluon_small import _inputs, _ref64     # GPU inputs and the float64 reference: one copy
 from deepkernels.gemm import dense
 from deepkernels.gemm._configs import FP8_TABLE, select_fp8_config
 
@@ -207,18 +208,6 @@ def test_rule_config_pattern():
 GPU_CASES = [(96, 4096, 2048), (128, 7168, 4096), (128, 3072, 1536), (16, 8192, 2048), (1, 7168, 2304)]
 
 
-def _inputs(m, n, k, seed=0):
-    from deepkernels.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g)
-    return per_token_cast_to_fp8(a, use_ue8m0=False), per_block_cast_to_fp8(b, use_ue8m0=False)
-
-
-def _ref64(A, B, k):
-    sa = A[1].double().repeat_interleave(128, 1)[:, :k]
-    sb = B[1].double().repeat_interleave(128, 0)[:B[0].shape[0]].repeat_interleave(128, 1)[:, :k]
-    return (A[0].double() * sa) @ (B[0].double() * sb).T
 
 
 def _public(A, B, m, n, env: dict, monkeypatch):
