@@ -134,10 +134,12 @@ def attribute(name):
     return prof
 
 
-def check_sass(prof):
+def check_sass(prof, pvr=False):
+    """The local cross-compile of the profiled build (q_tma + trim, non-causal bf16; ``pvr``: the PVR build) against
+    the ncu export ``prof``, instruction by instruction (branch targets, ``.reuse`` and spacing normalised)."""
     from deepkernels.mla import _gluon_dense_decode as G
     from deepkernels.testing.compile import ptxas_sm90
-    rep = ptxas_sm90(G._compile_sm90(None, False, "bf16", False, True, True).asm["ptx"], sass=True)
+    rep = ptxas_sm90(G._compile_sm90(None, False, "bf16", False, True, True, pvr=pvr).asm["ptx"], sass=True)
     loc = [(int(m.group(1), 16), m.group(2)) for line in rep.sass.splitlines()
            if (m := re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line))]
 

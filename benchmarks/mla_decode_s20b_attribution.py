@@ -86,19 +86,10 @@ def attribute():
 
 
 def check_sass(prof):
-    from deepkernels.mla import _gluon_dense_decode as G
-    from deepkernels.testing.compile import ptxas_sm90
-    rep = ptxas_sm90(G._compile_sm90(None, False, "bf16", False, True, True, pvr=True).asm["ptx"], sass=True)
-    loc = [(int(m.group(1), 16), m.group(2)) for line in rep.sass.splitlines()
-           if (m := re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line))]
-
-    def norm(t):
-        t = re.sub(r"\(\*.*\*\)", "", t.replace(".reuse", ""))
-        return re.sub(r"\s+", " ", re.sub(r"(BRA|BRX|CALL\S*|BSSY\S*)\s.*", r"\1 T", t)).strip().replace(" ,", ",")
-
-    diff = [(hex(a), x, y) for (a, x), (b, y, _, _) in zip(loc, prof) if a != b or norm(x) != norm(y)]
-    print(f"local cross-compile {len(loc)} instructions, export {len(prof)}; differing {len(diff)}", diff[:3])
-    return len(loc) == len(prof) and not diff
+    """mla_decode_pvr_attribution.check_sass on the PVR build (the one this export profiled)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import mla_decode_pvr_attribution as A
+    return A.check_sass(prof, pvr=True)
 
 
 def main(argv=None):
