@@ -1,5 +1,5 @@
 """Session 20: the WS3 sparse decode kernel's ``Q_AHEAD`` option (``_gluon_sparse_decode_ws3``, module docstring
-"Q ahead"; the softmax warpgroup ``_gluon_sparse_decode_ws3_qahead._w3_softmax_wg``), opt-in. Compile tier (sm90
+"Q ahead"; the softmax warpgroup ``_gluon_sparse_decode_ws2._w2_softmax_wg`` with ``Q_AHEAD``). Compile tier (sm90
 cross-compile: 0 spills in every token loop, shared memory as the default build, the Q copies in the PTX), CPU
 plumbing (keyword, constexpr, gate), and a GPU tier: bit identity against the dispatched build (same Q bytes, same
 consumer expressions) with NaN-poisoned outputs, NaN in every unreferenced cache token, -1 / out-of-range indices,

@@ -176,19 +176,39 @@ def _w2_scale(m_i, l_i, hb, req64, si64, nsp, base_row, split, sink_ptr, lse_ptr
 
 
 @_jit
+def _w2_q_issue(q_n, q_p, q_ptr, req, si64, hq, dq, stride_qb, stride_qs, stride_qh, FMT: gl.constexpr):
+    """cp.async of request ``req``'s Q rows (this CTA's heads ``hq``) into ``q_n`` (V3.2 also the RoPE part into
+    ``q_p``): 8 (9) chunks of [64, 64] bf16, all in flight, one commit group (``Q_ASYNC`` / ``Q_AHEAD``)."""
+    D_V: gl.constexpr = 512
+    q_rows = q_ptr + req.to(gl.int64) * stride_qb + si64 * stride_qs + hq.to(gl.int64)[:, None] * stride_qh
+    for c in gl.static_range(8):
+        async_copy.async_copy_global_to_shared(q_n.slice(c * 64, 64, dim=1), q_rows + (c * 64 + dq)[None, :])
+    if FMT == 0:
+        async_copy.async_copy_global_to_shared(q_p, q_rows + (D_V + dq)[None, :])
+    async_copy.commit_group()
+
+
+@_jit
 def _w2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr, len_ptr,
                    sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs,
                    stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2,
                    HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr, FMT: gl.constexpr,
                    empty_off=0, CLUSTER: gl.constexpr = False, xlen_ptr=None, xtopk=None,
-                   HAS_EXTRA: gl.constexpr = False, HAS_XLEN: gl.constexpr = False, Q_ASYNC: gl.constexpr = False):
+                   HAS_EXTRA: gl.constexpr = False, HAS_XLEN: gl.constexpr = False, Q_ASYNC: gl.constexpr = False,
+                   Q_AHEAD: gl.constexpr = False):
     """Default partition (4 warps): Q, the full S = Q K^T, the online softmax, P + alpha to the PV warpgroup,
     O[:, :256] += P V[:, :256]; per request the output scale to the PV warpgroup, its half of the output and lse.
     ``CLUSTER`` (the 2-CTA cluster kernel, ``_gluon_sparse_decode_ws3``): cluster barriers at the partition's start
     and end and, after each local ``empty`` arrive, one on the peer CTA's ``empty`` (shared offset ``empty_off``);
     ``HAS_EXTRA``: a request's extra-cache blocks follow its main ones in the same token loop (only the count
     changes). ``Q_ASYNC`` (session 18, a cluster-kernel option, on for V3.2): each request's Q rows by cp.async, all 9 chunks
-    in flight at once, instead of 9 load -> store round trips in series (~7 us per request piece in the profile)."""
+    in flight at once, instead of 9 load -> store round trips in series (~7 us per request piece in the profile).
+    ``Q_AHEAD`` (session 20, the cluster kernel's option, dispatched for V4.1; ``_gluon_sparse_decode_ws3`` module
+    docstring "Q ahead"; ``Q_ASYNC`` is then ignored): the first request's Q by cp.async before the request loop,
+    every later one's right after the previous request's token loop, before its epilogue (the copies overlap it;
+    ``q_n`` is free there: every S wgmma of the request completed, and a 128-thread barrier makes that true for the
+    four warps); the request top waits for them. Every cp.async group is waited for (no issue without a request
+    after it)."""
     D_V: gl.constexpr = 512
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
@@ -205,22 +225,24 @@ def _w2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pr
     s_zero = gl.zeros([64, 64], gl.float32, S_L)
     it = 0
     msg = 0
+    if Q_AHEAD:
+        if begin_req <= end_req:       # the first request's Q (a part without requests issues nothing)
+            _w2_q_issue(q_n, q_p, q_ptr, begin_req, si64, hq, dq, stride_qb, stride_qs, stride_qh, FMT)
     for req in range(begin_req, end_req + 1):
         req64 = req.to(gl.int64)
-        gl.thread_barrier()            # every S wgmma of the previous request (this warpgroup's) read Q
-        q_rows = q_ptr + req64 * stride_qb + si64 * stride_qs + hq.to(gl.int64)[:, None] * stride_qh
-        if Q_ASYNC:
-            for c in gl.static_range(8):
-                async_copy.async_copy_global_to_shared(q_n.slice(c * 64, 64, dim=1), q_rows + (c * 64 + dq)[None, :])
-            if FMT == 0:
-                async_copy.async_copy_global_to_shared(q_p, q_rows + (D_V + dq)[None, :])
-            async_copy.commit_group()
-            async_copy.wait_group(0)
+        if Q_AHEAD:
+            async_copy.wait_group(0)   # this request's Q: issued before the loop or during the previous epilogue
         else:
-            for c in gl.static_range(8):
-                q_n.slice(c * 64, 64, dim=1).store(gl.load(q_rows + (c * 64 + dq)[None, :]))
-            if FMT == 0:
-                q_p.store(gl.load(q_rows + (D_V + dq)[None, :]))
+            gl.thread_barrier()        # every S wgmma of the previous request (this warpgroup's) read Q
+            if Q_ASYNC:
+                _w2_q_issue(q_n, q_p, q_ptr, req, si64, hq, dq, stride_qb, stride_qs, stride_qh, FMT)
+                async_copy.wait_group(0)
+            else:
+                q_rows = q_ptr + req64 * stride_qb + si64 * stride_qs + hq.to(gl.int64)[:, None] * stride_qh
+                for c in gl.static_range(8):
+                    q_n.slice(c * 64, 64, dim=1).store(gl.load(q_rows + (c * 64 + dq)[None, :]))
+                if FMT == 0:
+                    q_p.store(gl.load(q_rows + (D_V + dq)[None, :]))
         fence_async_shared()
         gl.thread_barrier()
         n, base_row, nsp, split, t_lo, _, t_end = _g_req_range(req, begin_req, end_req, begin_blk, end_blk,
@@ -254,6 +276,10 @@ def _w2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pr
             if CLUSTER:
                 _c_remote_arrive(lane, gs, empty_off, slot * 8)
             it += 1
+        if Q_AHEAD:   # the next request's Q, in flight during this epilogue (after the whole warpgroup's last S)
+            if req < end_req:
+                gl.thread_barrier()
+                _w2_q_issue(q_n, q_p, q_ptr, req + 1, si64, hq, dq, stride_qb, stride_qs, stride_qh, FMT)
 
         # epilogue: lse / l_acc here, the output scale to the PV warpgroup, own half of the output
         inv = _w2_scale(m_i, l_i, hb, req64, si64, nsp, base_row, split, sink_ptr, lse_ptr, lacc_ptr, s_q, h_q,

@@ -329,7 +329,7 @@ and then idling once per piece: its ``empty`` try-wait fails in 3.9 % of blocks,
 ~12,800 cycles (7.3 us) each -- 576 cycles per mean block of 5,060 -- while the softmax warpgroup spends 546 + 305
 cycles per block (12,150 + 6,750 per piece) loading the next request's Q and writing the epilogue, computing no S.
 The 2-slot ring lets the producer run only 2 blocks (~8,300 cycles) ahead. With ``Q_AHEAD`` the softmax warpgroup
-is :func:`_gluon_sparse_decode_ws3_qahead._w3_softmax_wg`: the first request's Q by cp.async before the request
+is :func:`_gluon_sparse_decode_ws2._w2_softmax_wg` with ``Q_AHEAD``: the first request's Q by cp.async before the request
 loop, every later request's Q by cp.async right after the previous request's token loop, before its epilogue (the
 copies fly during the lse / output stores; ``q_n`` is free once the last S completed), the request top waits
 (``wait_group 0``, proxy fence, 128-thread barrier). No new barrier, no new shared memory; a part without requests
@@ -376,7 +376,6 @@ from ._gluon_sparse_decode_ws import (WS_FMTS, WS_MAXNREG, _w_dequant_store,
 from ._gluon_sparse_decode_ws2 import WS2_PV_REGS, _w2_pv_wg, _w2_softmax_wg
 from ._gluon_cluster import (_c_expect_tx, _c_init_fence, _c_lane, _c_peer_rank, _c_push, _c_remote_arrive,  # noqa: F401
                              _c_smem_base, _c_sync)
-from ._gluon_sparse_decode_ws3_qahead import _w3_softmax_wg
 
 __all__ = ["available", "supported_ws3", "launch_sparse_decode_gluon_ws3", "compile_sm90_ws3", "smem_offsets",
            "WS3_PRODUCER_REGS", "WS3_NUM_WARPS", "DISPATCH", "DISPATCH_FMTS", "DISPATCH_MIN_BLOCKS",
@@ -805,32 +804,18 @@ def _sparse_decode_gluon_ws3_kernel(
     2-CTA clusters only (:func:`launch_sparse_decode_gluon_ws3`)."""
     q_n, q_p, kv_n, kv8, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree = _w3_smem(FMT)
     _c_init_fence(h_q)
-    if Q_AHEAD:     # the softmax warpgroup copies the next request's Q during this one's epilogue ("Q ahead")
-        gl.warp_specialize([
-            (_w3_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr,
-                              len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
-                              stride_qb, stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN,
-                              HAS_SINK, SBLOCK, FMT, empty_off)),
-            (_w2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
-                         oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK, empty_off, True)),
-            (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
-                            stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off,
-                            PAGE_SHIFT, HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, None, None, None,
-                            None, None, None, None, None, None, False, False, 0, 0, IDX_AHEAD, PF_LINES)),
-        ], [4, 4], [PV_REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize([
-            (_w2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr,
-                              len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
-                              stride_qb, stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN,
-                              HAS_SINK, SBLOCK, FMT, empty_off, True, None, None, False, False, Q_ASYNC)),
-            (_w2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
-                         oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK, empty_off, True)),
-            (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
-                            stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off,
-                            PAGE_SHIFT, HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, None, None, None,
-                            None, None, None, None, None, None, False, False, 0, 0, IDX_AHEAD, PF_LINES)),
-        ], [4, 4], [PV_REGS, PRODUCER_REGS])
+    gl.warp_specialize([
+        (_w2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr,
+                          len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                          stride_qb, stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN,
+                          HAS_SINK, SBLOCK, FMT, empty_off, True, None, None, False, False, Q_ASYNC, Q_AHEAD)),
+        (_w2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
+                     oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK, empty_off, True)),
+        (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
+                        stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off,
+                        PAGE_SHIFT, HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, None, None, None,
+                        None, None, None, None, None, None, False, False, 0, 0, IDX_AHEAD, PF_LINES)),
+    ], [4, 4], [PV_REGS, PRODUCER_REGS])
 
 
 _NO_SPEC_X = _NO_SPEC + ["xpage", "xnum_tok", "xtopk"]
@@ -856,36 +841,20 @@ def _sparse_decode_gluon_ws3_x_kernel(
     Pairs :data:`WS3_EXTRA_PAIRS`: V3.2 + V3.2 (FMT 0, XFMT 0), V4.1 + V4.1 (2, 2), V4.1 + FP4 (2, 3)."""
     q_n, q_p, kv_n, kv8, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree = _w3_smem(FMT)
     _c_init_fence(h_q)
-    if Q_AHEAD:     # module docstring, "Q ahead"
-        gl.warp_specialize([
-            (_w3_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr,
-                              len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
-                              stride_qb, stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN,
-                              HAS_SINK, SBLOCK, FMT, empty_off, xlen_ptr, xtopk, True, HAS_XLEN)),
-            (_w2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
-                         oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK, empty_off, True, xlen_ptr, xtopk,
-                         True, HAS_XLEN)),
-            (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
-                            stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off,
-                            PAGE_SHIFT, HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, xkv_ptr,
-                            xidx_ptr, xlen_ptr, stride_xkb, xpage, xnum_tok, stride_xib, stride_xis, xtopk, True,
-                            HAS_XLEN, XPAGE_SHIFT, XFMT, IDX_AHEAD, PF_LINES)),
-        ], [4, 4], [PV_REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize([
-            (_w2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr,
-                              len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
-                              stride_qb, stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN,
-                              HAS_SINK, SBLOCK, FMT, empty_off, True, xlen_ptr, xtopk, True, HAS_XLEN, Q_ASYNC)),
-            (_w2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
-                         oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK, empty_off, True, xlen_ptr, xtopk,
-                         True, HAS_XLEN)),
-            (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
-                            stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off,
-                            PAGE_SHIFT, HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, xkv_ptr,
-                            xidx_ptr, xlen_ptr, stride_xkb, xpage, xnum_tok, stride_xib, stride_xis, xtopk, True,
-                            HAS_XLEN, XPAGE_SHIFT, XFMT, IDX_AHEAD, PF_LINES)),
-        ], [4, 4], [PV_REGS, PRODUCER_REGS])
+    gl.warp_specialize([
+        (_w2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr,
+                          len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                          stride_qb, stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN,
+                          HAS_SINK, SBLOCK, FMT, empty_off, True, xlen_ptr, xtopk, True, HAS_XLEN, Q_ASYNC, Q_AHEAD)),
+        (_w2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
+                     oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK, empty_off, True, xlen_ptr, xtopk,
+                     True, HAS_XLEN)),
+        (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
+                        stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off,
+                        PAGE_SHIFT, HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, xkv_ptr,
+                        xidx_ptr, xlen_ptr, stride_xkb, xpage, xnum_tok, stride_xib, stride_xis, xtopk, True,
+                        HAS_XLEN, XPAGE_SHIFT, XFMT, IDX_AHEAD, PF_LINES)),
+    ], [4, 4], [PV_REGS, PRODUCER_REGS])
 
 
 # ----------------------------------------------------------------------------------------------- host code
