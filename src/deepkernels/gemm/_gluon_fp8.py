@@ -197,6 +197,18 @@ GLUON_3WG = [GLUON_WS_192_S4_EPI, GLUON_WS_192_S4_EPI_SA1]
 # ----------------------------------------------------------------------------------------------- device code
 
 @_jit
+def _g_ring_barriers(NUM_STAGES: gl.constexpr, EMPTY_COUNT: gl.constexpr):
+    """The TMA ring's ``ready`` (count 1: the producer's expect-tx arrive) and ``empty`` (``EMPTY_COUNT``: one arrive
+    per math warpgroup) mbarriers, ``NUM_STAGES`` each, allocated and initialised (every GEMM kernel here)."""
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=EMPTY_COUNT)
+    return ready, empty
+
+
+@_jit
 def _g_tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
     num_in_group = GROUP_M * num_pid_n
     group_id = tile_id // num_in_group
@@ -499,11 +511,7 @@ def _fp8_gluon_ws_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, M, N, K, strid
         d_0 = d_ptr
         d_1 = d_ptr
         d_2 = d_ptr
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=BLOCK_M // 64)  # one arrive per math partition
+    ready, empty = _g_ring_barriers(NUM_STAGES, BLOCK_M // 64)   # empty: one arrive per math warpgroup
     if BLOCK_M == 192:
         gl.warp_specialize([
             (_g_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, num_progs, BLOCK_M, BLOCK_N,
@@ -788,11 +796,7 @@ def _fp8_gluon_m_contiguous_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, gid_
     gl.static_assert(BLOCK_N <= 128)
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)
+    ready, empty = _g_ring_barriers(NUM_STAGES, 2)   # empty: one arrive per math warpgroup
     gl.warp_specialize([
         (_gc_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, gid_ptr, M, N, K, G, num_progs,
                         BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
@@ -822,11 +826,7 @@ def _fp8_gluon_m_contiguous_epi_kernel(a_desc, b_desc, d_ptr, d_desc, sfa_ptr, s
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
     epi = gl.allocate_shared_memory(d_desc.dtype, [2] + d_desc.block_type.shape, d_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)
+    ready, empty = _g_ring_barriers(NUM_STAGES, 2)   # empty: one arrive per math warpgroup
     gl.warp_specialize([
         (_gc_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, gid_ptr, M, N, K, G, num_progs,
                         BLOCK_M, BLOCK_N, GROUP_M, NUM_STAGES)),
@@ -954,11 +954,7 @@ def _fp8_gluon_m_masked_kernel(a_desc, b_desc, d_ptr, sfa_ptr, sfb_ptr, masked_m
     gl.static_assert(BLOCK_N <= 128)
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=BLOCK_M // 64)
+    ready, empty = _g_ring_barriers(NUM_STAGES, BLOCK_M // 64)   # empty: one arrive per math warpgroup
     if BLOCK_M == 128:
         gl.warp_specialize([
             (_gm_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, masked_m_ptr, M_MAX, N, K, G, num_progs,
@@ -994,11 +990,7 @@ def _fp8_gluon_m_masked_epi_kernel(a_desc, b_desc, d_ptr, d_desc, sfa_ptr, sfb_p
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
     epi = gl.allocate_shared_memory(d_desc.dtype, [BLOCK_M // 64] + d_desc.block_type.shape, d_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=BLOCK_M // 64)
+    ready, empty = _g_ring_barriers(NUM_STAGES, BLOCK_M // 64)   # empty: one arrive per math warpgroup
     if BLOCK_M == 128:
         gl.warp_specialize([
             (_gm_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, masked_m_ptr, M_MAX, N, K, G, num_progs,

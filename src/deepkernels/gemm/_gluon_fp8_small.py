@@ -47,8 +47,8 @@ import torch
 from .._gluon import IMPORT_ERROR as _IMPORT_ERROR, available, gl, mbarrier, TensorDescriptor
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
 from .._launch import KernelLauncher, cached_launcher, spec_key
-from ._gluon_fp8 import (BLOCK_K, _g_kloop, _g_kloop_ahead, _g_load_stage, _g_store_tile, _num_sms, _smem_layout,
-                         check_dense_operands, check_gluon_runnable)
+from ._gluon_fp8 import (BLOCK_K, _g_kloop, _g_kloop_ahead, _g_load_stage, _g_ring_barriers, _g_store_tile, _num_sms,
+                         _smem_layout, check_dense_operands, check_gluon_runnable)
 
 __all__ = ["SmallConfig", "pick_config", "launch_fp8_gemm_small", "SMALL_CANDIDATES", "SMALL_FP8_TABLE", "SmallPlan",
            "rule_enabled", "rule_config"]
@@ -263,11 +263,7 @@ def _fp8_small_kernel(a_desc, b_desc, d_ptr, ws_ptr, cnt_ptr, sfa_ptr, sfb_ptr, 
     gl.static_assert(BLOCK_N <= 128)
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [NUM_STAGES] + b_desc.block_type.shape, b_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=BLOCK_M // 64)  # one arrive per math warpgroup
+    ready, empty = _g_ring_barriers(NUM_STAGES, BLOCK_M // 64)   # empty: one arrive per math warpgroup
     if BLOCK_M == 128:
         gl.warp_specialize([
             (_s_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, N, K, S, KPS, num_progs,
