@@ -514,3 +514,36 @@ def test_deep_gemm_testing_names_its_missing_timing_helpers():
             getattr(t, name)
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
         t.nope
+
+
+# ------------------------------------------------------------------- lead: a FlashMLASchedMeta reused on another device
+@REF
+@pytest.mark.parametrize("path", ["dense", "sparse"])
+def test_sched_meta_filled_on_another_device_raises(path):
+    """A FlashMLASchedMeta filled by a call on one device and reused for a call on another: ValueError naming
+    tile_scheduler_metadata (the kernels would read schedule tensors of another GPU). Simulated on a CPU-only machine
+    by moving the filled schedule to the 'meta' device."""
+    meta = dk.get_mla_metadata()[0]
+    if path == "dense":
+        q, kc, bt, sl = _dense_decode_args()
+        call = lambda: dk.flash_mla_with_kvcache(q, kc, bt, sl, 512, meta)   # noqa: E731
+    else:
+        q, kc, ind = _sparse_decode_args()
+        call = lambda: dk.flash_mla_with_kvcache(q, kc, None, None, 512, meta, is_fp8_kvcache=True,  # noqa: E731
+                                                 indices=ind)
+    call()                                           # fills it (CPU)
+    call()                                           # reuse on the same device: fine
+    meta.tile_scheduler_metadata = meta.tile_scheduler_metadata.to("meta")
+    with pytest.raises(ValueError, match="tile_scheduler_metadata was filled on meta"):
+        call()
+
+
+def test_resolve_schedule_device_check_is_optional():
+    from deepkernels.mla.metadata import resolve_schedule
+    from deepkernels.mla.decode import FlashMLASchedMeta
+    meta = FlashMLASchedMeta()
+    pair = (torch.zeros(1, 8, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
+    assert resolve_schedule(meta, None, "cfg", lambda: pair, None, FlashMLASchedMeta) == pair
+    assert resolve_schedule(meta, None, "cfg", None, None, FlashMLASchedMeta, torch.device("cpu")) == pair
+    with pytest.raises(ValueError, match="use one get_mla_metadata"):
+        resolve_schedule(meta, None, "cfg", None, None, FlashMLASchedMeta, torch.device("meta"))

@@ -240,7 +240,7 @@ def _get_schedule(meta, num_splits, cfg, cache_seqlens, device, rows, h_kv, lega
 
     return resolve_schedule(meta, num_splits, cfg,
                             lambda: compute_schedule(cache_seqlens, _num_sm_parts(device, rows, h_kv)), legacy,
-                            FlashMLASchedMeta)
+                            FlashMLASchedMeta, device)
 
 
 _MAIN_CONSTEXPRS = ("CAUSAL", "PAGE", "SBLOCK", "BLOCK_M", "BLOCK_N", "D_NOPE", "D_PE", "UPCAST", "NUM_STAGES",

@@ -169,7 +169,7 @@ def compute_schedule(token_counts: torch.Tensor, num_sm_parts: int,
     return meta, num_splits
 
 
-def resolve_schedule(meta, num_splits, cfg, plan, legacy, meta_type):
+def resolve_schedule(meta, num_splits, cfg, plan, legacy, meta_type, device=None):
     """The ``(tile_scheduler_metadata, num_splits)`` pair of one decode call: FlashMLA's metadata contract
     (docs/spec/mla.md §1.1), shared by the dense and the sparse decode paths.
 
@@ -185,11 +185,13 @@ def resolve_schedule(meta, num_splits, cfg, plan, legacy, meta_type):
         legacy: callable ``legacy(meta)`` returning the pair for the other metadata forms a path accepts (legacy
             tensors of the old ``get_mla_metadata``), or None for a form it does not accept.
         meta_type: the ``FlashMLASchedMeta`` class (it lives with the public op, which imports this module).
+        device: the call's device (q's); a ``FlashMLASchedMeta`` filled on another device is a ValueError (its
+            schedule tensors live there: the kernels would get pointers of another GPU). None: not checked.
     Returns:
         ``(tile_scheduler_metadata, num_splits)``.
     Raises:
         ValueError if ``num_splits`` is given with a ``FlashMLASchedMeta`` or the object was filled for another
-        configuration; TypeError (naming tile_scheduler_metadata) for a form neither accepts.
+        configuration or on another device; TypeError (naming tile_scheduler_metadata) for a form neither accepts.
     """
     if isinstance(meta, meta_type):
         if num_splits is not None:
@@ -198,6 +200,9 @@ def resolve_schedule(meta, num_splits, cfg, plan, legacy, meta_type):
             if meta.config is not cfg and meta.config != cfg:
                 raise ValueError(f"tile_scheduler_metadata was built for {meta.config}, reused with {cfg}; "
                                  "call get_mla_metadata() again for a new configuration")
+            if device is not None and meta.tile_scheduler_metadata.device != device:
+                raise ValueError(f"tile_scheduler_metadata was filled on {meta.tile_scheduler_metadata.device}, "
+                                 f"reused for a call on {device}; use one get_mla_metadata() object per device")
             return meta.tile_scheduler_metadata, meta.num_splits
         sched, ns = plan()
         meta.config, meta.tile_scheduler_metadata, meta.num_splits, meta.have_initialized = cfg, sched, ns, True

@@ -450,7 +450,7 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
             return _trivial_schedule(b, dev) if batch_invariant else replan()
         return None
 
-    sched, ns = resolve_schedule(tile_scheduler_metadata, num_splits, cfg, replan, legacy, FlashMLASchedMeta)
+    sched, ns = resolve_schedule(tile_scheduler_metadata, num_splits, cfg, replan, legacy, FlashMLASchedMeta, dev)
     if batch_invariant and isinstance(tile_scheduler_metadata, FlashMLASchedMeta):
         sched, ns = _trivial_schedule(b, dev)
     if below_ws3 is not None and not _gsdw3.enough_work(b, topk, sched.shape[0], xtopk if has_x else 0):
