@@ -128,6 +128,44 @@ def _graph(fn):
     return g
 
 
+def dequant_ref(A, B, k):
+    """The FP32 product of the dequantised operands: ``benchmarks/gemm.py``'s ``dequant_ref`` (one definition)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from gemm import dequant_ref as ref
+    return ref(A, B, k)
+
+
+def check_then_graph(fns: dict, outs: dict, ref, row: dict, graph=None, ident_to=None, skip_ident=(), get=None):
+    """Each callable of ``fns`` once into its NaN-poisoned output (``outs[name]``; ``get(name)`` reads an output
+    that is not preallocated, e.g. cuBLAS's): calc_diff < 1e-3 against ``ref`` and no NaN, else recorded in
+    ``row["impls"][name]["error"]`` and not timed; ``bit_identical_to_<ident_to>`` for the others (but
+    ``skip_ident``); then a CUDA graph of the call (``graph``, default :func:`_graph`). Returns (names that passed,
+    {name: graph})."""
+    from deepkernels.testing import calc_diff
+    graph = graph or _graph
+    ok, graphs = [], {}
+    for name, fn in fns.items():
+        e = row["impls"].setdefault(name, {})
+        try:
+            if name in outs:
+                outs[name].fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            got = get(name) if get is not None else outs[name]
+            e["nan"] = bool(torch.isnan(got).any())
+            e["diff"] = float(calc_diff(torch.nan_to_num(got.float(), nan=1e4), ref))
+            if e["diff"] >= 1e-3 or e["nan"]:
+                e["error"] = "failed its check: not timed"
+                continue
+            if ident_to is not None and name != ident_to and name not in skip_ident and ident_to in outs:
+                e[f"bit_identical_to_{ident_to}"] = bool(torch.equal(got, outs[ident_to]))
+            graphs[name] = graph(fn)
+            ok.append(name)
+        except Exception as ex:  # noqa: BLE001
+            e["error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
+    return ok, graphs
+
+
 FLUSH_BYTES = 256 * 1024 * 1024
 
 
@@ -326,7 +364,6 @@ def public_impls(m, n, k, A, B, device="cuda"):
 
 
 def run_public(args):
-    from deepkernels.testing import calc_diff
     t0 = time.time()
     res = _result(args, TIMING + "; --public: ref = triton (DEEPKERNELS_DISABLE_GLUON=gemm_small), public = the "
                               "dispatch, triton_aa = A/A")
@@ -339,10 +376,7 @@ def run_public(args):
             continue
         row = {"shape": [m, n, k], "bytes": nbytes(m, n, k), "flops": 2 * m * n * k, "impls": {}}
         A, B = _inputs(m, n, k)
-        sa = A[1].repeat_interleave(128, 1)[:, :k]
-        sb = B[1].repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
-        ref = (A[0].float() * sa) @ (B[0].float() * sb).T
-        del sa, sb
+        ref = dequant_ref(A, B, k)
         try:
             impls, outs, kinds = public_impls(m, n, k, A, B)
         except Exception as ex:  # noqa: BLE001
@@ -351,23 +385,9 @@ def run_public(args):
             print(f"SUMMARY {m}x{n}x{k} ERROR {row['error']}", flush=True)
             continue
         row["dispatch"] = kinds["public"]
-        ok, graphs = [], {}
-        for name, fn in impls.items():
-            e = row["impls"].setdefault(name, {"plan": kinds[name]})
-            try:
-                outs[name].fill_(float("nan"))
-                fn()
-                torch.cuda.synchronize()
-                got = outs[name]
-                e["nan"] = bool(torch.isnan(got).any())
-                e["diff"] = float(calc_diff(torch.nan_to_num(got.float(), nan=1e4), ref))
-                if e["diff"] >= 1e-3 or e["nan"]:
-                    e["error"] = "failed its check: not timed"
-                    continue
-                graphs[name] = _graph(fn)
-                ok.append(name)
-            except Exception as ex:  # noqa: BLE001
-                e["error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
+        for name in impls:
+            row["impls"][name] = {"plan": kinds[name]}
+        ok, graphs = check_then_graph(impls, outs, ref, row)
         if "public" in ok and "triton" in ok:
             row["impls"]["public"]["bit_identical_to_triton"] = bool(torch.equal(outs["public"], outs["triton"]))
         time_row(row, impls, graphs, ok, "triton", args, flush)
@@ -393,7 +413,6 @@ def run_public(args):
 def run(args):
     import deepkernels as dk
     from deepkernels.gemm import _gluon_fp8_small as S
-    from deepkernels.testing import calc_diff
 
     t0 = time.time()
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -408,10 +427,7 @@ def run(args):
             continue
         row = {"shape": [m, n, k], "bytes": nbytes(m, n, k), "flops": 2 * m * n * k, "impls": {}}
         A, B = _inputs(m, n, k)
-        sa = A[1].repeat_interleave(128, 1)[:, :k]
-        sb = B[1].repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
-        ref = (A[0].float() * sa) @ (B[0].float() * sb).T
-        del sa, sb
+        ref = dequant_ref(A, B, k)
         cfgs = configs(m, n, k, num_sms, args.sa)
         impls, outs = {}, {}
         for name in ("dispatched", "dispatched_aa"):
@@ -421,33 +437,15 @@ def run(args):
             d = outs[name] = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             impls[name] = (lambda d=d, c=cfg, A=A, B=B: S.launch_fp8_gemm_small(A[0], A[1], B[0], B[1], d, c))
             row["impls"][name] = {"config": cfg.name()}
+        cub = {}
         if n % 128 == 0:
             sfa_c, sfb_c = A[1].T.contiguous().T, B[1].contiguous().T
-            cub = {}
             impls["cublas"] = lambda A=A, B=B, sfa_c=sfa_c, sfb_c=sfb_c, cub=cub: cub.__setitem__("d", torch._scaled_mm(
                 A[0], B[0].T, scale_a=sfa_c, scale_b=sfb_c, out_dtype=torch.bfloat16))
         if want:
             impls = {nm: f for nm, f in impls.items() if nm in want or nm == "dispatched"}
-        ok, graphs = [], {}
-        for name, fn in impls.items():
-            e = row["impls"].setdefault(name, {})
-            try:
-                if name in outs:
-                    outs[name].fill_(float("nan"))
-                fn()
-                torch.cuda.synchronize()
-                got = cub["d"] if name == "cublas" else outs[name]
-                e["nan"] = bool(torch.isnan(got).any())
-                e["diff"] = float(calc_diff(torch.nan_to_num(got.float(), nan=1e4), ref))
-                if e["diff"] >= 1e-3 or e["nan"]:
-                    e["error"] = "failed its check: not timed"
-                    continue
-                if name != "dispatched" and name != "cublas" and "dispatched" in outs:
-                    e["bit_identical_to_dispatched"] = bool(torch.equal(got, outs["dispatched"]))
-                graphs[name] = _graph(fn)
-                ok.append(name)
-            except Exception as ex:  # noqa: BLE001
-                e["error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
+        ok, graphs = check_then_graph(impls, outs, ref, row, ident_to="dispatched", skip_ident=("cublas",),
+                                      get=lambda nm, o=outs, c=cub: c["d"] if nm == "cublas" else o[nm])
         time_row(row, impls, graphs, ok, "dispatched", args, flush)
         res["rows"].append(row)
         print(summary(row, "dispatched"), flush=True)

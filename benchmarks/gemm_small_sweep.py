@@ -175,7 +175,6 @@ def run(args) -> int:
     from deepkernels.gemm import _gluon_fp8_small as S
     from deepkernels.gemm import dense
     from deepkernels.bench.paired import round_stats
-    from deepkernels.testing import calc_diff
     gs = _gemm_small()
     t0 = time.time()
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -195,10 +194,7 @@ def run(args) -> int:
                "rule_config": rule.name() if rule else None, "impls": {}}
         try:
             A, B = gs._inputs(m, n, k)
-            sa = A[1].repeat_interleave(128, 1)[:, :k]
-            sb = B[1].repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
-            ref = (A[0].float() * sa) @ (B[0].float() * sb).T
-            del sa, sb
+            ref = gs.dequant_ref(A, B, k)
             fns, outs, kinds = public_pair(gs, m, n, k, A, B)
             if rule is None:
                 del fns["rule"], outs["rule"]
@@ -217,25 +213,8 @@ def run(args) -> int:
             continue
         if "rule" in fns:
             row["impls"].setdefault("rule", {})["config"] = rule.name()
-        ok, graphs = [], {}
-        for name, fn in fns.items():
-            e = row["impls"].setdefault(name, {})
-            try:
-                outs[name].fill_(float("nan"))
-                fn()
-                torch.cuda.synchronize()
-                got = outs[name]
-                e["nan"] = bool(torch.isnan(got).any())
-                e["diff"] = float(calc_diff(torch.nan_to_num(got.float(), nan=1e4), ref))
-                if e["diff"] >= 1e-3 or e["nan"]:
-                    e["error"] = "failed its check: not timed"
-                    continue
-                if name not in ("triton", "triton_aa") and "triton" in outs:
-                    e["bit_identical_to_triton"] = bool(torch.equal(got, outs["triton"]))
-                graphs[name] = gs._graph(fn)
-                ok.append(name)
-            except Exception as ex:  # noqa: BLE001
-                e["error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
+        ok, graphs = gs.check_then_graph(fns, outs, ref, row, graph=gs._graph, ident_to="triton",
+                                         skip_ident=("triton_aa",))
         if "triton" in ok:
             ms = _time_rounds(graphs, ok, args.rounds, args.rep_ms)
             st = round_stats(ms, "triton")

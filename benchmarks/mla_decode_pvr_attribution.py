@@ -117,20 +117,25 @@ def classify(lay, off, src, ex):
     return role, "all"
 
 
-def attribute(name):
-    lay = LAYOUTS[name]
-    prof = load(os.path.join(HERE, lay["path"]))
-    cpt = lay["cycles"] / lay["tiles"]
+def tabulate(label, prof, classify_one, cpt):
+    """Per role (softmax WG / PV WG / producer / padding warps) and item: stall samples -> cycles per tile (the item's
+    share of its role's samples x ``cpt``); ``classify_one(off, src, ex)`` -> (role, item). Prints the table."""
     items = collections.defaultdict(collections.Counter)
     for off, src, s, ex in prof:
-        role, item = classify(lay, off, src, ex)
+        role, item = classify_one(off, src, ex)
         items[role][item] += s
-    print(f"{name}: {sum(s for _, _, s, _ in prof)} samples, {cpt:.0f} cycles per tile")
+    print(f"{label}: {sum(s for _, _, s, _ in prof)} samples, {cpt:.0f} cycles per tile")
     for role in ("smx", "pv", "prod", "pad"):
         tot = sum(items[role].values())
         print(f"  {role}: {tot} samples")
         for item, s in sorted(items[role].items(), key=lambda kv: -kv[1]):
             print(f"    {item:40s} {s / tot * cpt:7.0f}")
+
+
+def attribute(name):
+    lay = LAYOUTS[name]
+    prof = load(os.path.join(HERE, lay["path"]))
+    tabulate(name, prof, lambda off, src, ex: classify(lay, off, src, ex), lay["cycles"] / lay["tiles"])
     return prof
 
 

@@ -12,7 +12,6 @@ Usage: ``PYTHONPATH=src python benchmarks/mla_decode_s20b_attribution.py [--chec
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import re
 import sys
@@ -69,19 +68,9 @@ def classify(off, src, ex):
 
 
 def attribute():
-    from mla_decode_pvr_attribution import load
+    from mla_decode_pvr_attribution import load, tabulate
     prof = load(os.path.join(HERE, PATH))
-    cpt = CYCLES / TILES
-    items = collections.defaultdict(collections.Counter)
-    for off, src, s, ex in prof:
-        role, item = classify(off, src, ex)
-        items[role][item] += s
-    print(f"s20b (PVR): {sum(s for _, _, s, _ in prof)} samples, {cpt:.0f} cycles per tile")
-    for role in ("smx", "pv", "prod", "pad"):
-        tot = sum(items[role].values())
-        print(f"  {role}: {tot} samples")
-        for item, s in sorted(items[role].items(), key=lambda kv: -kv[1]):
-            print(f"    {item:40s} {s / tot * cpt:7.0f}")
+    tabulate("s20b (PVR)", prof, classify, CYCLES / TILES)
     return prof
 
 

@@ -98,3 +98,31 @@ def test_cli_dry_runs(bench, capsys):
     out = capsys.readouterr().out
     assert out.count("public small_") == len(S.SMALL_FP8_TABLE) and out.count("(Triton table)") == 12 - 5
     assert bench.main(["--dry-run", "--ms", "64"]) == 0
+
+
+def test_check_then_graph_and_dequant_ref(bench, monkeypatch):
+    """The shared check of the bench's three loops (public, variants, sweep): NaN-poisoned outputs, calc_diff gate,
+    bit identity against the named base (skipping the listed ones), a graph only for what passed, errors recorded.
+    ``dequant_ref`` is benchmarks/gemm.py's."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    from deepkernels.quant import per_block_cast_to_fp8, per_token_cast_to_fp8
+    m, n, k = 4, 130, 256
+    A = per_token_cast_to_fp8(torch.randn(m, k).bfloat16(), use_ue8m0=False)
+    B = per_block_cast_to_fp8(torch.randn(n, k).bfloat16(), use_ue8m0=False)
+    ref = bench.dequant_ref(A, B, k)
+    good = ref.bfloat16()
+    outs = {nm: torch.empty(m, n, dtype=torch.bfloat16) for nm in ("base", "same", "other", "bad", "boom")}
+    fns = {"base": lambda: outs["base"].copy_(good), "same": lambda: outs["same"].copy_(good),
+           "other": lambda: outs["other"].copy_((ref * (1 + 2 ** -7)).bfloat16()),
+           "bad": lambda: None, "boom": lambda: 1 / 0, "aa": lambda: outs["aa"].copy_(good)}
+    outs["aa"] = torch.empty(m, n, dtype=torch.bfloat16)
+    row = {"impls": {"base": {"plan": "p"}}}
+    ok, graphs = bench.check_then_graph(fns, outs, ref, row, graph=lambda fn: ("graph", fn), ident_to="base",
+                                        skip_ident=("aa",))
+    assert ok == ["base", "same", "other", "aa"] and set(graphs) == set(ok)
+    e = row["impls"]
+    assert e["base"]["plan"] == "p" and "bit_identical_to_base" not in e["base"]
+    assert e["same"]["bit_identical_to_base"] is True and e["other"]["bit_identical_to_base"] is False
+    assert "bit_identical_to_base" not in e["aa"]
+    assert e["bad"]["nan"] and e["bad"]["error"] == "failed its check: not timed"
+    assert e["boom"]["error"].startswith("ZeroDivisionError")

@@ -292,6 +292,7 @@ def test_run_loop_on_cpu_fakes(sweep, monkeypatch, tmp_path):
 
     real = sweep._gemm_small()
     fake = types.SimpleNamespace(_inputs=inputs, public_impls=public_impls, nbytes=real.nbytes, _save=save,
+                                 dequant_ref=real.dequant_ref, check_then_graph=real.check_then_graph,
                                  _graph=lambda fn: types.SimpleNamespace(replay=fn),
                                  _result=lambda args, timing: dict(provenance={}, rounds=args.rounds, rows=[]))
     monkeypatch.setattr(sweep, "_gemm_small", lambda: fake)
