@@ -86,11 +86,12 @@ def main() -> int:
            "variants": {k: str(v) for k, v in VARIANTS.items()}, "rows": []}
     for case in cases:
         t = case.setup()
-        graphs, ref = {}, None
+        graphs, scheds, ref = {}, {}, None
         row = {"name": case.name, "flops": case.flops, "err": {}, "us": {k: [] for k in VARIANTS}}
         for k, v in VARIANTS.items():
             set_variant(v)
-            t["sched"], _ = dk.get_mla_metadata()
+            # each graph reads its own schedule tensors at replay: keep every variant's metadata object alive
+            scheds[k] = t["sched"] = dk.get_mla_metadata()[0]
             g, res = graph_of(case, t)
             g.replay()
             torch.cuda.synchronize()
@@ -117,7 +118,7 @@ def main() -> int:
                                                    for k in names), flush=True)
         print(f"{'':52s} err " + " ".join(f"{k} {e[0]:.1e}/{e[1]:.1e}{'' if e[2] else ' NONFINITE'}"
                                            for k, e in row["err"].items()), flush=True)
-        del graphs, t
+        del graphs, scheds, t
         torch.cuda.empty_cache()
     if a.json:
         with open(a.json, "w") as f:
