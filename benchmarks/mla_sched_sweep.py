@@ -34,7 +34,8 @@ import deepkernels.mla.sparse_decode as sdec  # noqa: E402
 from deepkernels.bench.cases import build_cases  # noqa: E402
 from deepkernels.reference.mla import flashmla_schedule  # noqa: E402
 
-DENSE = ["s_q=1 h_q=128 s_k~4096", "s_q=1 h_q=128 s_k~8192", "s_q=1 h_q=128 s_k~32768", "s_q=2 h_q=128 s_k~4096",
+DENSE = ["s_q=1 h_q=128 s_k~4096", "s_q=1 h_q=128 s_k~8192", "s_q=1 h_q=128 s_k~16384", "s_q=2 h_q=128 s_k~8192",
+         "s_q=1 h_q=128 s_k~32768", "s_q=2 h_q=128 s_k~4096",
          "s_q=1 h_q=64 s_k~4096", "s_q=1 h_q=16 s_k~4096", "s_q=1 h_q=32 s_k~4096", "s_q=1 h_q=16 s_k~16384"]
 SPARSE = ["v32 b=64 s_q=1 h_q=128", "v41 b=128 s_q=1 h_q=128", "v32 b=128 s_q=2 h_q=128"]
 VARIANTS = {"lin5": 5, "lin5b": 5, "lin10": 10, "lin16": 16, "lin24": 24, "fm5": "flashmla"}
