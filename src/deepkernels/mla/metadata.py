@@ -15,6 +15,15 @@ owns ``[p*W, (p+1)*W)`` with ``W = ceil(total / num_sm_parts)``. Each program of
 
 Reusable by any decode path: it is driven by a per-request token-count tensor (dense: ``cache_seqlens``; sparse:
 ``topk_length`` or a derived count) rather than by the KV cache itself.
+
+Opt-in alternative (``compute_schedule(..., algorithm="greedy")``, not dispatched by the decode paths): FlashMLA's greedy
+``get_mla_metadata`` schedule (spec/mla.md §3.3, host port :func:`deepkernels.reference.mla.flashmla_schedule`),
+computed bit-exactly by one single-warp program (:func:`_mla_sched_greedy_kernel`). The greedy fill is a walk on
+the same cost line: with ``s = ceil(total / num_sm_parts)`` a part opened at position ``x`` closes at ``y = x + s``
+unless a request boundary (a prefix cost) lies in ``[y, y + overhead]``, in which case it closes exactly there (the
+whole request fits the payload slack: no split). Boundaries are at least ``overhead + 1`` apart, so at most one lies
+in that window, and one step is a vector test of 32 boundaries (one per lane) plus two warp reductions
+(``redux.sync``): the loop over parts is sequential, the search inside a step is not.
 """
 from __future__ import annotations
 
@@ -25,12 +34,20 @@ import triton.language as tl
 from .._backend import use_kernels
 from .._launch import KernelLauncher, cached_launcher
 
-__all__ = ["compute_schedule", "resolve_schedule", "sched_record", "SCHED_BLOCK", "FIXED_OVERHEAD_BLOCKS"]
+__all__ = ["compute_schedule", "resolve_schedule", "sched_record", "SCHED_BLOCK", "FIXED_OVERHEAD_BLOCKS",
+           "SCHEDULE_ALGORITHMS"]
 
 SCHED_BLOCK = 64
 FIXED_OVERHEAD_BLOCKS = 5
 _PARTS_PER_PROGRAM = 32
 _CHUNK = 128
+SCHEDULE_ALGORITHMS = ("linear", "greedy")
+# greedy kernel: requests per window (one per lane of its single warp; 32 boundaries relative to the window's start
+# always fit int32: 32 * (2**25 blocks + overhead) < 2**31 for int32 counts and overhead <= _GREEDY_MAX_OVERHEAD),
+# and requests per iteration of its first pass (the total cost, int64)
+_GW = 32
+_GT = 1024
+_GREEDY_MAX_OVERHEAD = 1 << 20
 
 
 @triton.jit
@@ -128,8 +145,129 @@ def _mla_sched_metadata_kernel(counts_ptr, meta_ptr, nsplits_ptr, b, num_parts,
     tl.store(rec + 7, parts * 0, mask=pmask)
 
 
-def compute_schedule(token_counts: torch.Tensor, num_sm_parts: int,
-                     fixed_overhead: int = FIXED_OVERHEAD_BLOCKS) -> tuple[torch.Tensor, torch.Tensor]:
+# ------------------------------------------------------------------------------------------ greedy (FlashMLA) schedule
+@triton.jit
+def _greedy_window(n_raw, offs, b, OVERHEAD: tl.constexpr, SBLOCK: tl.constexpr):
+    """One window of requests from their raw counts: validity, cost (blocks + overhead; 0 past b) and the end block
+    FlashMLA records for a part that ends at the request's end (its block count, 0 for a zero-length request)."""
+    m = offs < b
+    n = tl.maximum(n_raw, 0)
+    blocks = (tl.maximum(n - 1, 0) // SBLOCK) + 1
+    return m, tl.where(m, blocks + OVERHEAD, 0), tl.where(n > 0, blocks, 0)
+
+
+@triton.jit(do_not_specialize=["b", "num_parts"])
+def _mla_sched_greedy_kernel(counts_ptr, meta_ptr, nsplits_ptr, b, num_parts,
+                             OVERHEAD: tl.constexpr, SBLOCK: tl.constexpr, W: tl.constexpr, TW: tl.constexpr):
+    """FlashMLA's greedy schedule (spec/mla.md §3.3), exactly; one program of one warp (module docstring).
+
+    Positions on the cost line are int64 scalars. The requests are visited in windows of ``W`` (one per lane) whose
+    boundaries are kept relative to the window's start (``base``) in int32; three windows ahead are loaded early.
+    Per part: ``y = x + s``; windows whose last boundary lies below ``y`` are passed; then one reduction finds the
+    boundary in ``[y, y + OVERHEAD]`` (snap, the part ends at a request end) or the last boundary below ``y`` (the
+    part ends inside that request: a split), and a second counts the boundaries below ``y`` (the request index)."""
+    BIG: tl.constexpr = 1 << 30
+    MINV: tl.constexpr = -2147483648
+    # pass 1: total cost (int64), next loads issued before the current chunk is summed
+    offs_t = tl.arange(0, TW)
+    acc = tl.zeros([TW], dtype=tl.int64)
+    nxt = tl.load(counts_ptr + offs_t, mask=offs_t < b, other=0)
+    for c0 in range(0, b, TW):
+        cur = nxt
+        o2 = c0 + TW + offs_t
+        nxt = tl.load(counts_ptr + o2, mask=o2 < b, other=0)
+        _, cost_t, _ = _greedy_window(cur, c0 + offs_t, b, OVERHEAD, SBLOCK)
+        acc += cost_t.to(tl.int64)
+    total = tl.sum(acc, 0)
+    s = (total + num_parts - 1) // num_parts
+    n_last = tl.maximum(tl.load(counts_ptr + b - 1), 0)
+    eb_last = tl.where(n_last > 0, (tl.maximum(n_last - 1, 0) // SBLOCK) + 1, 0)
+    tl.store(nsplits_ptr, b * 0)
+    # window state: the first window and three more loaded ahead
+    lane = tl.arange(0, W)
+    q1 = tl.load(counts_ptr + W + lane, mask=W + lane < b, other=0)
+    q2 = tl.load(counts_ptr + 2 * W + lane, mask=2 * W + lane < b, other=0)
+    q3 = tl.load(counts_ptr + 3 * W + lane, mask=3 * W + lane < b, other=0)
+    valid, cost, eb = _greedy_window(tl.load(counts_ptr + lane, mask=lane < b, other=0), lane, b, OVERHEAD, SBLOCK)
+    e_rel = tl.cumsum(cost, 0)
+    wsum = tl.sum(cost, 0)
+    cs = b * 0                      # first request of the window
+    base = total * 0                # cost line position of the window's start
+    # cursor: position x, its request r (first request not finished), start Cr of request r, splits of r so far
+    x = total * 0
+    cr = total * 0
+    r = b * 0
+    nsplit = b * 0
+    cum = b * 0                     # num_splits[r]
+    p = b * 0
+    while (p < num_parts) & (x < total):
+        y = x + s
+        moved = p < 0
+        while (base + wsum < y) & (cs + W < b):
+            base += wsum
+            cs += W
+            valid, cost, eb = _greedy_window(q1, cs + lane, b, OVERHEAD, SBLOCK)
+            q1 = q2
+            q2 = q3
+            o3 = cs + 3 * W + lane
+            q3 = tl.load(counts_ptr + o3, mask=o3 < b, other=0)
+            wsum = tl.sum(cost, 0)
+            moved = p >= 0
+        if moved:
+            e_rel = tl.cumsum(cost, 0)
+        # y relative to the window start, capped past its last boundary (then every boundary of it is below y)
+        yr = tl.minimum(y - base, (wsum + OVERHEAD + 1).to(tl.int64)).to(tl.int32)
+        diff = e_rel - yr
+        inwin = valid & (diff >= 0) & (diff <= OVERHEAD)
+        below = valid & (diff < 0)
+        kmax = tl.max(tl.where(inwin, diff + BIG, tl.where(below, diff, MINV)), 0)
+        nb = tl.sum(below.to(tl.int32), 0)
+        g = tl.sum(tl.where(inwin, eb, 0), 0)
+        snap = kmax >= BIG
+        over = (kmax < BIG) & (y > total)
+        bnd = snap | over
+        xn = tl.where(snap, y + (kmax - BIG), tl.where(over, total, y))
+        rn = cs + nb + snap.to(tl.int32)
+        cn = tl.where(bnd, xn, tl.where(kmax > MINV, y + kmax, base))
+        end_req = tl.where(bnd, rn - 1, rn)
+        end_blk = tl.where(snap, g.to(tl.int64), tl.where(over, eb_last.to(tl.int64), xn - cn)).to(tl.int32)
+        fs = (x != cr).to(tl.int32)
+        ls = (~bnd).to(tl.int32)
+        one = (r == end_req).to(tl.int32)
+        fs2 = fs | (ls & one)
+        ls2 = ls | (fs & one)
+        rec = meta_ptr + p * 8
+        tl.store(rec + 0, r)
+        tl.store(rec + 1, end_req)
+        tl.store(rec + 2, (x - cr).to(tl.int32))
+        tl.store(rec + 3, end_blk)
+        tl.store(rec + 4, nsplit)
+        tl.store(rec + 5, fs2)
+        tl.store(rec + 6, ls2)
+        tl.store(rec + 7, p * 0)
+        # requests r .. rn-1 end in this part: r's splits so far + 1, then one split each
+        for c0 in range(r, rn, W):
+            o = c0 + lane
+            tl.store(nsplits_ptr + 1 + o, cum + nsplit + 1 + (o - r), mask=o < rn)
+        cum += tl.where(rn > r, nsplit + (rn - r), 0)
+        nsplit = tl.where(bnd, 0, tl.where(rn == r, nsplit + 1, 1))
+        x = xn
+        cr = cn
+        r = rn
+        p += 1
+    # parts left without work
+    for p0 in range(p, num_parts, W):
+        pp = p0 + lane
+        pm = pp < num_parts
+        rec = meta_ptr + pp * 8
+        tl.store(rec + 0, b + pp * 0, mask=pm)
+        tl.store(rec + 1, b - 1 + pp * 0, mask=pm)
+        for k in tl.static_range(2, 8):
+            tl.store(rec + k, pp * 0, mask=pm)
+
+
+def compute_schedule(token_counts: torch.Tensor, num_sm_parts: int, fixed_overhead: int = FIXED_OVERHEAD_BLOCKS,
+                     algorithm: str = "linear") -> tuple[torch.Tensor, torch.Tensor]:
     """Split-KV schedule for a decode step, on ``token_counts``' device without a host sync.
 
     Args:
@@ -138,10 +276,15 @@ def compute_schedule(token_counts: torch.Tensor, num_sm_parts: int,
             block so that its output row is written (out 0, lse +inf).
         num_sm_parts: number of parts (persistent programs per (kv head, query-row block)), ``>= 1``.
         fixed_overhead: per-split cost in 64-token blocks (FlashMLA uses 5).
+        algorithm: ``"linear"`` (default, the closed form of :func:`deepkernels.reference.mla.linear_schedule`) or
+            ``"greedy"`` (FlashMLA's greedy fill, equal to :func:`deepkernels.reference.mla.flashmla_schedule`;
+            one single-warp program, ``0 <= fixed_overhead <= 2**20``). Without kernels (CPU tensors, no
+            interpreter) the reference of the chosen algorithm runs.
     Returns:
         ``(meta [num_sm_parts, 8] int32, num_splits [b + 1] int32)`` (docs/spec/mla.md §3.1).
     Raises:
-        TypeError/ValueError for a non-int32 or non-1-D ``token_counts`` or ``num_sm_parts < 1``.
+        TypeError/ValueError for a non-int32 or non-1-D ``token_counts``, ``num_sm_parts < 1``, an unknown
+        ``algorithm`` or (greedy) ``fixed_overhead`` out of range.
     """
     if not isinstance(token_counts, torch.Tensor) or token_counts.dtype != torch.int32 or token_counts.dim() != 1:
         raise TypeError(f"token_counts must be a 1-D int32 tensor, got "
@@ -149,6 +292,8 @@ def compute_schedule(token_counts: torch.Tensor, num_sm_parts: int,
                         f"{tuple(getattr(token_counts, 'shape', ()))}")
     if int(num_sm_parts) < 1:
         raise ValueError(f"num_sm_parts must be >= 1, got {num_sm_parts}")
+    if algorithm not in SCHEDULE_ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {SCHEDULE_ALGORITHMS}, got {algorithm!r}")
     num_sm_parts = int(num_sm_parts)
     b = token_counts.shape[0]
     dev = token_counts.device
@@ -156,6 +301,8 @@ def compute_schedule(token_counts: torch.Tensor, num_sm_parts: int,
         meta = torch.zeros(num_sm_parts, 8, dtype=torch.int32, device=dev)
         meta[:, 1] = -1
         return meta, torch.zeros(1, dtype=torch.int32, device=dev)
+    if algorithm == "greedy":
+        return _greedy_schedule(token_counts, num_sm_parts, int(fixed_overhead))
     if not use_kernels(token_counts):
         from ..reference.mla import linear_schedule
         meta, ns = linear_schedule(token_counts, num_sm_parts, fixed_overhead)
@@ -166,6 +313,25 @@ def compute_schedule(token_counts: torch.Tensor, num_sm_parts: int,
     grid = (triton.cdiv(num_sm_parts, _PARTS_PER_PROGRAM),)
     _sched_launcher(int(fixed_overhead), counts.data_ptr() & 15 == 0, b < 2 ** 31 and num_sm_parts < 2 ** 31)(
         grid, counts, meta, num_splits, b, num_sm_parts)
+    return meta, num_splits
+
+
+def _greedy_schedule(token_counts: torch.Tensor, num_sm_parts: int, fixed_overhead: int):
+    if not 0 <= fixed_overhead <= _GREEDY_MAX_OVERHEAD:
+        raise ValueError(f"fixed_overhead must be in [0, {_GREEDY_MAX_OVERHEAD}] for the greedy schedule, got "
+                         f"{fixed_overhead}")
+    b = token_counts.shape[0]
+    dev = token_counts.device
+    if not use_kernels(token_counts):
+        from ..reference.mla import flashmla_schedule
+        meta, ns = flashmla_schedule(token_counts, num_sm_parts, fixed_overhead)
+        return meta.to(dev), ns.to(dev)
+    if b >= 2 ** 31 - 4 * _GW - _GT or num_sm_parts >= 2 ** 28:
+        raise ValueError(f"greedy schedule: b ({b}) and num_sm_parts ({num_sm_parts}) must stay below 2**31 / 2**28")
+    counts = token_counts.contiguous()
+    meta = torch.empty(num_sm_parts, 8, dtype=torch.int32, device=dev)
+    num_splits = torch.empty(b + 1, dtype=torch.int32, device=dev)
+    _greedy_launcher(fixed_overhead, counts.data_ptr() & 15 == 0)((1,), counts, meta, num_splits, b, num_sm_parts)
     return meta, num_splits
 
 
@@ -223,3 +389,10 @@ def _sched_launcher(overhead: int, aligned: bool, i32: bool) -> KernelLauncher:
     return cached_launcher(_LAUNCHERS, _mla_sched_metadata_kernel, (overhead, aligned, i32),
                            lambda: dict(OVERHEAD=overhead, SBLOCK=SCHED_BLOCK, CHUNK=_CHUNK, PARTS=_PARTS_PER_PROGRAM,
                                         num_warps=4), 64)
+
+
+def _greedy_launcher(overhead: int, aligned: bool) -> KernelLauncher:
+    """The greedy kernel's launcher per (overhead, counts alignment): one program of one warp (its loop over parts is
+    sequential; a second warp would only add block-wide barriers to every step's reductions)."""
+    return cached_launcher(_LAUNCHERS, _mla_sched_greedy_kernel, (overhead, aligned),
+                           lambda: dict(OVERHEAD=overhead, SBLOCK=SCHED_BLOCK, W=_GW, TW=_GT, num_warps=1), 64)
