@@ -21,8 +21,34 @@ key counts = ``cache_seqlens``, optionally causal) and the sparse path (lse the 
 bf16 under the interpreter).
 
 Grid: ``(b * s_q, ceil(h_q / HEADS))`` — ``b·s_q`` on axis 0 (no 65,535 limit), a head block on axis 1.
+
+Fast combine (session 21, opt-in, OFF by default, UNVERIFIED on GPU at its commit): :func:`_mla_decode_combine_fast_kernel`,
+the same fp32 operations in the same order (bit-identical out and lse; tests/test_mla_combine_fast.py), with fewer
+dependent memory round trips. The current kernel runs three loops over a request's splits (max, sum, output), one
+load per iteration, each waiting for the previous: ``1 + 3·nsp`` dependent round trips for ``nsp`` splits. The fast
+kernel reads ``CH`` splits per step (constexpr, 1..4):
+
+* ``nsp <= CH`` (the usual case: at b 64-128 a request has 1-3 splits): one straight-line step issues every lse and
+  o_accum load of the request at once, then max, sum, sink and output in the current order: ``num_splits`` + ONE
+  round trip, then the store;
+* ``nsp > CH``: the three loops, each step loading ``CH`` splits at once (``ceil(nsp / CH)`` round trips per loop).
+
+A split past the request's end (``k >= nsp`` in a step) is masked: lse ``-inf``, o 0. That adds exactly nothing:
+``max(m, -inf) = m``; its sum term ``2^(-inf - mx) = 0`` and ``S + 0 = S`` (S starts at +0 and only grows, never
+-0); its output term ``fma(2^(-inf - G), 0, acc) = acc`` (G is never -inf; acc is never -0 after its first term;
+G NaN makes every real term NaN already). So the result is bit for bit the current kernel's, empty splits, sink
+(±inf too), no-split requests and clamped ``num_splits`` ranges included (that code is the current kernel's, copied).
+
+``PDL`` (constexpr) starts the kernel with ``griddepcontrol.wait`` (``tl.extra.cuda.gdc_wait``) and is launched with
+Triton's ``launch_pdl`` option (programmatic stream serialisation): the combine grid may be scheduled before the
+preceding decode kernel has fully retired and waits for its completion (and memory) on the device. Interpreter:
+never (no inline asm there). Switches: :func:`set_fast_combine` (module-wide, what the decode paths get) or
+``combine_splits_(..., fast=, pdl=, fast_config=)`` per call; config :class:`FastCombineConfig` (HEADS per program,
+num_warps, CH).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -31,9 +57,44 @@ import triton.language as tl
 from .._launch import cached_launcher
 from .._triton_helpers import rne_bf16 as _rne_bf16
 
-__all__ = ["combine_splits_"]
+__all__ = ["combine_splits_", "FastCombineConfig", "set_fast_combine", "fast_combine_settings"]
 
 _COMBINE_HEADS = 8
+
+
+@dataclass(frozen=True)
+class FastCombineConfig:
+    """Launch shape of the fast combine: ``heads`` per program (power of 2, grid axis 1 = ceil(h_q / heads)),
+    ``num_warps``, ``ch`` splits loaded per step (1..4; registers: ch o-tiles of heads x 512 fp32 per program)."""
+    heads: int = 8
+    num_warps: int = 4
+    ch: int = 2
+
+    def __post_init__(self):
+        if self.heads < 1 or self.heads & (self.heads - 1) or not 1 <= self.ch <= 4 or self.num_warps not in (1, 2,
+                                                                                                              4, 8,
+                                                                                                              16):
+            raise ValueError(f"bad FastCombineConfig {self}")
+
+
+# Module-wide switches (what the decode paths, which never pass fast=/pdl=, get). OFF by default: the current kernel.
+_FAST = {"on": False, "pdl": False, "config": FastCombineConfig()}
+
+
+def set_fast_combine(enabled: bool, pdl: bool = False, config: FastCombineConfig | None = None) -> tuple:
+    """Turn the fast combine on/off for every caller that does not pass ``fast=`` (``pdl``: launch it with
+    programmatic dependent launch; ``config``: its launch shape, None keeps the current one). Returns the previous
+    ``(enabled, pdl, config)``."""
+    prev = (_FAST["on"], _FAST["pdl"], _FAST["config"])
+    _FAST["on"], _FAST["pdl"] = bool(enabled), bool(pdl)
+    if config is not None:
+        _FAST["config"] = config
+    return prev
+
+
+def fast_combine_settings() -> tuple:
+    """The module-wide ``(enabled, pdl, config)``."""
+    return _FAST["on"], _FAST["pdl"], _FAST["config"]
 
 
 # acc_rows (= b + num_sm_parts) only bounds the split count, topk / xtopk only count the keys of a request with no
@@ -126,11 +187,196 @@ def _mla_decode_combine_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr
         tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=hm[:, None])
 
 
+@triton.jit
+def _fast_ld(lacc_ptr, oacc_ptr, start, k, nsp, s_q, si, h_q, heads, hm, dv, D_V: tl.constexpr):
+    """Split ``k`` of a request (rows ``start + k``): lse ``[HEADS]`` and o ``[HEADS, D_V]``; a split past the
+    request's end (``k >= nsp``) reads lse -inf and o 0 (no memory access)."""
+    m = hm & (k < nsp)
+    # a scalar int64 row offset plus int32 element offsets (fewer 64-bit address registers than an int64 tile)
+    rowoff = ((start + k).to(tl.int64) * s_q + si) * h_q
+    lk = tl.load(lacc_ptr + rowoff + heads, mask=m, other=float("-inf"))
+    o = tl.load((oacc_ptr + rowoff * D_V) + (heads[:, None] * D_V + dv[None, :]), mask=m[:, None], other=0.0)
+    return lk, o
+
+
+@triton.jit
+def _fast_ld_lse(lacc_ptr, start, k, nsp, s_q, si, h_q, heads, hm):
+    m = hm & (k < nsp)
+    rowoff = ((start + k).to(tl.int64) * s_q + si) * h_q
+    return tl.load(lacc_ptr + rowoff + heads, mask=m, other=float("-inf"))
+
+
+@triton.jit
+def _fast_lse_out(lse_ptr, lse_off, sink_ptr, heads, hm, mx, ssum, HAS_SINK: tl.constexpr):
+    """The current kernel's lse tail: G from (mx, S), the natural-log lse store, the sink."""
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    g = tl.where(ssum == 0.0, float("inf"), tl.log2(ssum) + mx)
+    tl.store(lse_ptr + lse_off, g * 0.6931471805599453, mask=hm)
+    if HAS_SINK:
+        sig = tl.load(sink_ptr + heads, mask=hm, other=float("-inf")) * 1.4426950408889634
+        g_fin = g + tl.log2(1.0 + tl.exp2(sig - g))
+        g = tl.where(g != float("inf"), g_fin, tl.where(sig == float("-inf"), g, sig))
+    return g
+
+
+# Same arguments as the current kernel plus CH (splits per step) and PDL; acc_rows / topk / xtopk unspecialised.
+@triton.jit(do_not_specialize=["acc_rows", "topk", "xtopk"])
+def _mla_decode_combine_fast_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr, sink_ptr, len_ptr,
+                                    s_q, h_q, acc_rows, xlen_ptr=None, topk=0, xtopk=0,
+                                    HAS_SINK: tl.constexpr = False, ALL_REQUESTS: tl.constexpr = False,
+                                    HEADS: tl.constexpr = 8, D_V: tl.constexpr = 512,
+                                    HAS_LEN: tl.constexpr = False, CAUSAL: tl.constexpr = False,
+                                    LSE_SHQ: tl.constexpr = False, TOPK_LEN: tl.constexpr = False,
+                                    HAS_EXTRA: tl.constexpr = False, HAS_XLEN: tl.constexpr = False,
+                                    RNE: tl.constexpr = False, CH: tl.constexpr = 2, PDL: tl.constexpr = False):
+    """The current kernel's math and order (module docstring, "Fast combine"), ``CH`` splits per load step; a
+    request with ``nsp <= CH`` splits is one straight-line step (all its loads in flight at once). PDL: wait for
+    the preceding grid (griddepcontrol.wait) before the first load."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    pid = tl.program_id(0).to(tl.int64)
+    bi = pid // s_q
+    si = pid % s_q
+    heads = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
+    hm = heads < h_q
+    if LSE_SHQ:
+        lse_off = (bi * s_q + si) * h_q + heads
+    else:
+        lse_off = (bi * h_q + heads) * s_q + si
+    start = tl.minimum(tl.maximum(tl.load(nsplits_ptr + bi), 0), acc_rows)
+    nsp = tl.minimum(tl.maximum(tl.load(nsplits_ptr + bi + 1), start), acc_rows) - start
+    if ALL_REQUESTS:
+        active = nsp >= 1
+    else:
+        active = nsp > 1
+    dv = tl.arange(0, D_V)
+    optr = out_ptr + ((bi * s_q + si) * h_q + heads)[:, None] * D_V + dv[None, :]
+    if active:
+        mx = tl.full([HEADS], float("-inf"), tl.float32)
+        ssum = tl.zeros([HEADS], dtype=tl.float32)
+        acc = tl.zeros([HEADS, D_V], dtype=tl.float32)
+        if nsp <= CH:
+            # every load of the request at once (splits >= nsp masked: lse -inf, o 0 -- exact no-ops below)
+            l0, o0 = _fast_ld(lacc_ptr, oacc_ptr, start, 0, nsp, s_q, si, h_q, heads, hm, dv, D_V)
+            if CH >= 2:
+                l1, o1 = _fast_ld(lacc_ptr, oacc_ptr, start, 1, nsp, s_q, si, h_q, heads, hm, dv, D_V)
+            if CH >= 3:
+                l2, o2 = _fast_ld(lacc_ptr, oacc_ptr, start, 2, nsp, s_q, si, h_q, heads, hm, dv, D_V)
+            if CH >= 4:
+                l3, o3 = _fast_ld(lacc_ptr, oacc_ptr, start, 3, nsp, s_q, si, h_q, heads, hm, dv, D_V)
+            mx = tl.maximum(mx, l0)
+            if CH >= 2:
+                mx = tl.maximum(mx, l1)
+            if CH >= 3:
+                mx = tl.maximum(mx, l2)
+            if CH >= 4:
+                mx = tl.maximum(mx, l3)
+            mxz = tl.where(mx == float("-inf"), 0.0, mx)
+            ssum += tl.exp2(l0 - mxz)
+            if CH >= 2:
+                ssum += tl.exp2(l1 - mxz)
+            if CH >= 3:
+                ssum += tl.exp2(l2 - mxz)
+            if CH >= 4:
+                ssum += tl.exp2(l3 - mxz)
+            g = _fast_lse_out(lse_ptr, lse_off, sink_ptr, heads, hm, mx, ssum, HAS_SINK)
+            w = tl.exp2(l0 - g)
+            acc += w[:, None] * o0
+            if CH >= 2:
+                w = tl.exp2(l1 - g)
+                acc += w[:, None] * o1
+            if CH >= 3:
+                w = tl.exp2(l2 - g)
+                acc += w[:, None] * o2
+            if CH >= 4:
+                w = tl.exp2(l3 - g)
+                acc += w[:, None] * o3
+        else:
+            # the current three loops, CH splits loaded per step
+            for k0 in range(0, nsp, CH):
+                l0 = _fast_ld_lse(lacc_ptr, start, k0, nsp, s_q, si, h_q, heads, hm)
+                if CH >= 2:
+                    l1 = _fast_ld_lse(lacc_ptr, start, k0 + 1, nsp, s_q, si, h_q, heads, hm)
+                if CH >= 3:
+                    l2 = _fast_ld_lse(lacc_ptr, start, k0 + 2, nsp, s_q, si, h_q, heads, hm)
+                if CH >= 4:
+                    l3 = _fast_ld_lse(lacc_ptr, start, k0 + 3, nsp, s_q, si, h_q, heads, hm)
+                mx = tl.maximum(mx, l0)
+                if CH >= 2:
+                    mx = tl.maximum(mx, l1)
+                if CH >= 3:
+                    mx = tl.maximum(mx, l2)
+                if CH >= 4:
+                    mx = tl.maximum(mx, l3)
+            mxz = tl.where(mx == float("-inf"), 0.0, mx)
+            for k0 in range(0, nsp, CH):
+                l0 = _fast_ld_lse(lacc_ptr, start, k0, nsp, s_q, si, h_q, heads, hm)
+                if CH >= 2:
+                    l1 = _fast_ld_lse(lacc_ptr, start, k0 + 1, nsp, s_q, si, h_q, heads, hm)
+                if CH >= 3:
+                    l2 = _fast_ld_lse(lacc_ptr, start, k0 + 2, nsp, s_q, si, h_q, heads, hm)
+                if CH >= 4:
+                    l3 = _fast_ld_lse(lacc_ptr, start, k0 + 3, nsp, s_q, si, h_q, heads, hm)
+                ssum += tl.exp2(l0 - mxz)
+                if CH >= 2:
+                    ssum += tl.exp2(l1 - mxz)
+                if CH >= 3:
+                    ssum += tl.exp2(l2 - mxz)
+                if CH >= 4:
+                    ssum += tl.exp2(l3 - mxz)
+            g = _fast_lse_out(lse_ptr, lse_off, sink_ptr, heads, hm, mx, ssum, HAS_SINK)
+            for k0 in range(0, nsp, CH):
+                l0, o0 = _fast_ld(lacc_ptr, oacc_ptr, start, k0, nsp, s_q, si, h_q, heads, hm, dv, D_V)
+                if CH >= 2:
+                    l1, o1 = _fast_ld(lacc_ptr, oacc_ptr, start, k0 + 1, nsp, s_q, si, h_q, heads, hm, dv, D_V)
+                if CH >= 3:
+                    l2, o2 = _fast_ld(lacc_ptr, oacc_ptr, start, k0 + 2, nsp, s_q, si, h_q, heads, hm, dv, D_V)
+                if CH >= 4:
+                    l3, o3 = _fast_ld(lacc_ptr, oacc_ptr, start, k0 + 3, nsp, s_q, si, h_q, heads, hm, dv, D_V)
+                w = tl.exp2(l0 - g)
+                acc += w[:, None] * o0
+                if CH >= 2:
+                    w = tl.exp2(l1 - g)
+                    acc += w[:, None] * o1
+                if CH >= 3:
+                    w = tl.exp2(l2 - g)
+                    acc += w[:, None] * o2
+                if CH >= 4:
+                    w = tl.exp2(l3 - g)
+                    acc += w[:, None] * o3
+        if RNE:
+            acc = _rne_bf16(acc)
+        tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=hm[:, None])
+    elif nsp <= 0:
+        # the current kernel's no-split rows: empty if the query row has no key, else NaN
+        n = si * 0
+        if HAS_LEN:
+            n = tl.load(len_ptr + bi).to(tl.int64)
+        if TOPK_LEN:
+            if HAS_LEN:
+                n = tl.minimum(tl.maximum(n, 0), topk)
+            else:
+                n = n + topk
+        if CAUSAL:
+            n = n - (s_q - 1 - si)
+        if HAS_EXTRA:
+            nx = si * 0 + xtopk
+            if HAS_XLEN:
+                nx = tl.minimum(tl.maximum(tl.load(xlen_ptr + bi).to(tl.int64), 0), xtopk)
+            n = n + nx
+        bad = n > 0
+        tl.store(lse_ptr + lse_off, tl.zeros([HEADS], tl.float32) + tl.where(bad, float("nan"), float("inf")),
+                 mask=hm)
+        o = tl.zeros([HEADS, D_V], tl.float32) + tl.where(bad, float("nan"), 0.0)
+        tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=hm[:, None])
+
+
 def combine_splits_(out: torch.Tensor, lse: torch.Tensor, o_accum: torch.Tensor, lse_accum: torch.Tensor,
                     num_splits: torch.Tensor, attn_sink: torch.Tensor | None = None,
                     all_requests: bool = False, lengths: torch.Tensor | None = None,
                     causal: bool = False, *, topk: int | None = None, extra_lengths: torch.Tensor | None = None,
-                    extra_topk: int | None = None, rne: bool = False, _spec=None) -> None:
+                    extra_topk: int | None = None, rne: bool = False, _spec=None, fast: bool | None = None,
+                    pdl: bool | None = None, fast_config: FastCombineConfig | None = None) -> None:
     """Launch the combine in place (out-parameter launcher; callers own the shapes, only lse's layout is checked).
 
     Args:
@@ -157,6 +403,10 @@ def combine_splits_(out: torch.Tensor, lse: torch.Tensor, o_accum: torch.Tensor,
         _spec: a hashable object standing for the launch facts a caller's cached call plan fixes: dtype and 16-B
             alignment of every pointer argument except num_splits (which also stands in for absent lengths), the
             s_q / h_q / topk facts and lse's layout (its check is skipped). None: all computed (and checked) here.
+        fast: run the fast combine (module docstring, "Fast combine"; bit-identical results); None: the module-wide
+            switch (:func:`set_fast_combine`, off by default). pdl: launch the fast combine with programmatic
+            dependent launch (None: the module-wide switch; never under the interpreter; ignored without fast).
+            fast_config: its :class:`FastCombineConfig` (None: the module-wide one).
     Raises:
         ValueError if ``lse`` has neither layout (``_spec`` None).
     """
@@ -189,10 +439,25 @@ def combine_splits_(out: torch.Tensor, lse: torch.Tensor, o_accum: torch.Tensor,
                max(s_q, h_q, acc_rows, topk_i, xtopk_i) < 2 ** 31)
     else:   # num_splits and acc_rows are the only facts the caller's plan does not fix
         key = (flags, _spec, num_splits.dtype, num_splits.data_ptr() & 15 == 0, acc_rows < 2 ** 31)
+    if fast if fast is not None else _FAST["on"]:
+        cfg = fast_config if fast_config is not None else _FAST["config"]
+        use_pdl = (pdl if pdl is not None else _FAST["pdl"]) and not _interpreting()
+        launcher = cached_launcher(_LAUNCHERS, _mla_decode_combine_fast_kernel, (key, cfg, use_pdl), lambda: dict(
+            HAS_SINK=flags[0], ALL_REQUESTS=flags[1], HEADS=cfg.heads, D_V=d_v, HAS_LEN=flags[3], CAUSAL=causal,
+            LSE_SHQ=lse_shq, TOPK_LEN=flags[6], HAS_EXTRA=has_x, HAS_XLEN=flags[8], RNE=flags[9], CH=cfg.ch,
+            PDL=use_pdl, num_warps=cfg.num_warps, launch_pdl=use_pdl), 256)
+        launcher((b * s_q, triton.cdiv(h_q, cfg.heads)), o_accum, lse_accum, num_splits, out, lse, sink, lens, s_q,
+                 h_q, acc_rows, xlens, topk_i, xtopk_i)
+        return
     launcher = cached_launcher(_LAUNCHERS, _mla_decode_combine_kernel, key, lambda: dict(
         HAS_SINK=flags[0], ALL_REQUESTS=flags[1], HEADS=_COMBINE_HEADS, D_V=d_v, HAS_LEN=flags[3], CAUSAL=causal,
         LSE_SHQ=lse_shq, TOPK_LEN=flags[6], HAS_EXTRA=has_x, HAS_XLEN=flags[8], RNE=flags[9], num_warps=4), 256)
     launcher(grid, o_accum, lse_accum, num_splits, out, lse, sink, lens, s_q, h_q, acc_rows, xlens, topk_i, xtopk_i)
+
+
+def _interpreting() -> bool:
+    from triton import knobs
+    return bool(knobs.runtime.interpret)
 
 
 def _combine_grid(b: int, s_q: int, h_q: int) -> tuple:
