@@ -237,8 +237,14 @@ def main() -> int:
     ap.add_argument("--rep-ms", type=int, default=40, help="do_bench rep (ms) per timing (b)")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new case after this many seconds")
     ap.add_argument("--match", default="")
+    ap.add_argument("--no-pdl", action="store_true", help="drop the fast_pdl variants (PDL tests failed)")
     ap.add_argument("--list", action="store_true", help="print the cases and variants and exit (no GPU needed)")
     a = ap.parse_args()
+    if a.no_pdl:
+        global CALL_VARIANTS
+        for k in [k for k, v in FAST_CONFIGS.items() if v is not None and v[1]]:
+            del FAST_CONFIGS[k]
+        CALL_VARIANTS = tuple(v for v in CALL_VARIANTS if v in FAST_CONFIGS)
     cases = [(k, c) for k, c in CASES if a.match in _case_name(k, c)]
     if a.list:
         for k, c in cases:
