@@ -53,7 +53,14 @@ FAST_CONFIGS = {
     "fast_pdl": (FastCombineConfig(), True),
     "fast_ch1": (FastCombineConfig(8, 4, 1), False),
     "fast_h16w8": (FastCombineConfig(16, 8, 2), False),
+    "fast_r4": (FastCombineConfig(8, 4, 2, 4), False),
+}
+# more configs for --variants (each costs one compile per flag set: 4 sets in the default cases)
+EXTRA_CONFIGS = {
     "fast_ch4w8": (FastCombineConfig(8, 8, 4), False),
+    "fast_r2": (FastCombineConfig(8, 4, 2, 2), False),
+    "fast_ch3": (FastCombineConfig(8, 4, 3), False),
+    "fast_r4_pdl": (FastCombineConfig(8, 4, 2, 4), True),
 }
 CALL_VARIANTS = ("cur", "cur_b", "fast", "fast_pdl")
 
@@ -238,10 +245,21 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no new case after this many seconds")
     ap.add_argument("--match", default="")
     ap.add_argument("--no-pdl", action="store_true", help="drop the fast_pdl variants (PDL tests failed)")
+    ap.add_argument("--variants", default="", help="combine variants besides cur/cur_b (comma list of FAST_CONFIGS / "
+                                                   "EXTRA_CONFIGS names; default: FAST_CONFIGS)")
     ap.add_argument("--list", action="store_true", help="print the cases and variants and exit (no GPU needed)")
     a = ap.parse_args()
+    global CALL_VARIANTS
+    if a.variants:
+        pool = {**FAST_CONFIGS, **EXTRA_CONFIGS}
+        want = ["cur", "cur_b"] + [v for v in a.variants.split(",") if v not in ("cur", "cur_b")]
+        bad = [v for v in want if v not in pool]
+        if bad:
+            ap.error(f"unknown variants {bad}; known: {sorted(pool)}")
+        FAST_CONFIGS.clear()
+        FAST_CONFIGS.update({v: pool[v] for v in want})
+        CALL_VARIANTS = tuple(v for v in CALL_VARIANTS if v in FAST_CONFIGS)
     if a.no_pdl:
-        global CALL_VARIANTS
         for k in [k for k, v in FAST_CONFIGS.items() if v is not None and v[1]]:
             del FAST_CONFIGS[k]
         CALL_VARIANTS = tuple(v for v in CALL_VARIANTS if v in FAST_CONFIGS)

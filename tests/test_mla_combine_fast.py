@@ -10,8 +10,8 @@ import torch
 import deepkernels.mla.combine as comb
 from deepkernels.mla.combine import FastCombineConfig, combine_splits_
 
-CONFIGS = [FastCombineConfig(8, 4, 2), FastCombineConfig(8, 4, 1), FastCombineConfig(4, 4, 3),
-           FastCombineConfig(16, 8, 2), FastCombineConfig(8, 8, 4)]
+CONFIGS = [FastCombineConfig(8, 4, 2), FastCombineConfig(8, 4, 1), FastCombineConfig(4, 4, 3, 3),
+           FastCombineConfig(16, 8, 2, 2), FastCombineConfig(8, 8, 4), FastCombineConfig(8, 4, 2, 4)]
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -147,13 +147,15 @@ def test_config_validation():
         FastCombineConfig(ch=5)
     with pytest.raises(ValueError):
         FastCombineConfig(num_warps=3)
+    with pytest.raises(ValueError):
+        FastCombineConfig(rows=0)
     assert comb.fast_combine_settings()[0] is False      # off by default: the decode paths get the current kernel
 
 
 # ------------------------------------------------------------------ compile tier (sm90, CPU)
 _SIG = dict(oacc_ptr="*fp32", lacc_ptr="*fp32", nsplits_ptr="*i32", out_ptr="*bf16", lse_ptr="*fp32",
             sink_ptr="*fp32", len_ptr="*i32", s_q="i32", h_q="i32", acc_rows="i32", xlen_ptr="*i32", topk="i32",
-            xtopk="i32")
+            xtopk="i32", n_rows="i32")
 
 
 @pytest.mark.compile
@@ -164,12 +166,13 @@ _SIG = dict(oacc_ptr="*fp32", lacc_ptr="*fp32", nsplits_ptr="*i32", out_ptr="*bf
     (FastCombineConfig(8, 4, 1), False, dict(HAS_LEN=True)),
     (FastCombineConfig(16, 8, 2), False, dict(HAS_LEN=True)),
     (FastCombineConfig(8, 8, 4), False, dict(HAS_SINK=True, HAS_LEN=True, LSE_SHQ=True, TOPK_LEN=True)),
+    (FastCombineConfig(8, 4, 2, 4), True, dict(HAS_LEN=True, CAUSAL=True)),
 ], ids=lambda x: str(x))
 def test_compile_fast_combine(cfg, pdl, flags):
     from deepkernels.testing.compile import compile_sm90, ptxas_sm90_or_skip
     c = compile_sm90(comb._mla_decode_combine_fast_kernel, _SIG,
-                     dict(D_V=512, HEADS=cfg.heads, CH=cfg.ch, PDL=pdl, **flags), num_warps=cfg.num_warps,
-                     launch_pdl=pdl)
+                     dict(D_V=512, HEADS=cfg.heads, CH=cfg.ch, ROWS=cfg.rows, PDL=pdl, **flags),
+                     num_warps=cfg.num_warps, launch_pdl=pdl)
     assert not c.uses_local_memory
     assert ("griddepcontrol.wait" in c.ptx) == pdl
     rep = ptxas_sm90_or_skip(c.ptx)
@@ -288,7 +291,7 @@ def test_gpu_public_dense_fast_vs_current(b, s_q, h_q, s_k, varlen, pdl, poison_
                        pdl)
     for o, l_ in res[1:]:
         assert same_bits(o, res[0][0]) and same_bits(l_, res[0][1])
-    fin = res[0][0][sl_t.cpu() > 0]
+    fin = res[0][0][sl_t > 0]
     assert not torch.isnan(fin).any()
     launchers = [v for (fn, _k), v in comb._LAUNCHERS.items() if fn is comb._mla_decode_combine_fast_kernel]
     assert launchers, "the fast combine never ran"

@@ -22,9 +22,9 @@ bf16 under the interpreter).
 
 Grid: ``(b * s_q, ceil(h_q / HEADS))`` — ``b·s_q`` on axis 0 (no 65,535 limit), a head block on axis 1.
 
-Fast combine (session 21, opt-in, OFF by default, UNVERIFIED on GPU at its commit): :func:`_mla_decode_combine_fast_kernel`,
-the same fp32 operations in the same order (bit-identical out and lse; tests/test_mla_combine_fast.py), with fewer
-dependent memory round trips. The current kernel runs three loops over a request's splits (max, sum, output), one
+Fast combine (session 21, opt-in, OFF by default, UNVERIFIED on GPU at its commit):
+:func:`_mla_decode_combine_fast_kernel`, the same fp32 operations in the same order (bit-identical out and lse;
+tests/test_mla_combine_fast.py), with fewer dependent memory round trips. The current kernel runs three loops over a request's splits (max, sum, output), one
 load per iteration, each waiting for the previous: ``1 + 3·nsp`` dependent round trips for ``nsp`` splits. The fast
 kernel reads ``CH`` splits per step (constexpr, 1..4):
 
@@ -32,6 +32,9 @@ kernel reads ``CH`` splits per step (constexpr, 1..4):
   o_accum load of the request at once, then max, sum, sink and output in the current order: ``num_splits`` + ONE
   round trip, then the store;
 * ``nsp > CH``: the three loops, each step loading ``CH`` splits at once (``ceil(nsp / CH)`` round trips per loop).
+* ``ROWS`` > 1 (config ``rows``): a program takes ``ROWS`` query rows in turn (grid ``ceil(b*s_q/ROWS)``): fewer
+  programs, so the rows of single-split requests (nothing to combine: one ``num_splits`` load) cost less scheduling;
+  the rows that do combine run one after another inside the program.
 
 A split past the request's end (``k >= nsp`` in a step) is masked: lse ``-inf``, o 0. That adds exactly nothing:
 ``max(m, -inf) = m``; its sum term ``2^(-inf - mx) = 0`` and ``S + 0 = S`` (S starts at +0 and only grows, never
@@ -44,7 +47,7 @@ Triton's ``launch_pdl`` option (programmatic stream serialisation): the combine 
 preceding decode kernel has fully retired and waits for its completion (and memory) on the device. Interpreter:
 never (no inline asm there). Switches: :func:`set_fast_combine` (module-wide, what the decode paths get) or
 ``combine_splits_(..., fast=, pdl=, fast_config=)`` per call; config :class:`FastCombineConfig` (HEADS per program,
-num_warps, CH).
+num_warps, CH, ROWS).
 """
 from __future__ import annotations
 
@@ -65,15 +68,16 @@ _COMBINE_HEADS = 8
 @dataclass(frozen=True)
 class FastCombineConfig:
     """Launch shape of the fast combine: ``heads`` per program (power of 2, grid axis 1 = ceil(h_q / heads)),
-    ``num_warps``, ``ch`` splits loaded per step (1..4; registers: ch o-tiles of heads x 512 fp32 per program)."""
+    ``num_warps``, ``ch`` splits loaded per step (1..4; registers: ch o-tiles of heads x 512 fp32 per program),
+    ``rows`` query rows per program, taken in turn (grid axis 0 = ceil(b * s_q / rows))."""
     heads: int = 8
     num_warps: int = 4
     ch: int = 2
+    rows: int = 1
 
     def __post_init__(self):
-        if self.heads < 1 or self.heads & (self.heads - 1) or not 1 <= self.ch <= 4 or self.num_warps not in (1, 2,
-                                                                                                              4, 8,
-                                                                                                              16):
+        if self.heads < 1 or self.heads & (self.heads - 1) or not 1 <= self.ch <= 4 \
+                or self.num_warps not in (1, 2, 4, 8, 16) or not 1 <= self.rows <= 64:
             raise ValueError(f"bad FastCombineConfig {self}")
 
 
@@ -219,22 +223,44 @@ def _fast_lse_out(lse_ptr, lse_off, sink_ptr, heads, hm, mx, ssum, HAS_SINK: tl.
     return g
 
 
-# Same arguments as the current kernel plus CH (splits per step) and PDL; acc_rows / topk / xtopk unspecialised.
-@triton.jit(do_not_specialize=["acc_rows", "topk", "xtopk"])
+# Same arguments as the current kernel plus n_rows (= b * s_q), CH (splits per step), ROWS (query rows per program)
+# and PDL; acc_rows / topk / xtopk / n_rows unspecialised.
+@triton.jit(do_not_specialize=["acc_rows", "topk", "xtopk", "n_rows"])
 def _mla_decode_combine_fast_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr, sink_ptr, len_ptr,
-                                    s_q, h_q, acc_rows, xlen_ptr=None, topk=0, xtopk=0,
+                                    s_q, h_q, acc_rows, xlen_ptr=None, topk=0, xtopk=0, n_rows=1,
                                     HAS_SINK: tl.constexpr = False, ALL_REQUESTS: tl.constexpr = False,
                                     HEADS: tl.constexpr = 8, D_V: tl.constexpr = 512,
                                     HAS_LEN: tl.constexpr = False, CAUSAL: tl.constexpr = False,
                                     LSE_SHQ: tl.constexpr = False, TOPK_LEN: tl.constexpr = False,
                                     HAS_EXTRA: tl.constexpr = False, HAS_XLEN: tl.constexpr = False,
-                                    RNE: tl.constexpr = False, CH: tl.constexpr = 2, PDL: tl.constexpr = False):
+                                    RNE: tl.constexpr = False, CH: tl.constexpr = 2, ROWS: tl.constexpr = 1,
+                                    PDL: tl.constexpr = False):
     """The current kernel's math and order (module docstring, "Fast combine"), ``CH`` splits per load step; a
-    request with ``nsp <= CH`` splits is one straight-line step (all its loads in flight at once). PDL: wait for
-    the preceding grid (griddepcontrol.wait) before the first load."""
+    request with ``nsp <= CH`` splits is one straight-line step (all its loads in flight at once). ``ROWS`` > 1:
+    each program takes query rows ``pid*ROWS ..`` in turn (fewer programs; a row whose request needs no combine
+    costs one ``num_splits`` load). PDL: wait for the preceding grid (griddepcontrol.wait) before the first load."""
     if PDL:
         tl.extra.cuda.gdc_wait()
-    pid = tl.program_id(0).to(tl.int64)
+    if ROWS == 1:
+        _fast_row(tl.program_id(0).to(tl.int64), oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr, sink_ptr,
+                  len_ptr, s_q, h_q, acc_rows, xlen_ptr, topk, xtopk, HAS_SINK, ALL_REQUESTS, HEADS, D_V, HAS_LEN,
+                  CAUSAL, LSE_SHQ, TOPK_LEN, HAS_EXTRA, HAS_XLEN, RNE, CH)
+    else:
+        for r in range(ROWS):
+            row = tl.program_id(0).to(tl.int64) * ROWS + r
+            if row < n_rows:
+                _fast_row(row, oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr, sink_ptr, len_ptr, s_q, h_q,
+                          acc_rows, xlen_ptr, topk, xtopk, HAS_SINK, ALL_REQUESTS, HEADS, D_V, HAS_LEN, CAUSAL,
+                          LSE_SHQ, TOPK_LEN, HAS_EXTRA, HAS_XLEN, RNE, CH)
+
+
+@triton.jit
+def _fast_row(pid, oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr, sink_ptr, len_ptr, s_q, h_q, acc_rows, xlen_ptr,
+              topk, xtopk, HAS_SINK: tl.constexpr, ALL_REQUESTS: tl.constexpr, HEADS: tl.constexpr,
+              D_V: tl.constexpr, HAS_LEN: tl.constexpr, CAUSAL: tl.constexpr, LSE_SHQ: tl.constexpr,
+              TOPK_LEN: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_XLEN: tl.constexpr, RNE: tl.constexpr,
+              CH: tl.constexpr):
+    """Query row ``pid`` (= bi * s_q + si), head block ``program_id(1)``: the fast kernel's body."""
     bi = pid // s_q
     si = pid % s_q
     heads = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
@@ -442,12 +468,13 @@ def combine_splits_(out: torch.Tensor, lse: torch.Tensor, o_accum: torch.Tensor,
     if fast if fast is not None else _FAST["on"]:
         cfg = fast_config if fast_config is not None else _FAST["config"]
         use_pdl = (pdl if pdl is not None else _FAST["pdl"]) and not _interpreting()
-        launcher = cached_launcher(_LAUNCHERS, _mla_decode_combine_fast_kernel, (key, cfg, use_pdl), lambda: dict(
+        launcher = cached_launcher(_LAUNCHERS, _mla_decode_combine_fast_kernel,
+                                   (key, cfg, use_pdl, b * s_q < 2 ** 31), lambda: dict(
             HAS_SINK=flags[0], ALL_REQUESTS=flags[1], HEADS=cfg.heads, D_V=d_v, HAS_LEN=flags[3], CAUSAL=causal,
             LSE_SHQ=lse_shq, TOPK_LEN=flags[6], HAS_EXTRA=has_x, HAS_XLEN=flags[8], RNE=flags[9], CH=cfg.ch,
-            PDL=use_pdl, num_warps=cfg.num_warps, launch_pdl=use_pdl), 256)
-        launcher((b * s_q, triton.cdiv(h_q, cfg.heads)), o_accum, lse_accum, num_splits, out, lse, sink, lens, s_q,
-                 h_q, acc_rows, xlens, topk_i, xtopk_i)
+            ROWS=cfg.rows, PDL=use_pdl, num_warps=cfg.num_warps, launch_pdl=use_pdl), 256)
+        launcher((triton.cdiv(b * s_q, cfg.rows), triton.cdiv(h_q, cfg.heads)), o_accum, lse_accum, num_splits, out,
+                 lse, sink, lens, s_q, h_q, acc_rows, xlens, topk_i, xtopk_i, b * s_q)
         return
     launcher = cached_launcher(_LAUNCHERS, _mla_decode_combine_kernel, key, lambda: dict(
         HAS_SINK=flags[0], ALL_REQUESTS=flags[1], HEADS=_COMBINE_HEADS, D_V=d_v, HAS_LEN=flags[3], CAUSAL=causal,
