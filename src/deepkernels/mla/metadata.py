@@ -48,6 +48,7 @@ SCHEDULE_ALGORITHMS = ("linear", "greedy")
 _GW = 32
 _GT = 1024
 _GREEDY_MAX_OVERHEAD = 1 << 20
+_POISON_OUTPUTS = False     # tests: the greedy path fills its outputs with -12345 before the launch
 
 
 @triton.jit
@@ -193,18 +194,27 @@ def _mla_sched_greedy_kernel(counts_ptr, meta_ptr, nsplits_ptr, b, num_parts,
     wsum = tl.sum(cost, 0)
     cs = b * 0                      # first request of the window
     base = total * 0                # cost line position of the window's start
-    # cursor: position x, its request r (first request not finished), start Cr of request r, splits of r so far
+    wend = base + wsum              # ... and of its last boundary
+    # cursor: position x, its request r (first request not finished), start cr of request r, splits of r so far
     x = total * 0
     cr = total * 0
     r = b * 0
     nsplit = b * 0
     cum = b * 0                     # num_splits[r]
     p = b * 0
+    # records of the current group of W parts, one part per lane (stored every W parts: no store per step)
+    f_br = lane * 0
+    f_er = lane * 0
+    f_bb = lane * 0
+    f_eb = lane * 0
+    f_bs = lane * 0
+    f_fs = lane * 0
+    f_ls = lane * 0
     while (p < num_parts) & (x < total):
         y = x + s
         moved = p < 0
-        while (base + wsum < y) & (cs + W < b):
-            base += wsum
+        while (wend < y) & (cs + W < b):
+            base = wend
             cs += W
             valid, cost, eb = _greedy_window(q1, cs + lane, b, OVERHEAD, SBLOCK)
             q1 = q2
@@ -212,6 +222,7 @@ def _mla_sched_greedy_kernel(counts_ptr, meta_ptr, nsplits_ptr, b, num_parts,
             o3 = cs + 3 * W + lane
             q3 = tl.load(counts_ptr + o3, mask=o3 < b, other=0)
             wsum = tl.sum(cost, 0)
+            wend = base + wsum
             moved = p >= 0
         if moved:
             e_rel = tl.cumsum(cost, 0)
@@ -234,19 +245,29 @@ def _mla_sched_greedy_kernel(counts_ptr, meta_ptr, nsplits_ptr, b, num_parts,
         fs = (x != cr).to(tl.int32)
         ls = (~bnd).to(tl.int32)
         one = (r == end_req).to(tl.int32)
-        fs2 = fs | (ls & one)
-        ls2 = ls | (fs & one)
-        rec = meta_ptr + p * 8
-        tl.store(rec + 0, r)
-        tl.store(rec + 1, end_req)
-        tl.store(rec + 2, (x - cr).to(tl.int32))
-        tl.store(rec + 3, end_blk)
-        tl.store(rec + 4, nsplit)
-        tl.store(rec + 5, fs2)
-        tl.store(rec + 6, ls2)
-        tl.store(rec + 7, p * 0)
+        j = p % W
+        sel = lane == j
+        f_br = tl.where(sel, r, f_br)
+        f_er = tl.where(sel, end_req, f_er)
+        f_bb = tl.where(sel, (x - cr).to(tl.int32), f_bb)
+        f_eb = tl.where(sel, end_blk, f_eb)
+        f_bs = tl.where(sel, nsplit, f_bs)
+        f_fs = tl.where(sel, fs | (ls & one), f_fs)
+        f_ls = tl.where(sel, ls | (fs & one), f_ls)
+        if j == W - 1:
+            rec = meta_ptr + (p - j + lane) * 8
+            tl.store(rec + 0, f_br)
+            tl.store(rec + 1, f_er)
+            tl.store(rec + 2, f_bb)
+            tl.store(rec + 3, f_eb)
+            tl.store(rec + 4, f_bs)
+            tl.store(rec + 5, f_fs)
+            tl.store(rec + 6, f_ls)
+            tl.store(rec + 7, lane * 0)
         # requests r .. rn-1 end in this part: r's splits so far + 1, then one split each
-        for c0 in range(r, rn, W):
+        o = r + lane
+        tl.store(nsplits_ptr + 1 + o, cum + nsplit + 1 + lane, mask=o < rn)
+        for c0 in range(r + W, rn, W):
             o = c0 + lane
             tl.store(nsplits_ptr + 1 + o, cum + nsplit + 1 + (o - r), mask=o < rn)
         cum += tl.where(rn > r, nsplit + (rn - r), 0)
@@ -255,7 +276,18 @@ def _mla_sched_greedy_kernel(counts_ptr, meta_ptr, nsplits_ptr, b, num_parts,
         cr = cn
         r = rn
         p += 1
-    # parts left without work
+    # the last group's records, then the parts left without work
+    j = p % W
+    pm = lane < j
+    rec = meta_ptr + (p - j + lane) * 8
+    tl.store(rec + 0, f_br, mask=pm)
+    tl.store(rec + 1, f_er, mask=pm)
+    tl.store(rec + 2, f_bb, mask=pm)
+    tl.store(rec + 3, f_eb, mask=pm)
+    tl.store(rec + 4, f_bs, mask=pm)
+    tl.store(rec + 5, f_fs, mask=pm)
+    tl.store(rec + 6, f_ls, mask=pm)
+    tl.store(rec + 7, lane * 0, mask=pm)
     for p0 in range(p, num_parts, W):
         pp = p0 + lane
         pm = pp < num_parts
@@ -329,8 +361,12 @@ def _greedy_schedule(token_counts: torch.Tensor, num_sm_parts: int, fixed_overhe
     if b >= 2 ** 31 - 4 * _GW - _GT or num_sm_parts >= 2 ** 28:
         raise ValueError(f"greedy schedule: b ({b}) and num_sm_parts ({num_sm_parts}) must stay below 2**31 / 2**28")
     counts = token_counts.contiguous()
-    meta = torch.empty(num_sm_parts, 8, dtype=torch.int32, device=dev)
-    num_splits = torch.empty(b + 1, dtype=torch.int32, device=dev)
+    if _POISON_OUTPUTS:     # tests: every output element must be written by the kernel
+        meta = torch.full((num_sm_parts, 8), -12345, dtype=torch.int32, device=dev)
+        num_splits = torch.full((b + 1,), -12345, dtype=torch.int32, device=dev)
+    else:
+        meta = torch.empty(num_sm_parts, 8, dtype=torch.int32, device=dev)
+        num_splits = torch.empty(b + 1, dtype=torch.int32, device=dev)
     _greedy_launcher(fixed_overhead, counts.data_ptr() & 15 == 0)((1,), counts, meta, num_splits, b, num_sm_parts)
     return meta, num_splits
 
