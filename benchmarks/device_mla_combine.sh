@@ -14,7 +14,7 @@
 #     VARIANTS=fast,fast_r2,... picks the combine variants (mla_combine_ab.py --variants); ROUNDS (default 5).
 # One tarball $OUT/mla_combine.tgz + the summaries on stdout. Total <= ~150 s: provenance <= 15 + tests <= 50 + 40
 # leave >= 40 s of the 145 s for the bench (+ kill slack and the tarball).
-DK_OUT_DEFAULT=/tmp/mla_combine_out DK_PYTEST_TIMEOUT=40 . "$(dirname "$0")/_device_common.sh"
+DK_OUT_DEFAULT=/tmp/mla_combine_out DK_PYTEST_TIMEOUT=45 . "$(dirname "$0")/_device_common.sh"
 
 echo "== 1a. fast combine GPU tests, no PDL (cap ${T_TESTS:-50}s, $XD)"
 gpu_tests combine_tests "mla combine fast" "${T_TESTS:-50}" tests/test_mla_combine_fast.py -k "not pdl"
