@@ -220,6 +220,15 @@ DISPATCH_TRIM = True
 DISPATCH_PVR = True
 DISPATCH_PVR_MIN_HEADS = 128
 GLUON_CANDIDATES = [GLUON_DEFAULT]
+# TIMELINE instrumentation (launcher keyword ``timeline``: an int64 [grid, TL_WORDS] buffer; constexpr TIMELINE,
+# never dispatched): per CTA a header of TL_HEADER words -- 0 CTA start (softmax warpgroup, %globaltimer ns), 1 its
+# end, 2 %smid, 3 number of pieces, 4 PV warpgroup end, 5 / 6 %clock64 at softmax start / end, 7 unused -- then
+# TL_PIECE words for each of the first TL_MAX_PIECES pieces: 0 start (its Q in shared memory), 1 first K tile ready
+# (= start without tiles), 2 tile loop done (last P V_L complete), 3 softmax warpgroup's O half + lse stores issued,
+# 4 PV warpgroup's O half stores issued, 5 request, 6 k0 | k1 << 32 (token range), 7 nsp | split_index << 32
+# (nsp > 1: a split piece writing the fp32 accumulators). The literals 264 / 8 / 31 in _tl_put / _tl_stamp are these.
+TL_HEADER, TL_PIECE, TL_MAX_PIECES = 8, 8, 32
+TL_WORDS = TL_HEADER + TL_PIECE * TL_MAX_PIECES
 
 
 # ----------------------------------------------------------------------------------------------- device code
@@ -258,6 +267,78 @@ def _g_piece(req, begin_req, end_req, begin_blk, end_blk, begin_split, seqlens_p
     k0 = gl.maximum(sb, 0) * 64
     k1 = gl.minimum(gl.minimum(se * 64, seqlen), max_pages * 64)
     return seqlen, k0, k1
+
+
+@_jit
+def _tl_put(tl_ptr, req, begin_req, word, val):
+    """TIMELINE: ``tl_ptr[ctaid, off] = val`` (int64 rows of ``TL_WORDS`` = 264 words per CTA) with ``off = word``
+    for ``req < 0`` (header) and ``8 + min(req - begin_req, 31) * 8 + word`` otherwise (the piece's record), stored by
+    lane 0 of each warp of the calling partition (same value, same address). Address, offset and predicate are
+    formed inside the asm: as Gluon / LLVM values, the row base, the piece offset (CSE'd between the piece's first
+    and last stamp) and the store's thread predicate stayed live across the tile loop and added ptxas spills
+    (4 - 28 B, spill instructions in the producer and softmax tile loops); ``%tid.x`` read in the asm made ptxas stop
+    keeping the wgmma descriptors in uniform registers (+400 B spills), ``%laneid`` does not."""
+    return gl.inline_asm_elementwise(
+        asm="""{
+        .reg .b64 a;
+        .reg .b32 c, t;
+        .reg .pred p, h;
+        sub.s32 t, $2, $3;
+        min.s32 t, t, 31;
+        mad.lo.s32 t, t, 8, 8;
+        setp.lt.s32 h, $2, 0;
+        selp.b32 t, 0, t, h;
+        add.s32 t, t, $4;
+        mov.u32 c, %ctaid.x;
+        mad.lo.u32 c, c, 264, t;
+        mad.wide.u32 a, c, 8, $1;
+        mov.u32 t, %laneid;
+        setp.eq.u32 p, t, 0;
+        @p st.global.b64 [a], $5;
+        mov.u32 $0, 0;
+        }""", constraints="=r,l,r,r,r,l", args=[tl_ptr.to(gl.int64, bitcast=True), req, begin_req, word,
+                                                val.to(gl.int64)],
+        dtype=gl.int32, is_pure=False, pack=1)
+
+
+@_jit
+def _tl_stamp(tl_ptr, req, begin_req, word):
+    """TIMELINE: :func:`_tl_put` of ``%globaltimer`` (ns), read inside the same asm."""
+    return gl.inline_asm_elementwise(
+        asm="""{
+        .reg .b64 a, g;
+        .reg .b32 c, t;
+        .reg .pred p, h;
+        mov.u64 g, %globaltimer;
+        sub.s32 t, $2, $3;
+        min.s32 t, t, 31;
+        mad.lo.s32 t, t, 8, 8;
+        setp.lt.s32 h, $2, 0;
+        selp.b32 t, 0, t, h;
+        add.s32 t, t, $4;
+        mov.u32 c, %ctaid.x;
+        mad.lo.u32 c, c, 264, t;
+        mad.wide.u32 a, c, 8, $1;
+        mov.u32 t, %laneid;
+        setp.eq.u32 p, t, 0;
+        @p st.global.b64 [a], g;
+        mov.u32 $0, 0;
+        }""", constraints="=r,l,r,r,r", args=[tl_ptr.to(gl.int64, bitcast=True), req, begin_req, word],
+        dtype=gl.int32, is_pure=False, pack=1)
+
+
+@_jit
+def _tl_clock():
+    """TIMELINE: ``%clock64`` (SM cycles; with the CTA start / end stamps: the SM clock)."""
+    return gl.inline_asm_elementwise(asm="mov.u64 $0, %clock64;", constraints="=l,r", args=[gl.program_id(0)],
+                                     dtype=gl.int64, is_pure=False, pack=1)
+
+
+@_jit
+def _tl_smid():
+    """TIMELINE: ``%smid`` of the CTA."""
+    return gl.inline_asm_elementwise(asm="mov.u32 $0, %smid;", constraints="=r,r", args=[gl.program_id(0)],
+                                     dtype=gl.int32, is_pure=False, pack=1)
 
 
 @_jit
@@ -445,7 +526,8 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
                   acc_rows, sm_scale, sm_scale_log2,
                   CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, HALF: gl.constexpr = False,
                   QTMA: gl.constexpr = False, TRIM: gl.constexpr = False, qready=None, qempty=None,
-                  PVR: gl.constexpr = False, kready_b=None, sissued=None):
+                  PVR: gl.constexpr = False, kready_b=None, sissued=None, TIMELINE: gl.constexpr = False,
+                  tl_ptr=None):
     DT: gl.constexpr = k_nope.dtype
     L_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     L_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
@@ -459,6 +541,11 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
     rmask_s, sidx_s, hidx_s = _g_out_rows(mb, rows, group, kvh, L_S)
     rmask_o, sidx_o, hidx_o = _g_out_rows(mb, rows, group, kvh, L_O)
     zero_s = gl.zeros([64, 64], gl.float32, L_S)
+    if TIMELINE:
+        _tl_stamp(tl_ptr, -1, 0, 0)                          # header: CTA start (softmax warpgroup)
+        _tl_put(tl_ptr, -1, 0, 2, _tl_smid())
+        _tl_put(tl_ptr, -1, 0, 3, end_req - begin_req + 1)
+        _tl_put(tl_ptr, -1, 0, 5, _tl_clock())
     it = 0
     msg = 0
     for req in range(begin_req, end_req + 1):
@@ -476,6 +563,18 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
             q_rope.store(x)
             fence_async_shared()
             gl.thread_barrier()
+        if TIMELINE:
+            # piece start (its Q in shared memory), then the first K tile's arrival (the loop's first wait, done
+            # early: waiting a completed phase again returns at once), piece facts
+            _tl_stamp(tl_ptr, req, begin_req, 0)
+            if k1 > k0:
+                if HALF:
+                    _g_wait_halves(kready, it % NUM_STAGES, (it // NUM_STAGES) & 1)
+                else:
+                    mbarrier.wait(kready.index(it % NUM_STAGES), (it // NUM_STAGES) & 1)
+            _tl_stamp(tl_ptr, req, begin_req, 1)
+            _tl_put(tl_ptr, req, begin_req, 5, req)
+            _tl_put(tl_ptr, req, begin_req, 6, k0.to(gl.int64) + (k1.to(gl.int64) << 32))
 
         if CAUSAL:
             limit = seqlen - (s_q - 1 - sidx_s)
@@ -542,6 +641,8 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
         if QTMA:
             if n_tiles == 0:
                 mbarrier.arrive(qempty)
+        if TIMELINE:
+            _tl_stamp(tl_ptr, req, begin_req, 2)              # last tile's P V_L done
 
         # finalise: 1/L to the PV warpgroup, own half + lse
         empty = (l_i == 0.0) | (l_i != l_i)
@@ -568,13 +669,19 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
             ok = (acc_row >= 0) & (acc_row < acc_rows)
             lse_2 = gl.where(empty, float("-inf"), gl.log2(gl.where(empty, 1.0, l_i)) + m_i * sm_scale_log2)
             gl.store(lacc_ptr + (acc_row * s_q + sidx64) * h_q + hidx64, lse_2, mask=rmask_s & ok)
+        if TIMELINE:
+            _tl_stamp(tl_ptr, req, begin_req, 3)              # piece end: this half's O + lse stores issued
+            _tl_put(tl_ptr, req, begin_req, 7, (split - base_row).to(gl.int64) * 4294967296 + nsp.to(gl.int64))
+    if TIMELINE:
+        _tl_stamp(tl_ptr, -1, 0, 1)                        # CTA end (softmax warpgroup)
+        _tl_put(tl_ptr, -1, 0, 6, _tl_clock())
 
 
 @_jit
 def _g_pv_wg(k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
              out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
              NUM_STAGES: gl.constexpr, HALF: gl.constexpr = False, PVR: gl.constexpr = False, kready_b=None,
-             kempty_b=None, sissued=None):
+             kempty_b=None, sissued=None, TIMELINE: gl.constexpr = False, tl_ptr=None):
     L_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     mb, kvh, part = _g_coords(num_m_blocks, h_kv)
     begin_req, end_req, begin_blk, end_blk, begin_split = _g_record(meta_ptr, part, b)
@@ -628,6 +735,10 @@ def _g_pv_wg(k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr,
         split = base_row + gl.where(req == begin_req, begin_split, 0)
         _g_write_half(o, inv, req, split, nsp, rmask_o, sidx_o, hidx_o, out_ptr, oacc_ptr, s_q, h_q, acc_rows,
                       256, L_O)
+        if TIMELINE:
+            pass
+    if TIMELINE:
+        _tl_stamp(tl_ptr, -1, 0, 4)                                 # CTA end (PV warpgroup)
 
 
 @_jit
@@ -638,7 +749,7 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
                           kempty, pready, pfree, CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr,
                           PV_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, HALF: gl.constexpr,
                           QTMA: gl.constexpr, qn_desc, qp_desc, TRIM: gl.constexpr = False,
-                          PVR: gl.constexpr = False, kh_desc=None):
+                          PVR: gl.constexpr = False, kh_desc=None, TIMELINE: gl.constexpr = False, tl_ptr=None):
     """The opt-in variant's partitions (HALF: 32-token half-tile ready/empty pairs; QTMA: Q loaded by the producer
     with TMA on ``qready``/``qempty``; TRIM: the softmax warpgroup's trimmed per-tile math, :func:`_g_softmax_trim`;
     PVR: column-split slots, ``kready``/``kempty`` then guard part a and ``kready_b``/``kempty_b`` part b, and
@@ -662,10 +773,10 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
                                  pfree, seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                                  stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
                                  h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, False, QTMA, TRIM,
-                                 qready, qempty, PVR, kready_b, sissued)),
+                                 qready, qempty, PVR, kready_b, sissued, TIMELINE, tl_ptr)),
                 (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr,
                             nsplits_ptr, out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
-                            acc_rows, NUM_STAGES, False, PVR, kready_b, kempty_b, sissued)),
+                            acc_rows, NUM_STAGES, False, PVR, kready_b, kempty_b, sissued, TIMELINE, tl_ptr)),
                 (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
                                nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
                                False, QTMA, qn_desc, qp_desc, q_nope, q_rope, qready, qempty, rows, group, PVR,
@@ -677,10 +788,10 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
                                  pfree, seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                                  stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
                                  h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, HALF, QTMA, TRIM,
-                                 qready, qempty)),
+                                 qready, qempty, False, None, None, TIMELINE, tl_ptr)),
                 (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr,
                             nsplits_ptr, out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
-                            acc_rows, NUM_STAGES, HALF)),
+                            acc_rows, NUM_STAGES, HALF, False, None, None, None, TIMELINE, tl_ptr)),
                 (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
                                nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
                                HALF, QTMA, qn_desc, qp_desc, q_nope, q_rope, qready, qempty, rows, group)),
@@ -690,10 +801,11 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
             (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
                              seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                              stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
-                             h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, HALF, False, TRIM)),
+                             h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, HALF, False, TRIM,
+                             None, None, False, None, None, TIMELINE, tl_ptr)),
             (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
                         out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
-                        NUM_STAGES, HALF)),
+                        NUM_STAGES, HALF, False, None, None, None, TIMELINE, tl_ptr)),
             (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
                            nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
                            HALF)),
@@ -715,7 +827,8 @@ def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_
                              out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                              stride_qb, stride_qs, stride_qh, stride_btb, max_pages, num_kv_blocks,
                              b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows, sm_scale, sm_scale_log2,
-                             qn_desc=None, qp_desc=None, kh_desc=None, PVR: gl.constexpr = False,
+                             qn_desc=None, qp_desc=None, kh_desc=None, tl_ptr=None,
+                             TIMELINE: gl.constexpr = False, PVR: gl.constexpr = False,
                              HALF: gl.constexpr = False,
                              QTMA: gl.constexpr = False,
                              TRIM: gl.constexpr = False, CAUSAL: gl.constexpr = False, NUM_STAGES: gl.constexpr = 2,
@@ -747,16 +860,17 @@ def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_
                               max_pages, num_kv_blocks, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
                               sm_scale, sm_scale_log2, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
                               kempty, pready, pfree, CAUSAL, NUM_STAGES, PV_REGS, PRODUCER_REGS, HALF, QTMA,
-                              qn_desc, qp_desc, TRIM, PVR, kh_desc)
+                              qn_desc, qp_desc, TRIM, PVR, kh_desc, TIMELINE, tl_ptr)
     else:
         gl.warp_specialize([
             (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
                              seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                              stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
-                             acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES)),
+                             acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, False, False, False, None, None,
+                             False, None, None, TIMELINE, tl_ptr)),
             (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
                         out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
-                        NUM_STAGES)),
+                        NUM_STAGES, False, False, None, None, None, TIMELINE, tl_ptr)),
             (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
                            nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES)),
         ], [4, 1], [PV_REGS, PRODUCER_REGS])
@@ -794,7 +908,7 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor, rows: int) -> bool:
 
 
 def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
-                       config=None, _spec=None, half_tiles=None, q_tma=None, trim=None, pvr=None):
+                       config=None, _spec=None, half_tiles=None, q_tma=None, trim=None, pvr=None, timeline=None):
     """Launch the Gluon split-KV kernel (no combine). Arguments as in ``decode._dense_launch`` (q ``[b, s_q, h_q,
     576]``, k_cache ``[num_blocks, 64, h_kv, 576]``, block_table ``[b, *]`` int32 with stride(1) == 1, seqlens
     ``[b]`` int32 contiguous, sched ``[parts, 8]`` / num_splits ``[b + 1]`` int32); outputs allocated by the
@@ -819,7 +933,12 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     ``pvr``: the PVR option (module docstring "PVR option"): P V_R issued behind the next tile's S, K slots released
     by column halves; None takes :data:`DISPATCH_PVR` (on) at >= :data:`DISPATCH_PVR_MIN_HEADS` query heads per kv
     head unless ``half_tiles=True`` is asked for (``DEEPKERNELS_DENSE_DECODE_VARIANT=0`` keeps it off). Needs Q by TMA (off where ``q_tma`` resolves to False)
-    and replaces the half-tile split (``half_tiles`` forced off); combines with ``trim``."""
+    and replaces the half-tile split (``half_tiles`` forced off); combines with ``trim``.
+
+    ``timeline``: None (every dispatched launch), or an int64 CUDA tensor ``[grid, TL_WORDS]`` (contiguous; grid =
+    parts * h_kv * 64-row blocks) that the TIMELINE build (constexpr TIMELINE, same math, a handful of extra stores
+    per piece) fills with per-CTA / per-piece ``%globaltimer`` stamps (layout at :data:`TL_WORDS`;
+    ``benchmarks/mla_decode_timeline.py``). Raises ValueError on a buffer of another shape / dtype."""
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
     if pvr is None:      # measured at h_q 64 / 128 (h_kv 1): a gain at 128 heads only; an explicit half_tiles=True wins
         pvr = (DISPATCH_PVR and os.environ.get("DEEPKERNELS_DENSE_DECODE_VARIANT", "") != "0"
@@ -844,7 +963,11 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     grid, args = _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, o_acc, l_acc,
                               32 if half_tiles else 64)
     causal_c = bool(causal and q.shape[1] > 1)
-    if not (half_tiles or q_tma or trim or pvr):
+    if timeline is not None and (timeline.dtype != torch.int64 or tuple(timeline.shape) != (grid[0], TL_WORDS)
+                                 or not timeline.is_contiguous() or timeline.device != q.device):
+        raise ValueError(f"timeline must be a contiguous int64 [{grid[0]}, {TL_WORDS}] tensor on {q.device}, got "
+                         f"{timeline.dtype} {tuple(timeline.shape)} on {timeline.device}")
+    if not (half_tiles or q_tma or trim or pvr) and timeline is None:
         constexprs = (causal_c, stages, pv_regs, prod_regs)
         launcher = cached_launcher(_LAUNCHERS, _mla_decode_gluon_kernel,
                                    (tuple(zip(_CONSTEXPRS, constexprs)), spec_key(*args) if _spec is None else _spec),
@@ -861,9 +984,12 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
         qd = (*qd, None)
     key = (tuple(zip(_CONSTEXPRS_VARIANT, constexprs)),
            spec_key(*args, *qd) if _spec is None else (_spec, "variant"))
+    tl = (None, False)
+    if timeline is not None:    # the instrumented build: a key of its own
+        key, tl = (key, "timeline", spec_key(timeline)), (timeline, True)
     launcher = cached_launcher(_LAUNCHERS, _mla_decode_gluon_kernel, key, dict(num_warps=4), _LAUNCHER_LIMIT,
                                cache_descriptors=True)
-    launcher(grid, *args, scale, scale * _LOG2E, *qd, *constexprs)
+    launcher(grid, *args, scale, scale * _LOG2E, *qd, *tl, *constexprs)
     return out, lse
 
 
@@ -917,12 +1043,12 @@ _LAUNCHER_LIMIT = 1024
 
 
 def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_splits, scale, causal, config=None,
-                        half_tiles=False, q_tma=False, trim=False, pvr=False):
+                        half_tiles=False, q_tma=False, trim=False, pvr=False, timeline=None):
     """Whole split-KV step on the Gluon kernel: allocate out/lse/accumulators (NaN-poisoned when
     ``decode._POISON_OUTPUTS``), launch, combine (``combine_splits_`` unchanged). Same arguments and results as
     ``decode._dense_launch`` (which dispatches here when :func:`supported`); for tests and benchmarks.
     ``half_tiles`` / ``q_tma`` / ``trim`` / ``pvr``: the opt-in options (:func:`gluon_dense_launch`; None there = the
-    dispatched choice)."""
+    dispatched choice); ``timeline``: the TIMELINE buffer (:func:`gluon_dense_launch`)."""
     from . import decode as _dec
     from .combine import combine_splits_
 
@@ -941,15 +1067,17 @@ def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_split
     if block_table.stride(1) != 1:
         block_table = block_table.contiguous()
     gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
-                       config, half_tiles=half_tiles, q_tma=q_tma, trim=trim, pvr=pvr)
+                       config, half_tiles=half_tiles, q_tma=q_tma, trim=trim, pvr=pvr, timeline=timeline)
     combine_splits_(out, lse, o_acc, l_acc, num_splits, lengths=seqlens, causal=bool(causal and s_q > 1))
     return out, lse
 
 
-def _compile_sm90(config=None, causal=False, dtype="bf16", half_tiles=False, q_tma=False, trim=False, pvr=False):
+def _compile_sm90(config=None, causal=False, dtype="bf16", half_tiles=False, q_tma=False, trim=False, pvr=False,
+                  timeline=False):
     """Cross-compile the kernel for sm90 (no GPU needed). Returns the CompiledKernel. ``half_tiles`` / ``q_tma`` /
     ``trim`` / ``pvr``: the opt-in options (module docstring); all False compile the default kernel exactly as
-    before. ``pvr`` needs ``q_tma`` and excludes ``half_tiles`` (both split the ring slots)."""
+    before. ``pvr`` needs ``q_tma`` and excludes ``half_tiles`` (both split the ring slots). ``timeline``: the
+    TIMELINE instrumentation (an ``*i64`` buffer argument)."""
     if pvr and (half_tiles or not q_tma):
         raise ValueError("pvr needs q_tma and replaces half_tiles")
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
@@ -974,9 +1102,18 @@ def _compile_sm90(config=None, causal=False, dtype="bf16", half_tiles=False, q_t
         sig["kh_desc"] = f"tensordesc<{dtype}[64, 256],{lay}>"
     else:
         consts.update(kh_desc=None)
+    if timeline:
+        sig["tl_ptr"] = "*i64"
+    else:
+        consts.update(tl_ptr=None)
+    consts.update(TIMELINE=bool(timeline))
     consts.update(PVR=bool(pvr), HALF=bool(half_tiles), QTMA=bool(q_tma), TRIM=bool(trim), CAUSAL=causal,
                   NUM_STAGES=stages,
                   PV_REGS=pv_regs, PRODUCER_REGS=prod_regs)
     div16 = ("q_ptr", "bt_ptr", "seqlens_ptr", "meta_ptr", "nsplits_ptr", "out_ptr", "lse_ptr", "oacc_ptr",
              "lacc_ptr", "stride_qb", "stride_qs", "stride_qh")
+    if timeline:
+        div16 = div16 + ("tl_ptr", )
+    # parameter order (the compile binds by position): a runtime tl_ptr sits between kh_desc and the constexprs
+    sig = {n: sig.get(n, "constexpr") for n in fn.arg_names if n in sig or n in consts}
     return _compile_sm90_gluon(fn, sig, consts, div16, num_warps=4)
