@@ -292,6 +292,8 @@ def test_B10_kind_prefill_grids_large_counts(monkeypatch):
     log = []
     monkeypatch.setattr(pf, "_sparse_prefill_fwd_kernel", _Recorder(log, "sparse_prefill"))
     monkeypatch.setattr(dp, "_dense_prefill_fwd_kernel", _Recorder(log, "dense_prefill"))
+    # the guard launch after it (rows a too-small max_seqlen_qo left uncovered -> NaN): one program per sequence
+    monkeypatch.setattr(dp, "_dense_prefill_uncovered_kernel", _Recorder(log, "dense_prefill_guard"))
     for s_q, h_q in [(70000, 128), (2 ** 20 + 1, 16)]:
         q = torch.empty(1, 1, 576, dtype=torch.bfloat16).expand(s_q, h_q, 576)
         kv = torch.empty(4, 1, 576, dtype=torch.bfloat16)
@@ -306,7 +308,7 @@ def test_B10_kind_prefill_grids_large_counts(monkeypatch):
     cu = torch.arange(b + 1, dtype=torch.int32)
     out = torch.empty(1, 1, 128, dtype=torch.bfloat16).expand(b * 130, h, 128)
     dp._launch_dense_prefill(out, torch.empty(1, 1).expand(h, b * 130), q, k, v, cu * 130, cu, 130, 0.1, True)
-    assert {n for n, _ in log} == {"sparse_prefill", "dense_prefill"}
+    assert {n for n, _ in log} == {"sparse_prefill", "dense_prefill", "dense_prefill_guard"}
     _check_grids(log)
 
 

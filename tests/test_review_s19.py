@@ -340,14 +340,18 @@ def test_sparse_decode_metadata_forms_still_accepted(tier):
 
 @pytest.mark.reference
 def test_sparse_decode_none_metadata_empty_work_as_dense():
-    """Empty work (b == 0 / s_q == 0) returns empty outputs without looking at the metadata, on both paths alike."""
+    """Empty work (b == 0 / s_q == 0) checks the metadata like a call with work, on both paths alike: None is the
+    TypeError (session 21 review: empty work used to return without looking at the metadata)."""
     q, kc, ind = _sparse_decode_case()
-    o, lse = dk.flash_mla_with_kvcache(q[:0], kc, None, None, 512, None, is_fp8_kvcache=True, indices=ind[:0])
-    assert o.shape == (0, 1, 16, 512) and lse.shape == (0, 16, 1)
-    o, lse = dk.flash_mla_with_kvcache(q[:, :0], kc, None, None, 512, None, is_fp8_kvcache=True, indices=ind[:, :0])
+    msg = r"tile_scheduler_metadata must come from get_mla_metadata\(\), got NoneType"
+    with pytest.raises(TypeError, match=msg):
+        dk.flash_mla_with_kvcache(q[:0], kc, None, None, 512, None, is_fp8_kvcache=True, indices=ind[:0])
+    with pytest.raises(TypeError, match=msg):
+        dk.flash_mla_with_kvcache(q[:, :0], kc, None, None, 512, None, is_fp8_kvcache=True, indices=ind[:, :0])
+    o, lse = dk.flash_mla_with_kvcache(q[:, :0], kc, None, None, 512, dk.get_mla_metadata()[0], is_fp8_kvcache=True,
+                                       indices=ind[:, :0])
     assert o.shape == (2, 0, 16, 512) and lse.shape == (2, 16, 0)
     dkc = torch.randn(2, 64, 1, 576).bfloat16()
-    o, lse = dk.flash_mla_with_kvcache(torch.randn(0, 1, 16, 576).bfloat16(), dkc,
-                                       torch.zeros(0, 1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
-                                       512, None)
-    assert o.shape == (0, 1, 16, 512) and lse.shape == (0, 16, 1)
+    with pytest.raises(TypeError, match=msg):
+        dk.flash_mla_with_kvcache(torch.randn(0, 1, 16, 576).bfloat16(), dkc, torch.zeros(0, 1, dtype=torch.int32),
+                                  torch.zeros(0, dtype=torch.int32), 512, None)

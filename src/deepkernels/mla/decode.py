@@ -227,10 +227,22 @@ def _check_legacy_metadata(meta, num_splits, b, device):
                              f"...) on that device), got {t.device}")
 
 
-def _get_schedule(meta, num_splits, cfg, cache_seqlens, device, rows, h_kv, legacy_checked=False):
+def _check_metadata_empty(meta, num_splits, cfg, legacy, device):
+    """Empty work (``b``, ``s_q`` or dense ``h_q`` == 0; dense and sparse paths): the metadata checks of a call with
+    work (:func:`deepkernels.mla.metadata.resolve_schedule`: TypeError for an object not from ``get_mla_metadata``,
+    ValueError for a ``FlashMLASchedMeta`` filled for another configuration or on another device, or given with
+    ``num_splits``; ``legacy`` checks the legacy tensors), but a fresh ``FlashMLASchedMeta`` is left fresh (an empty
+    call plans nothing; the next call with work fills it). Nothing is computed or launched; returns None."""
+    if isinstance(meta, FlashMLASchedMeta) and not meta.have_initialized:
+        meta = FlashMLASchedMeta()         # same checks on a throwaway object: the caller's stays unfilled
+    resolve_schedule(meta, num_splits, cfg, lambda: (None, None), legacy, FlashMLASchedMeta, device)
+
+
+def _get_schedule(meta, num_splits, cfg, cache_seqlens, device, rows, h_kv, legacy_checked=False, empty=False):
     """The (tile_scheduler_metadata, num_splits) pair of a call; validates the metadata argument (ValueError /
     TypeError naming it) and, for a fresh FlashMLASchedMeta, computes the schedule on the device
-    (:func:`deepkernels.mla.metadata.resolve_schedule`, shared with the sparse path)."""
+    (:func:`deepkernels.mla.metadata.resolve_schedule`, shared with the sparse path); ``empty``: see
+    :func:`_check_metadata_empty`."""
     def legacy(m):
         if not isinstance(m, torch.Tensor):
             return None
@@ -238,6 +250,8 @@ def _get_schedule(meta, num_splits, cfg, cache_seqlens, device, rows, h_kv, lega
             _check_legacy_metadata(m, num_splits, cfg.b, device)
         return m.contiguous(), num_splits.contiguous()
 
+    if empty:
+        return _check_metadata_empty(meta, num_splits, cfg, legacy, device)
     return resolve_schedule(meta, num_splits, cfg,
                             lambda: compute_schedule(cache_seqlens, _num_sm_parts(device, rows, h_kv)), legacy,
                             FlashMLASchedMeta, device)
@@ -440,7 +454,10 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         ``DEEPKERNELS_BATCH_INVARIANT=1``) turns split-KV off, so each request's result is bit-identical whatever
         else is in the batch (slower for small batches).
     Empty work: ``b == 0``, ``s_q == 0`` (dense and sparse) or ``h_q == 0`` (dense) returns empty ``out`` /
-    ``lse`` of the shapes below without a launch (FlashMLA asserts ``b > 0``; a documented superset).
+    ``lse`` of the shapes below without a launch (FlashMLA asserts ``b > 0``; a documented superset). The metadata
+    argument is checked as for a call with work (TypeError for one not from ``get_mla_metadata``, ValueError for a
+    ``FlashMLASchedMeta`` of another configuration or legacy tensors of another batch); a fresh
+    ``FlashMLASchedMeta`` stays unfilled (the next call with work fills it).
 
     Returns:
         ``out [b, s_q, h_q, 512]`` in q's dtype and ``lse [b, h_q, s_q]`` fp32, **natural log** (sparse: the
@@ -473,12 +490,14 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         plan = _validate_call(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                               num_splits, causal, is_fp8_kvcache, sig)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else check_scale("softmax_scale", softmax_scale)
-    if plan.empty:
+    cfg = plan.cfg
+    if plan.empty:   # the metadata is checked as for a call with work (a fresh one stays fresh); nothing launched
+        _get_schedule(tile_scheduler_metadata, num_splits, cfg, cache_seqlens, q.device, plan.rows, plan.h_kv,
+                      legacy_checked=True, empty=True)
         b, s_q, h_q, _ = q.shape
         return (torch.zeros(b, s_q, h_q, head_dim_v, dtype=q.dtype, device=q.device),
                 torch.full((b, h_q, s_q), float("inf"), dtype=torch.float32, device=q.device))
     _check_host_pages(block_table, cache_seqlens, k_cache.shape[0], k_cache.shape[1])
-    cfg = plan.cfg
     # metadata state (FlashMLASchedMeta: num_splits None, config of a reused schedule) is checked on every call,
     # on both backends; the legacy tensors' checks are part of the cached verdict.
     sched, ns = _get_schedule(tile_scheduler_metadata, num_splits, cfg, cache_seqlens, q.device, plan.rows,
@@ -543,11 +562,11 @@ def _validate_call(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num
     plan.h_kv = h_kv
     plan.empty = b == 0 or h_q == 0 or s_q == 0
     plan.kernels = use_kernels(q, k_cache, block_table, cache_seqlens)
-    if not plan.empty:
-        if isinstance(meta, torch.Tensor):
-            _check_legacy_metadata(meta, num_splits, b, q.device)
-        elif not isinstance(meta, FlashMLASchedMeta):
-            raise TypeError(f"tile_scheduler_metadata must come from get_mla_metadata(), got {type(meta).__name__}")
+    # empty work too (b, s_q or h_q == 0): the metadata argument is checked as for a call with work
+    if isinstance(meta, torch.Tensor):
+        _check_legacy_metadata(meta, num_splits, b, q.device)
+    elif not isinstance(meta, FlashMLASchedMeta):
+        raise TypeError(f"tile_scheduler_metadata must come from get_mla_metadata(), got {type(meta).__name__}")
     if sig is not None:
         if len(_PLANS) >= _PLAN_LIMIT:
             _PLANS.clear()

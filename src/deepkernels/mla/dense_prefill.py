@@ -161,6 +161,32 @@ def _dense_prefill_fwd_kernel(
     tl.store(lse_ptr + h.to(tl.int64) * total_q + tok, lse, mask=row_ok)
 
 
+@triton.jit
+def _dense_prefill_uncovered_kernel(out_ptr, lse_ptr, cu_q_ptr, covered, total_q, H, stride_ot, stride_oh,
+                                    DV: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Guard after the attention launch, one program per sequence: query rows ``>= covered`` of the sequence (rows
+    the grid, sized from the caller's ``max_seqlen_qo``, did not reach) get NaN out and lse. A no-op (two loads)
+    for every sequence no longer than ``covered``."""
+    b = tl.program_id(0)
+    q0 = tl.load(cu_q_ptr + b)
+    s_q = tl.load(cu_q_ptr + b + 1) - q0
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, DV)
+    nan_o = tl.full([BLOCK_R, DV], float("nan"), tl.float32).to(out_ptr.dtype.element_ty)
+    nan_l = tl.full([BLOCK_R], float("nan"), tl.float32)
+    for r0 in range(covered, s_q, BLOCK_R):
+        rows = r0 + offs_r
+        ok = rows < s_q
+        tok = q0.to(tl.int64) + rows
+        o_p = out_ptr + tok[:, None] * stride_ot + offs_d[None, :]
+        l_p = lse_ptr + tok
+        for _h in range(H):
+            tl.store(o_p, nan_o, mask=ok[:, None])
+            tl.store(l_p, nan_l, mask=ok)
+            o_p += stride_oh
+            l_p += total_q
+
+
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) by d_qk. 8 warps put two warpgroups on the 128 query rows
 # (Triton assigns all warps to M for chained dots). Chosen by benchmarks/mla_prefill.py --sweep on the H200
 # (results/mla_prefill-h200-a161c54.json): (128, 128, 8, 2) best for d_qk 192 in all 4 shapes (+6-16% over
@@ -175,33 +201,49 @@ DENSE_CANDIDATES = {
 }
 
 
-def _launch_dense_prefill(out, lse_hm, q, k, v, cu_q, cu_k, max_seqlen_q, softmax_scale, causal, config=None):
+def _launch_dense_prefill(out, lse_hm, q, k, v, cu_q, cu_k, max_seqlen_q, softmax_scale, causal, config=None,
+                          hint_checked=False):
     """Out-parameter launcher: ``out [total_q, h, d_v]`` (last dim contiguous), ``lse_hm [h, total_q]``
-    contiguous fp32. Inputs validated by the public op."""
+    contiguous fp32. Inputs validated by the public op.
+
+    ``max_seqlen_q`` sizes the grid (upstream's meaning: the caller's promise that no query sequence is longer). It
+    is clamped to ``total_q`` (no sequence is longer, so a huge hint never asks for more programs than that). Unless
+    ``hint_checked`` (the public op compared it with host-side ``cu_seqlens``), a guard launch follows that writes
+    NaN out / lse to every row the grid did not cover (a too-small hint on device ``cu_seqlens``: checking it would
+    be a host sync), so no row ever keeps what the buffer held."""
     total_q, h, d_qk = q.shape
     b = cu_q.shape[0] - 1
-    if total_q == 0 or b == 0 or max_seqlen_q == 0:
+    if total_q == 0 or b == 0 or h == 0:
         return
-    if config is None and q.dtype == torch.bfloat16 and _gdp.supported(q, k, v):
+    max_seqlen_q = min(int(max_seqlen_q), total_q)
+    covered = 0
+    if max_seqlen_q == 0:
+        pass
+    elif config is None and q.dtype == torch.bfloat16 and _gdp.supported(q, k, v):
         # sm90, bf16 (fp16 compiles but has not run on a GPU: it stays on the Triton kernel): the Gluon warp-specialised kernel (TMA producer, two 64-row consumer warpgroups, 128-key tiles, S_j
         # issued before softmax_{j-1} finishes). H200, b 2, h 128, s 4096/8192, d 192/128, causal and not: 509-653
         # TFLOPS = 0.86-1.10x torch SDPA vs 0.78-0.84x for this Triton kernel in the same run
         # (results/mla_prefill_dense_gluon_v2-h200-2026-11-29.json). Explicit configs and
         # DEEPKERNELS_DISABLE_GLUON=dense_prefill keep the Triton kernel.
         _gdp.launch_dense_prefill_gluon(out, lse_hm, q, k, v, cu_q, cu_k, max_seqlen_q, softmax_scale, causal)
-        return
-    block_m, block_n, num_warps, num_stages = config or DENSE_CONFIGS[d_qk]
-    d1 = 128
-    n_m = triton.cdiv(max_seqlen_q, block_m)
-    grid = (n_m * b * h,)
-    _dense_prefill_fwd_kernel[grid](
-        q, k, v, out, lse_hm, cu_q, cu_k,
-        float(softmax_scale), float(softmax_scale) * _LOG2E, n_m, total_q,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        h, h // k.shape[1], D1=d1, D2=d_qk - d1, DV=v.shape[-1], BLOCK_M=block_m, BLOCK_N=block_n,
-        CAUSAL=bool(causal), UPCAST=interpret_mode(), NUM_STAGES=num_stages,
-        num_warps=num_warps, num_stages=num_stages,
-    )
+        covered = triton.cdiv(max_seqlen_q, _gdp.BLOCK_M) * _gdp.BLOCK_M
+    else:
+        block_m, block_n, num_warps, num_stages = config or DENSE_CONFIGS[d_qk]
+        d1 = 128
+        n_m = triton.cdiv(max_seqlen_q, block_m)
+        grid = (n_m * b * h,)
+        _dense_prefill_fwd_kernel[grid](
+            q, k, v, out, lse_hm, cu_q, cu_k,
+            float(softmax_scale), float(softmax_scale) * _LOG2E, n_m, total_q,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0),
+            out.stride(1), h, h // k.shape[1], D1=d1, D2=d_qk - d1, DV=v.shape[-1], BLOCK_M=block_m,
+            BLOCK_N=block_n, CAUSAL=bool(causal), UPCAST=interpret_mode(), NUM_STAGES=num_stages,
+            num_warps=num_warps, num_stages=num_stages,
+        )
+        covered = n_m * block_m
+    if covered < total_q and not hint_checked:
+        _dense_prefill_uncovered_kernel[(b,)](out, lse_hm, cu_q, covered, total_q, h, out.stride(0), out.stride(1),
+                                              DV=v.shape[-1], BLOCK_R=16, num_warps=4)
 
 
 def _fix_last(t):
@@ -217,8 +259,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
         k: ``[total_k, h_k, d_qk]``, v: ``[total_k, h_k, 128]``, same dtype as q; ``h % h_k == 0`` (GQA).
         cu_seqlens_qo, cu_seqlens_kv: ``[b + 1]`` int32 prefix sums of the per-sequence lengths
             (non-decreasing, starting at 0, ending at total_q / total_k; zero-length sequences allowed).
-        max_seqlen_qo: int >= every query length (sizes the grid); max_seqlen_kv: int >= 0, unused. Python or
-            NumPy integers (not bool, float or str: TypeError naming the argument; a negative one: ValueError).
+        max_seqlen_qo: int >= every query length (sizes the grid, as upstream; clamped to total_q, so a larger one
+            only costs nothing); max_seqlen_kv: int >= 0, unused (key lengths come from cu_seqlens_kv: any value
+            gives the same result). Python or NumPy integers (not bool, float or str: TypeError naming the argument;
+            a negative one: ValueError).
         dropout_p: must be 0. softmax_scale: default ``d_qk ** -0.5``; any finite real (as FlashMLA; <= 0 is exact:
             the kernels, whose running max is in raw-score units, run on ``-q`` with ``|scale|``, or on ``q * 0``
             with scale 1 for 0). causal: bottom-right aligned, row i of
@@ -233,8 +277,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
         TypeError / ValueError naming the argument for bad dtypes, shapes, devices, head dims, dropout,
         non-integer or negative ``max_seqlen_qo`` / ``max_seqlen_kv``, a non-finite ``softmax_scale`` (also one
         beyond the float range, e.g. ``10**400``; one that is not a real number / one-element tensor: TypeError), or
-        a ``max_seqlen_qo`` smaller than a sequence (checked on CPU inputs; on CUDA it is checked only
-        when ``cu_seqlens_qo`` is on the host, to avoid a device sync).
+        a ``max_seqlen_qo`` smaller than a query length when ``cu_seqlens_qo`` is on the host (CPU inputs). On
+        CUDA, ``cu_seqlens_qo`` lives on the device and is not read (a host sync): a too-small ``max_seqlen_qo``
+        leaves query rows past ``ceil(max_seqlen_qo / 128) * 128`` of a longer sequence uncomputed, and those rows
+        come back as **NaN** out and lse (a guard launch writes them; never stale memory, never a plausible value).
 
     CUDA tensors (or any under ``TRITON_INTERPRET=1``) run the Triton kernel; CPU tensors run
     :func:`deepkernels.reference.mla_prefill.dense_prefill_ref`. Forward only on every backend: the outputs never
@@ -290,7 +336,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
     lse_hm = torch.empty(h, total_q, dtype=torch.float32, device=dev)
     q, softmax_scale, _ = rewrite_nonpositive_scale(q, softmax_scale)   # scale <= 0: exact (-q, |scale| / 0*q, 1)
     _launch_dense_prefill(out, lse_hm, _fix_last(q), _fix_last(k), _fix_last(v), cu_seqlens_qo.contiguous(),
-                          cu_seqlens_kv.contiguous(), max_seqlen_qo, softmax_scale, causal)
+                          cu_seqlens_kv.contiguous(), max_seqlen_qo, softmax_scale, causal,
+                          hint_checked=cu_seqlens_qo.device.type == "cpu")   # checked above: no guard launch
     return out, lse_hm.t()
 
 

@@ -40,7 +40,7 @@ from . import _gluon_sparse_decode_ws2 as _gsdw2
 from . import _gluon_sparse_decode_ws3 as _gsdw3
 from . import _sparse_kernels as _sk
 from .combine import combine_splits_
-from .decode import FlashMLASchedMeta, _num_sms   # _num_sms honours set_mla_num_sms, set_num_sms
+from .decode import FlashMLASchedMeta, _check_metadata_empty, _num_sms   # _num_sms: set_mla_num_sms / set_num_sms
 from .metadata import FIXED_OVERHEAD_BLOCKS, SCHED_BLOCK, compute_schedule, resolve_schedule
 
 __all__ = ["set_sparse_decode_batch_invariant", "sparse_decode_batch_invariant", "sparse_decode_config",
@@ -366,7 +366,7 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
             another configuration raises ValueError; reuse after topk_length / extra_topk_length changed is correct:
             splits are clamped to the actual token line and each request's last split runs to its end) or the
             legacy tensors (re-planned here). Anything else (None included) is a TypeError naming it, as on the dense
-            path (not checked for empty work, as there).
+            path; empty work (b or s_q == 0) checks it the same way (a fresh one stays unfilled), as there.
         num_splits: None (or the legacy ``[b + 1]`` tensor, ignored).
         softmax_scale: default ``d_qk ** -0.5``; any finite value (<= 0 exact: the kernels run ``|scale|`` on
             ``-q``, or scale 1 on ``q * 0``). is_fp8_kvcache: must be True. causal: must be False.
@@ -406,7 +406,9 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
         extra_topk_length = extra_topk_length.contiguous()
     if attn_sink is not None:
         attn_sink = attn_sink.contiguous()
-    if plan.empty:
+    if plan.empty:   # the metadata is checked as for a call with work (a fresh one stays fresh); nothing launched
+        _check_metadata_empty(tile_scheduler_metadata, num_splits, cfg,
+                              lambda m: (m, num_splits) if isinstance(m, torch.Tensor) else None, dev)
         return (torch.zeros(b, s_q, h_q, 512, dtype=q.dtype, device=dev),
                 torch.full((b, s_q, h_q), float("inf"), device=dev).transpose(1, 2))
     # sm90 Gluon kernels, unless a Triton config is forced (DEEPKERNELS_DISABLE_GLUON=sparse_decode keeps Triton):
