@@ -267,3 +267,22 @@ def test_varlen_guard_kernel_compiles_sm90(dtype):
     c = compile_sm90(dp._dense_prefill_uncovered_kernel, sig, {"DV": 128, "BLOCK_R": 16}, num_warps=4)
     assert not c.uses_local_memory
     assert "mul.wide.s32" in c.ptx or "cvt.s64.s32" in c.ptx        # 64-bit token offsets
+
+
+# ------------------------------------------------------------------ 4. torch.compile: get_mla_metadata's fake
+@pytest.mark.reference
+@pytest.mark.parametrize("rows,h_kv,name", [(0, 1, "num_q_tokens_per_head_k"), (16, 0, "num_heads_k"),
+                                            (-3, 1, "num_q_tokens_per_head_k")])
+def test_get_mla_metadata_op_compiled_bad_ints_named(rows, h_kv, name):
+    """``torch.ops.deepkernels.get_mla_metadata`` under torch.compile runs its fake first: a 0 there died with
+    ZeroDivisionError inside the SM-part count (wrapped by dynamo, naming no argument). Now the eager op's
+    ValueError, naming the argument, in both modes."""
+    from deepkernels import ops
+    sl = torch.tensor([10, 70], dtype=torch.int32)
+    op = ops.get_mla_metadata
+    with pytest.raises(ValueError, match=f"{name} must be >= 1"):
+        op(sl, rows, h_kv)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=f"{name} must be >= 1") as ei:
+        torch.compile(lambda s: op(s, rows, h_kv), fullgraph=True)(sl)
+    assert "ZeroDivisionError" not in str(ei.value)

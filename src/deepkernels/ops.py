@@ -212,6 +212,10 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, 
 
 @get_mla_metadata.register_fake
 def _(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, topk=None):
+    # the real op's range checks first (a 0 here was a ZeroDivisionError in _num_sm_parts under torch.compile)
+    for name, v in (("num_q_tokens_per_head_k", num_q_tokens_per_head_k), ("num_heads_k", num_heads_k)):
+        if int(v) < 1:
+            raise ValueError(f"{name} must be >= 1, got {int(v)}")
     parts = _num_sm_parts(cache_seqlens.device, int(num_q_tokens_per_head_k), int(num_heads_k))
     b = cache_seqlens.shape[0]
     return (cache_seqlens.new_empty((parts, 8), dtype=torch.int32),
