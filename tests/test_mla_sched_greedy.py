@@ -100,7 +100,6 @@ def _adversarial_cases():
 
 
 ADVERSARIAL = _adversarial_cases()
-PARTS_SWEEP = [1, 2, 3, 5, 8, 16, 31, 32, 33, 63, 64, 65, 66, 100, 127, 128, 131, 132, 133, 200, 255, 263, 264]
 
 
 # ------------------------------------------------------------------ reference tier (no kernels: the host port)
@@ -138,14 +137,14 @@ def test_interpret_adversarial(i):
 
 @pytest.mark.interpret
 def test_interpret_random():
-    for counts, parts, fo in _random_cases(40, 2026):
+    for counts, parts, fo in _random_cases(25, 2026):
         _check(counts, parts, fo)
 
 
 @pytest.mark.interpret
 def test_interpret_parts_sweep():
     g = torch.Generator().manual_seed(99)
-    for parts in PARTS_SWEEP:
+    for parts in (1, 2, 31, 32, 33, 65, 66, 127, 132, 133, 263, 264):     # PARTS_SWEEP's edges (interpreter time)
         _check(torch.full((64,), 2048, dtype=torch.int32), parts)
         _check(_random_counts(g, 45), parts)
 
