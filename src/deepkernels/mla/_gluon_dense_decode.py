@@ -220,8 +220,8 @@ DISPATCH_TRIM = True
 DISPATCH_PVR = True
 DISPATCH_PVR_MIN_HEADS = 128
 GLUON_CANDIDATES = [GLUON_DEFAULT]
-# TIMELINE instrumentation (launcher keyword ``timeline``: an int64 [grid, TL_WORDS] buffer; constexpr TIMELINE,
-# never dispatched): per CTA a header of TL_HEADER words -- 0 CTA start (softmax warpgroup, %globaltimer ns), 1 its
+# TIMELINE instrumentation (launcher keyword ``timeline``: an int64 [grid, TL_WORDS] buffer, ZEROED before each
+# launch -- stamps are atomic maxima over a partition's warps; constexpr TIMELINE, never dispatched): per CTA a header of TL_HEADER words -- 0 CTA start (softmax warpgroup, %globaltimer ns), 1 its
 # end, 2 %smid, 3 number of pieces, 4 PV warpgroup end, 5 / 6 %clock64 at softmax start / end, 7 unused -- then
 # TL_PIECE words for each of the first TL_MAX_PIECES pieces: 0 start (its Q in shared memory), 1 first K tile ready
 # (= start without tiles), 2 tile loop done (last P V_L complete), 3 softmax warpgroup's O half + lse stores issued,
@@ -273,7 +273,8 @@ def _g_piece(req, begin_req, end_req, begin_blk, end_blk, begin_split, seqlens_p
 def _tl_put(tl_ptr, req, begin_req, word, val):
     """TIMELINE: ``tl_ptr[ctaid, off] = val`` (int64 rows of ``TL_WORDS`` = 264 words per CTA) with ``off = word``
     for ``req < 0`` (header) and ``8 + min(req - begin_req, 31) * 8 + word`` otherwise (the piece's record), stored by
-    lane 0 of each warp of the calling partition (same value, same address). Address, offset and predicate are
+    lane 0 of each warp of the calling partition (same value, same address; callers pass values that are
+    uniform over the partition). Address, offset and predicate are
     formed inside the asm: as Gluon / LLVM values, the row base, the piece offset (CSE'd between the piece's first
     and last stamp) and the store's thread predicate stayed live across the tile loop and added ptxas spills
     (4 - 28 B, spill instructions in the producer and softmax tile loops); ``%tid.x`` read in the asm made ptxas stop
@@ -303,7 +304,10 @@ def _tl_put(tl_ptr, req, begin_req, word, val):
 
 @_jit
 def _tl_stamp(tl_ptr, req, begin_req, word):
-    """TIMELINE: :func:`_tl_put` of ``%globaltimer`` (ns), read inside the same asm."""
+    """TIMELINE: ``%globaltimer`` (ns, read inside the asm) into the word :func:`_tl_put` addresses, as an atomic max
+    over the partition's warps (``red.global.max.u64``; the buffer starts zeroed): the stamp is the time the LAST warp
+    of the partition reached the event, so stamps of events in program order are monotone (plain stores from 4 warps
+    would leave whichever warp stored last, which can invert two close events)."""
     return gl.inline_asm_elementwise(
         asm="""{
         .reg .b64 a, g;
@@ -321,7 +325,7 @@ def _tl_stamp(tl_ptr, req, begin_req, word):
         mad.wide.u32 a, c, 8, $1;
         mov.u32 t, %laneid;
         setp.eq.u32 p, t, 0;
-        @p st.global.b64 [a], g;
+        @p red.global.max.u64 [a], g;
         mov.u32 $0, 0;
         }""", constraints="=r,l,r,r,r", args=[tl_ptr.to(gl.int64, bitcast=True), req, begin_req, word],
         dtype=gl.int32, is_pure=False, pack=1)
@@ -935,7 +939,7 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     head unless ``half_tiles=True`` is asked for (``DEEPKERNELS_DENSE_DECODE_VARIANT=0`` keeps it off). Needs Q by TMA (off where ``q_tma`` resolves to False)
     and replaces the half-tile split (``half_tiles`` forced off); combines with ``trim``.
 
-    ``timeline``: None (every dispatched launch), or an int64 CUDA tensor ``[grid, TL_WORDS]`` (contiguous; grid =
+    ``timeline``: None (every dispatched launch), or a zeroed int64 CUDA tensor ``[grid, TL_WORDS]`` (contiguous; grid =
     parts * h_kv * 64-row blocks) that the TIMELINE build (constexpr TIMELINE, same math, a handful of extra stores
     per piece) fills with per-CTA / per-piece ``%globaltimer`` stamps (layout at :data:`TL_WORDS`;
     ``benchmarks/mla_decode_timeline.py``). Raises ValueError on a buffer of another shape / dtype."""
