@@ -104,36 +104,36 @@ def sched_timing(rounds: int, calls: int = 50) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     algos = {"linear": "linear", "linear_b": "linear", "greedy": "greedy"}
     rows = []
-    for kind in ("sparse2048", "dense_rand"):
-        for b in SCHED_BS:
-            for parts in SCHED_PARTS:
-                counts = _sched_counts(kind, b, g)
-                graphs, keep = {}, []
-                for name, algo in algos.items():
-                    md.compute_schedule(counts, parts, algorithm=algo)      # compile / bind
-                    torch.cuda.synchronize()
-                    gr = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(gr):
-                        keep.append([md.compute_schedule(counts, parts, algorithm=algo) for _ in range(calls)])
-                    graphs[name] = gr
-                meta, ns = md.compute_schedule(counts, parts, algorithm="greedy")
-                m_ref, n_ref = flashmla_schedule(counts.cpu(), parts)
-                exact = bool(torch.equal(meta.cpu(), m_ref) and torch.equal(ns.cpu(), n_ref))
-                us = {k: [] for k in algos}
-                names = list(algos)
-                for r in range(rounds):
-                    for k in names[r % len(names):] + names[:r % len(names)]:
-                        us[k].append(triton.testing.do_bench(graphs[k].replay, warmup=5, rep=20,
-                                                             return_mode="median") * 1e3 / calls)
-                med = {k: statistics.median(v) for k, v in us.items()}
-                row = {"counts": kind, "b": b, "parts": parts, "us_per_call": med, "us_rounds": us,
-                       "ratio_greedy_vs_linear": med["greedy"] / med["linear"],
-                       "ratio_aa": med["linear_b"] / med["linear"], "greedy_exact": exact}
-                rows.append(row)
-                print(f"sched {kind:10s} b={b:5d} parts={parts:3d}  linear {med['linear']:6.2f}us  "
-                      f"linear_b {med['linear_b']:6.2f}us  greedy {med['greedy']:6.2f}us  "
-                      f"({row['ratio_greedy_vs_linear']:.2f}x)  exact={exact}", flush=True)
-                del graphs, keep
+    grid = [("sparse2048", b, parts) for b in SCHED_BS for parts in SCHED_PARTS]
+    grid += [("dense_rand", b, parts) for b in (64, 1024, 8192) for parts in (66, 132)]
+    for kind, b, parts in grid:
+        counts = _sched_counts(kind, b, g)
+        graphs, keep = {}, []
+        for name, algo in algos.items():
+            md.compute_schedule(counts, parts, algorithm=algo)      # compile / bind
+            torch.cuda.synchronize()
+            gr = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(gr):
+                keep.append([md.compute_schedule(counts, parts, algorithm=algo) for _ in range(calls)])
+            graphs[name] = gr
+        meta, ns = md.compute_schedule(counts, parts, algorithm="greedy")
+        m_ref, n_ref = flashmla_schedule(counts.cpu(), parts)
+        exact = bool(torch.equal(meta.cpu(), m_ref) and torch.equal(ns.cpu(), n_ref))
+        us = {k: [] for k in algos}
+        names = list(algos)
+        for r in range(rounds):
+            for k in names[r % len(names):] + names[:r % len(names)]:
+                us[k].append(triton.testing.do_bench(graphs[k].replay, warmup=5, rep=20,
+                                                     return_mode="median") * 1e3 / calls)
+        med = {k: statistics.median(v) for k, v in us.items()}
+        row = {"counts": kind, "b": b, "parts": parts, "us_per_call": med, "us_rounds": us,
+               "ratio_greedy_vs_linear": med["greedy"] / med["linear"],
+               "ratio_aa": med["linear_b"] / med["linear"], "greedy_exact": exact}
+        rows.append(row)
+        print(f"sched {kind:10s} b={b:5d} parts={parts:3d}  linear {med['linear']:6.2f}us  "
+              f"linear_b {med['linear_b']:6.2f}us  greedy {med['greedy']:6.2f}us  "
+              f"({row['ratio_greedy_vs_linear']:.2f}x)  exact={exact}", flush=True)
+        del graphs, keep
     return rows
 
 
