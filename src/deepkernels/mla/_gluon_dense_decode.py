@@ -221,12 +221,13 @@ DISPATCH_PVR = True
 DISPATCH_PVR_MIN_HEADS = 128
 GLUON_CANDIDATES = [GLUON_DEFAULT]
 # TIMELINE instrumentation (launcher keyword ``timeline``: an int64 [grid, TL_WORDS] buffer, ZEROED before each
-# launch -- stamps are atomic maxima over a partition's warps; constexpr TIMELINE, never dispatched): per CTA a header of TL_HEADER words -- 0 CTA start (softmax warpgroup, %globaltimer ns), 1 its
-# end, 2 %smid, 3 number of pieces, 4 PV warpgroup end, 5 / 6 %clock64 at softmax start / end, 7 unused -- then
-# TL_PIECE words for each of the first TL_MAX_PIECES pieces: 0 start (its Q in shared memory), 1 first K tile ready
-# (= start without tiles), 2 tile loop done (last P V_L complete), 3 softmax warpgroup's O half + lse stores issued,
-# 4 PV warpgroup's O half stores issued, 5 request, 6 k0 | k1 << 32 (token range), 7 nsp | split_index << 32
-# (nsp > 1: a split piece writing the fp32 accumulators). The literals 264 / 8 / 31 in _tl_put / _tl_stamp are these.
+# launch -- stamps are atomic maxima over a partition's warps; constexpr TIMELINE, never dispatched). Per CTA a
+# header of TL_HEADER words -- 0 CTA start (softmax warpgroup, %globaltimer ns), 1 its end, 2 %smid, 3 number of
+# pieces, 4 PV warpgroup end, 5 / 6 %clock64 at softmax start / end, 7 unused -- then TL_PIECE words for each of
+# the first TL_MAX_PIECES pieces: 0 start (its Q in shared memory), 1 first K tile ready (= start without tiles),
+# 2 tile loop done (last P V_L complete), 3 softmax warpgroup's O half + lse stores issued, 4 unused (0: a
+# per-piece PV stamp cost spills), 5 request, 6 k0 | k1 << 32 (token range), 7 nsp | split_index << 32 (nsp > 1:
+# a split piece writing the fp32 accumulators). The literals 264 / 8 / 31 in _tl_put / _tl_stamp are these.
 TL_HEADER, TL_PIECE, TL_MAX_PIECES = 8, 8, 32
 TL_WORDS = TL_HEADER + TL_PIECE * TL_MAX_PIECES
 
@@ -739,8 +740,6 @@ def _g_pv_wg(k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr,
         split = base_row + gl.where(req == begin_req, begin_split, 0)
         _g_write_half(o, inv, req, split, nsp, rmask_o, sidx_o, hidx_o, out_ptr, oacc_ptr, s_q, h_q, acc_rows,
                       256, L_O)
-        if TIMELINE:
-            pass
     if TIMELINE:
         _tl_stamp(tl_ptr, -1, 0, 4)                                 # CTA end (PV warpgroup)
 
