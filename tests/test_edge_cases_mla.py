@@ -55,6 +55,7 @@ def patch_no_launch(monkeypatch):
     import deepkernels.mla.prefill as pf
     monkeypatch.setattr(ddk, "_mla_decode_fwd_kernel", _Boom())
     monkeypatch.setattr(comb, "_mla_decode_combine_kernel", _Boom())
+    monkeypatch.setattr(comb, "_mla_decode_combine_fast_kernel", _Boom())
     monkeypatch.setattr(md, "_mla_sched_metadata_kernel", _Boom())
     monkeypatch.setattr(pf, "_sparse_prefill_fwd_kernel", _Boom())
     monkeypatch.setattr(dp, "_dense_prefill_fwd_kernel", _Boom())
@@ -272,6 +273,7 @@ def test_B10_dense_decode_grids_large_batch(b, s_q, h_q, monkeypatch):
     log = []
     monkeypatch.setattr(ddk, "_mla_decode_fwd_kernel", _Recorder(log, "decode"))
     monkeypatch.setattr(comb, "_mla_decode_combine_kernel", _Recorder(log, "combine"))
+    monkeypatch.setitem(comb._FAST, "on", False)   # the stand-in replaces the current (not the fast) combine
     q = torch.empty(1, 1, 1, 576, dtype=torch.bfloat16).expand(b, s_q, h_q, 576)
     k = torch.empty(2, 64, 1, 576, dtype=torch.bfloat16)
     bt = torch.zeros(1, 1, dtype=torch.int32).expand(b, 1)

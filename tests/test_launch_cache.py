@@ -299,6 +299,7 @@ def test_gluon_sparse_decode_public_op_takes_the_fast_path(bind_on_cpu, monkeypa
     cfn = _StandIn(comb._mla_decode_combine_kernel)
     monkeypatch.setattr(gsd, "_sparse_decode_gluon_kernel", fn)
     monkeypatch.setattr(comb, "_mla_decode_combine_kernel", cfn)
+    monkeypatch.setitem(comb._FAST, "on", False)   # the stand-in replaces the current (not the fast) combine
     monkeypatch.setattr(gsd, "supported", lambda *a, **k: True)
     monkeypatch.setattr(sd, "use_kernels", lambda *t: True)
     monkeypatch.setattr(sd, "_PLANS", {})
@@ -333,6 +334,7 @@ def test_gluon_sparse_decode_ws_public_op_takes_the_fast_path(bind_on_cpu, monke
     monkeypatch.setattr(gsdw, "_sparse_decode_gluon_ws_kernel", fn)
     monkeypatch.setattr(gsd, "_sparse_decode_gluon_kernel", single)
     monkeypatch.setattr(comb, "_mla_decode_combine_kernel", cfn)
+    monkeypatch.setitem(comb._FAST, "on", False)   # the stand-in replaces the current (not the fast) combine
     monkeypatch.setattr(gsd, "supported", lambda *a, **k: True)
     monkeypatch.setattr(gsdw, "supported", lambda *a, **k: True)
     monkeypatch.setattr(sd, "use_kernels", lambda *t: True)

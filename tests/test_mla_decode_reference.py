@@ -274,6 +274,7 @@ def test_public_op_launches_take_the_fast_path_on_a_repeated_signature(monkeypat
     log = []
     monkeypatch.setattr(ddk, "_mla_decode_fwd_kernel", _FakeJit(ddk._mla_decode_fwd_kernel, log, "decode"))
     monkeypatch.setattr(comb, "_mla_decode_combine_kernel", _FakeJit(comb._mla_decode_combine_kernel, log, "combine"))
+    monkeypatch.setitem(comb._FAST, "on", False)   # the stand-in replaces the current (not the fast) combine
     monkeypatch.setattr(launch, "_bindable", lambda args: True)
     monkeypatch.setattr(launch, "_current_device", lambda: 0)
     monkeypatch.setattr(launch, "_stream_getter", lambda: (lambda dev: 0))

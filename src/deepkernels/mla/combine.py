@@ -22,7 +22,8 @@ bf16 under the interpreter).
 
 Grid: ``(b * s_q, ceil(h_q / HEADS))`` — ``b·s_q`` on axis 0 (no 65,535 limit), a head block on axis 1.
 
-Fast combine (session 21, opt-in, OFF by default, UNVERIFIED on GPU at its commit):
+Fast combine (session 21; the default since its first device run, see ``_FAST`` below; DEEPKERNELS_FAST_COMBINE=0
+off):
 :func:`_mla_decode_combine_fast_kernel`, the same fp32 operations in the same order (bit-identical out and lse;
 tests/test_mla_combine_fast.py), with fewer dependent memory round trips. The current kernel runs three loops over a request's splits (max, sum, output), one
 load per iteration, each waiting for the previous: ``1 + 3·nsp`` dependent round trips for ``nsp`` splits. The fast
@@ -51,6 +52,7 @@ num_warps, CH, ROWS).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -81,8 +83,13 @@ class FastCombineConfig:
             raise ValueError(f"bad FastCombineConfig {self}")
 
 
-# Module-wide switches (what the decode paths, which never pass fast=/pdl=, get). OFF by default: the current kernel.
-_FAST = {"on": False, "pdl": False, "config": FastCombineConfig()}
+# Module-wide switches (what the decode paths, which never pass fast=/pdl=, get). The fast kernel is ON by default
+# since its first device run (session 21, H200, git 25ef801e309c, results/mla_combine-h200-2026-11-30-s21.json: 23/23
+# GPU tests; bit-identical on 18/18 bench cases; the combine alone 0.920x the current kernel's time (median, 0.852-
+# 0.976), the whole public call 0.997x (0.978-1.059, A/A 0.998-1.023)); DEEPKERNELS_FAST_COMBINE=0 keeps the current
+# kernel. PDL stays OFF: 0.882x for the combine alone but whole call 0.995x vs fast's 0.997x, not worth a launch
+# attribute that older drivers and graph tooling may not honour.
+_FAST = {"on": os.environ.get("DEEPKERNELS_FAST_COMBINE", "1") != "0", "pdl": False, "config": FastCombineConfig()}
 
 
 def set_fast_combine(enabled: bool, pdl: bool = False, config: FastCombineConfig | None = None) -> tuple:
@@ -430,7 +437,7 @@ def combine_splits_(out: torch.Tensor, lse: torch.Tensor, o_accum: torch.Tensor,
             alignment of every pointer argument except num_splits (which also stands in for absent lengths), the
             s_q / h_q / topk facts and lse's layout (its check is skipped). None: all computed (and checked) here.
         fast: run the fast combine (module docstring, "Fast combine"; bit-identical results); None: the module-wide
-            switch (:func:`set_fast_combine`, off by default). pdl: launch the fast combine with programmatic
+            switch (:func:`set_fast_combine`; on by default). pdl: launch the fast combine with programmatic
             dependent launch (None: the module-wide switch; never under the interpreter; ignored without fast).
             fast_config: its :class:`FastCombineConfig` (None: the module-wide one).
     Raises:
