@@ -212,8 +212,8 @@ def test_gpu_timeline_bitid_and_monotone(h_q, s_q, b, s_k, parts):
     for c in range(grid):
         part = c // m_blocks
         br, er = max(int(meta[part, 0]), 0), min(int(meta[part, 1]), b - 1)
+        assert hdr["npieces"][c] == er - br + 1, (c, hdr["npieces"][c], br, er)   # the kernel's count
         n = max(er - br + 1, 0)
-        assert hdr["npieces"][c] == n, (c, hdr["npieces"][c], n)
         assert hdr["start"][c] > 0 and hdr["end_s"][c] >= hdr["start"][c] and hdr["end_pv"][c] >= hdr["start"][c]
         assert 0 <= hdr["smid"][c] < sms and hdr["clk1"][c] > hdr["clk0"][c]
         plist = sorted(by.get(c, []), key=lambda d: d["p"])
