@@ -1,23 +1,27 @@
 """Regression tests of the session-21 fresh-user / adversarial review (CPU: reference + interpreter tiers).
 
-1. ``flash_attn_varlen_func`` (and its packed variants) with ``max_seqlen_qo`` smaller than the longest query
+1./2. ``flash_attn_varlen_func`` (and its packed variants) with ``max_seqlen_qo`` smaller than the longest query
    sequence: the grid is sized from the hint (``cdiv(max_seqlen_qo, 128)`` row blocks per (sequence, head)), so on
    CUDA with device ``cu_seqlens_qo`` (not checked: a host sync) the rows past the covered blocks were never written
    and came back as whatever ``torch.empty`` held. Upstream FlashAttention / FlashMLA treat ``max_seqlen`` as the
    caller's grid-size promise and leave those rows undefined too; we must never return stale memory. Now: a
-   host-visible ``cu_seqlens_qo`` is still checked (ValueError); otherwise the launch is followed by a one-program-
-   per-sequence guard kernel that writes NaN to the out / lse rows the grid did not cover (no host sync, graph-
-   capturable, a no-op for a correct hint), the dense decode path's "NaN, never a plausible wrong value" rule.
-   ``max_seqlen_kv`` sizes nothing here (the kernels read the key lengths from ``cu_seqlens_kv``): any value gives
-   the right result.
-2. ``max_seqlen_qo`` far larger than ``total_q`` (e.g. 10**12) sized the grid from it: under the interpreter the call
+   host-visible ``cu_seqlens_qo`` is still checked (ValueError); otherwise the launch is followed by a guard kernel
+   (one program per sequence + 2; no host sync, graph-capturable, writes nothing for correct inputs) that writes NaN
+   to the out / lse rows the grid did not cover: the dense decode path's "NaN, never a plausible wrong value" rule.
+   The same guard gives the rows of q in no sequence (device ``cu_seqlens_qo`` ending before ``total_q``: the
+   CUDA-graph padding tokens of a serving step; ``b == 0`` with rows) their "no key" value, out 0 / lse +inf
+   (they were never written either). ``max_seqlen_kv`` sizes nothing here (the kernels read the key lengths from
+   ``cu_seqlens_kv``): any value gives the right result.
+3. ``max_seqlen_qo`` far larger than ``total_q`` (e.g. 10**12) sized the grid from it: under the interpreter the call
    ran for hours (10**6 took 19 s at total_q 24), on a GPU the grid (cdiv(hint, 128) * b * h programs) passed 2^31
    and the launch failed naming no argument. The grid hint is now clamped to ``total_q`` (no sequence is longer).
-3. MLA decode with empty work (``b == 0``, ``s_q == 0``, dense ``h_q == 0``) returned before looking at
+4. MLA decode with empty work (``b == 0``, ``s_q == 0``, dense ``h_q == 0``) returned before looking at
    ``tile_scheduler_metadata``: a ``FlashMLASchedMeta`` filled for another configuration, legacy tensors planned for
    another batch, and ``None`` / any object were all accepted, where the same call with work raises. Now every call
-   checks the metadata the same way (a fresh ``FlashMLASchedMeta`` is filled with the empty call's configuration and
-   an empty schedule, without a launch), on the dense and the sparse path.
+   checks the metadata the same way, on the dense and the sparse path (nothing computed or launched; a fresh
+   ``FlashMLASchedMeta`` stays unfilled, so the next call with work fills it: session 16's rule).
+5. ``torch.ops.deepkernels.get_mla_metadata`` under torch.compile: its fake divided by zero for
+   ``num_q_tokens_per_head_k`` / ``num_heads_k`` <= 0 (ZeroDivisionError, naming nothing); now the eager ValueError.
 """
 import math
 
@@ -95,6 +99,48 @@ def test_varlen_guard_is_a_noop_for_a_correct_hint():
     assert all(torch.equal(o, outs[0][0]) and torch.equal(l_, outs[0][1]) for o, l_ in outs)
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("cq_list,total_q", [([0, 5, 30], 40), ([0], 8), ([3, 10, 20], 24)])
+def test_varlen_rows_outside_every_sequence_defined(cq_list, total_q):
+    """Rows of q outside every sequence (device cu_seqlens_qo ending before total_q: the CUDA-graph padding of a
+    serving step; b == 0 with rows; cu_seqlens_qo[0] > 0) were never written. They see no key: out 0, lse +inf
+    (the empty-row contract), written by the guard launch; the sequences' rows are unaffected."""
+    cq = torch.tensor(cq_list, dtype=torch.int32)
+    ck = torch.tensor([0] + [7 * (i + 1) for i in range(len(cq_list) - 1)], dtype=torch.int32)
+    h = 2
+    q = (torch.randn(total_q, h, 128) / 4).bfloat16()
+    k = (torch.randn(max(int(ck[-1]), 1), 1, 128) / 4).bfloat16()
+    v = (torch.randn(max(int(ck[-1]), 1), 1, 128) / 4).bfloat16()
+    out = torch.full((total_q, h, 128), 7.0, dtype=q.dtype)
+    lse = torch.full((h, total_q), 7.0)
+    dp._launch_dense_prefill(out, lse, q, k, v, cq, ck, 200, 128 ** -0.5, True)
+    inside = torch.zeros(total_q, dtype=torch.bool)
+    inside[cq_list[0]:cq_list[-1]] = True
+    assert not (out == 7).any() and not (lse == 7).any(), "rows left as the buffer held them"
+    assert (out[~inside] == 0).all() and torch.isposinf(lse[:, ~inside]).all()
+    assert not out[inside].isnan().any() and not lse[:, inside].isnan().any()
+    if inside.any():   # the sequences' rows: the reference on exactly those rows
+        a = cq_list[0]
+        qi = q[inside]
+        ro, rl = dk.flash_attn_varlen_func(qi, k[:int(ck[-1])], v[:int(ck[-1])], cq - a, ck, 200, 200, causal=True)
+        assert torch.equal(out[inside], ro) and torch.equal(lse[:, inside], rl.t())
+
+
+@pytest.mark.interpret
+def test_varlen_guard_never_writes_outside_total_q():
+    """The guard alone, given nonsense device cu_seqlens (a sequence running past total_q, a negative start): it
+    writes only rows in [0, total_q) (out viewed inside a larger buffer whose tail must stay untouched)."""
+    total_q, h = 10, 2
+    buf = torch.full((total_q + 40, h, 128), 7.0, dtype=torch.bfloat16)
+    lbuf = torch.full((h * total_q + 40,), 7.0)
+    out, lse = buf[:total_q], lbuf[:h * total_q].view(h, total_q)
+    cq = torch.tensor([-5, 3, 10 ** 6], dtype=torch.int32)
+    dp._dense_prefill_uncovered_kernel[(4,)](out, lse, cq, 2, 0, total_q, h, out.stride(0), out.stride(1),
+                                             DV=128, BLOCK_R=16)
+    assert (buf[total_q:] == 7).all() and (lbuf[h * total_q:] == 7).all()
+    assert out.isnan().all() and lse.isnan().all()          # both sequences' rows, clamped to [0, total_q)
+
+
 @pytest.mark.parametrize("tier", TIERS)
 def test_varlen_small_max_seqlen_host_cu_seqlens_raises_named(tier):
     """Host-visible cu_seqlens (CPU tensors): a too-small hint is a ValueError naming it, on the plain and the packed
@@ -141,14 +187,16 @@ def test_varlen_small_max_seqlen_device_cu_seqlens_gpu():
 def test_varlen_huge_max_seqlen_grid_clamped(hint, monkeypatch):
     """The Triton launch's grid comes from min(max_seqlen_qo, total_q): a hint of 10**12 must not ask for
     ~8e9 * b * h programs (launch failure on a GPU, hours under the interpreter)."""
-    rec = _GridRecorder()
+    rec, guard = _GridRecorder(), _GridRecorder()
     monkeypatch.setattr(dp, "_dense_prefill_fwd_kernel", rec)
+    monkeypatch.setattr(dp, "_dense_prefill_uncovered_kernel", guard)
     q, k, v, cq, ck = _varlen([5, 200, 0, 130], [7, 200, 3, 140], h=2, h_k=1)
     out = torch.empty(q.shape[0], 2, 128, dtype=q.dtype)
     lse = torch.empty(2, q.shape[0])
     dp._launch_dense_prefill(out, lse, q, k, v, cq, ck, hint, 0.1, True)
     b, h, total_q = 4, 2, q.shape[0]
     assert rec.grids and rec.grids[0][0] == math.ceil(total_q / 128) * b * h
+    assert guard.grids == [(b + 2,)]
 
 
 @pytest.mark.interpret
@@ -259,11 +307,11 @@ def test_empty_work_leaves_fresh_metadata_fresh(tier, path, monkeypatch):
 @pytest.mark.compile
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_varlen_guard_kernel_compiles_sm90(dtype):
-    """The guard kernel cross-compiles for sm90 (it runs on every CUDA call whose hint leaves rows possibly
-    uncovered): no local memory, int64 row offsets."""
+    """The guard kernel cross-compiles for sm90 (it runs after every CUDA call, whose cu_seqlens_qo is not read on
+    the host): no local memory, int64 row offsets."""
     from deepkernels.testing.compile import compile_sm90
-    sig = {"out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "cu_q_ptr": "*i32", "covered": "i32", "total_q": "i32",
-           "H": "i32", "stride_ot": "i32", "stride_oh": "i32"}
+    sig = {"out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "cu_q_ptr": "*i32", "B": "i32", "covered": "i32",
+           "total_q": "i32", "H": "i32", "stride_ot": "i32", "stride_oh": "i32"}
     c = compile_sm90(dp._dense_prefill_uncovered_kernel, sig, {"DV": 128, "BLOCK_R": 16}, num_warps=4)
     assert not c.uses_local_memory
     assert "mul.wide.s32" in c.ptx or "cvt.s64.s32" in c.ptx        # 64-bit token offsets

@@ -162,27 +162,39 @@ def _dense_prefill_fwd_kernel(
 
 
 @triton.jit
-def _dense_prefill_uncovered_kernel(out_ptr, lse_ptr, cu_q_ptr, covered, total_q, H, stride_ot, stride_oh,
+def _dense_prefill_uncovered_kernel(out_ptr, lse_ptr, cu_q_ptr, B, covered, total_q, H, stride_ot, stride_oh,
                                     DV: tl.constexpr, BLOCK_R: tl.constexpr):
-    """Guard after the attention launch, one program per sequence: query rows ``>= covered`` of the sequence (rows
-    the grid, sized from the caller's ``max_seqlen_qo``, did not reach) get NaN out and lse. A no-op (two loads)
-    for every sequence no longer than ``covered``."""
-    b = tl.program_id(0)
-    q0 = tl.load(cu_q_ptr + b)
-    s_q = tl.load(cu_q_ptr + b + 1) - q0
+    """Guard after the attention launch (grid ``B + 2``) for the query rows the attention grid never writes, when
+    ``cu_seqlens_qo`` is on the device (not checked: a host sync). Program ``i < B``: rows ``>= covered`` of
+    sequence i (the grid, sized from the caller's ``max_seqlen_qo``, did not reach them) get NaN out and lse (not
+    computed). Program ``B``: rows ``[0, cu[0])``, program ``B + 1``: rows ``[cu[B], total_q)`` (in no sequence,
+    e.g. CUDA-graph padding tokens) get out 0 / lse +inf (they see no key). Every range is clamped to
+    ``[0, total_q)``, so nonsense ``cu_seqlens`` never make it write outside out / lse. Correct inputs: each program
+    loads two ints and writes nothing."""
+    pid = tl.program_id(0)
+    is_seq = pid < B
+    i_lo = tl.where(is_seq, pid, tl.where(pid == B, 0, B))
+    c_lo = tl.load(cu_q_ptr + i_lo).to(tl.int64)
+    c_hi = tl.load(cu_q_ptr + tl.where(is_seq, pid + 1, i_lo)).to(tl.int64)
+    lo = tl.where(is_seq, c_lo + covered, tl.where(pid == B, 0, c_hi))
+    hi = tl.where(is_seq, c_hi, tl.where(pid == B, c_lo, total_q))
+    lo = tl.maximum(lo, 0)
+    n = (tl.maximum(tl.minimum(hi, total_q) - lo, 0)).to(tl.int32)
+    o_val = tl.where(is_seq, float("nan"), 0.0)
+    l_val = tl.where(is_seq, float("nan"), float("inf"))
+    fill_o = (tl.zeros([BLOCK_R, DV], tl.float32) + o_val).to(out_ptr.dtype.element_ty)
+    fill_l = tl.zeros([BLOCK_R], tl.float32) + l_val
     offs_r = tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, DV)
-    nan_o = tl.full([BLOCK_R, DV], float("nan"), tl.float32).to(out_ptr.dtype.element_ty)
-    nan_l = tl.full([BLOCK_R], float("nan"), tl.float32)
-    for r0 in range(covered, s_q, BLOCK_R):
+    for r0 in range(0, n, BLOCK_R):
         rows = r0 + offs_r
-        ok = rows < s_q
-        tok = q0.to(tl.int64) + rows
+        ok = rows < n
+        tok = lo + rows
         o_p = out_ptr + tok[:, None] * stride_ot + offs_d[None, :]
         l_p = lse_ptr + tok
         for _h in range(H):
-            tl.store(o_p, nan_o, mask=ok[:, None])
-            tl.store(l_p, nan_l, mask=ok)
+            tl.store(o_p, fill_o, mask=ok[:, None])
+            tl.store(l_p, fill_l, mask=ok)
             o_p += stride_oh
             l_p += total_q
 
@@ -208,16 +220,17 @@ def _launch_dense_prefill(out, lse_hm, q, k, v, cu_q, cu_k, max_seqlen_q, softma
 
     ``max_seqlen_q`` sizes the grid (upstream's meaning: the caller's promise that no query sequence is longer). It
     is clamped to ``total_q`` (no sequence is longer, so a huge hint never asks for more programs than that). Unless
-    ``hint_checked`` (the public op compared it with host-side ``cu_seqlens``), a guard launch follows that writes
-    NaN out / lse to every row the grid did not cover (a too-small hint on device ``cu_seqlens``: checking it would
-    be a host sync), so no row ever keeps what the buffer held."""
+    ``hint_checked`` (the public op checked the hint and ``cu_seqlens_qo`` on the host), a guard launch
+    (:func:`_dense_prefill_uncovered_kernel`, ``b + 2`` programs) follows: rows of a sequence longer than the hint
+    get NaN out / lse, rows in no sequence (``cu_seqlens_qo`` ending before ``total_q``: CUDA-graph padding) out 0 /
+    lse +inf, so no row ever keeps what the buffer held (checking device ``cu_seqlens`` would be a host sync)."""
     total_q, h, d_qk = q.shape
     b = cu_q.shape[0] - 1
-    if total_q == 0 or b == 0 or h == 0:
+    if total_q == 0 or h == 0:
         return
     max_seqlen_q = min(int(max_seqlen_q), total_q)
     covered = 0
-    if max_seqlen_q == 0:
+    if max_seqlen_q == 0 or b == 0:
         pass
     elif config is None and q.dtype == torch.bfloat16 and _gdp.supported(q, k, v):
         # sm90, bf16 (fp16 compiles but has not run on a GPU: it stays on the Triton kernel): the Gluon warp-specialised kernel (TMA producer, two 64-row consumer warpgroups, 128-key tiles, S_j
@@ -241,9 +254,9 @@ def _launch_dense_prefill(out, lse_hm, q, k, v, cu_q, cu_k, max_seqlen_q, softma
             num_warps=num_warps, num_stages=num_stages,
         )
         covered = n_m * block_m
-    if covered < total_q and not hint_checked:
-        _dense_prefill_uncovered_kernel[(b,)](out, lse_hm, cu_q, covered, total_q, h, out.stride(0), out.stride(1),
-                                              DV=v.shape[-1], BLOCK_R=16, num_warps=4)
+    if not hint_checked:
+        _dense_prefill_uncovered_kernel[(b + 2,)](out, lse_hm, cu_q, b, covered, total_q, h, out.stride(0),
+                                                  out.stride(1), DV=v.shape[-1], BLOCK_R=16, num_warps=4)
 
 
 def _fix_last(t):
@@ -280,7 +293,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
         a ``max_seqlen_qo`` smaller than a query length when ``cu_seqlens_qo`` is on the host (CPU inputs). On
         CUDA, ``cu_seqlens_qo`` lives on the device and is not read (a host sync): a too-small ``max_seqlen_qo``
         leaves query rows past ``ceil(max_seqlen_qo / 128) * 128`` of a longer sequence uncomputed, and those rows
-        come back as **NaN** out and lse (a guard launch writes them; never stale memory, never a plausible value).
+        come back as **NaN** out and lse; rows of q in no sequence (``cu_seqlens_qo[-1] < total_q``, e.g.
+        CUDA-graph padding tokens; ``cu_seqlens_qo[0] > 0``) come back as out 0 / lse +inf (they see no key). A
+        guard launch writes both kinds: never stale memory, never a plausible value.
 
     CUDA tensors (or any under ``TRITON_INTERPRET=1``) run the Triton kernel; CPU tensors run
     :func:`deepkernels.reference.mla_prefill.dense_prefill_ref`. Forward only on every backend: the outputs never
