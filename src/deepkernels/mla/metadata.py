@@ -17,7 +17,7 @@ Reusable by any decode path: it is driven by a per-request token-count tensor (d
 ``topk_length`` or a derived count) rather than by the KV cache itself.
 
 Opt-in alternative (``compute_schedule(..., algorithm="greedy")``, not dispatched by the decode paths): FlashMLA's greedy
-``get_mla_metadata`` schedule (spec/mla.md §3.3, host port :func:`deepkernels.reference.mla.flashmla_schedule`),
+``get_mla_metadata`` schedule (docs/spec/mla.md §3.3, host port :func:`deepkernels.reference.mla.flashmla_schedule`),
 computed bit-exactly by one single-warp program (:func:`_mla_sched_greedy_kernel`). The greedy fill is a walk on
 the same cost line: with ``s = ceil(total / num_sm_parts)`` a part opened at position ``x`` closes at ``y = x + s``
 unless a request boundary (a prefix cost) lies in ``[y, y + overhead]``, in which case it closes exactly there (the
@@ -160,7 +160,7 @@ def _greedy_window(n_raw, offs, b, OVERHEAD: tl.constexpr, SBLOCK: tl.constexpr)
 @triton.jit(do_not_specialize=["b", "num_parts"])
 def _mla_sched_greedy_kernel(counts_ptr, meta_ptr, nsplits_ptr, b, num_parts,
                              OVERHEAD: tl.constexpr, SBLOCK: tl.constexpr, W: tl.constexpr, TW: tl.constexpr):
-    """FlashMLA's greedy schedule (spec/mla.md §3.3), exactly; one program of one warp (module docstring).
+    """FlashMLA's greedy schedule (docs/spec/mla.md §3.3), exactly; one program of one warp (module docstring).
 
     Positions on the cost line are int64 scalars. The requests are visited in windows of ``W`` (one per lane) whose
     boundaries are kept relative to the window's start (``base``) in int32; three windows ahead are loaded early.
