@@ -173,11 +173,11 @@ def analyse(buf: np.ndarray, m_blocks: int = 1) -> dict:
                                        mean_partial_tiles=float((col("waste_tokens") / 64 * tile_med).mean()),
                                        imbalance=makespan - mean_start - mean_busy)
         out["by_end"] = sorted(cta_rows, key=lambda r: -r["end"])[:5]          # the latest CTAs
-        if m_blocks == 2 and n % 2 == 0 and ok.all():
-            pe = end.reshape(-1, 2) / 1e3
-            ps = start.reshape(-1, 2) / 1e3
-            out["row_block_pairs_us"] = dict(end_skew=_stats(np.abs(pe[:, 0] - pe[:, 1])),
-                                             start_skew=_stats(np.abs(ps[:, 0] - ps[:, 1])))
+        if m_blocks > 1 and n % m_blocks == 0 and ok.all():    # the row-block CTAs of one part (same pages)
+            pe = end.reshape(-1, m_blocks) / 1e3
+            ps = start.reshape(-1, m_blocks) / 1e3
+            out["row_block_pairs_us"] = dict(end_skew=_stats(pe.max(1) - pe.min(1)),
+                                             start_skew=_stats(ps.max(1) - ps.min(1)))
     stamps = np.concatenate([start[ok], end_s[ok]] + [np.asarray([pc[k] for pc in pieces], np.int64)
                                                       for k in ("ps", "fk", "le", "pe")])
     stamps = np.unique(stamps[stamps > 0])
@@ -299,7 +299,7 @@ def alloc_outs(q, parts, poison=False):
 def main(args) -> int:
     from mla_decode_ring import parse_shapes
     only = parse_shapes(args.only_shapes)
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and args.device == "cuda":
         print("mla_decode_timeline: no CUDA device; nothing measured", flush=True)
         return 0
     import deepkernels.mla.decode as dec
@@ -321,9 +321,10 @@ def main(args) -> int:
                             return_mode="median", headline="paired_time_ratio_median (t / t_plain)"),
                 note="times in us from the first CTA start; stamps = %globaltimer, max over a partition's warps")
     rows, raw = [], {}
-    flush = torch.empty(int(256e6 // 4), dtype=torch.int32, device="cuda")
-    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    for _ in range(300):                        # clocks up before the first timing
+    dev = args.device
+    flush = torch.empty(int(256e6 // 4), dtype=torch.int32, device=dev)
+    x = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
+    for _ in range(300 if dev == "cuda" else 1):           # clocks up before the first timing
         x @ x
     del x
     for h_q, s_q, s_k in SHAPES:
@@ -332,7 +333,7 @@ def main(args) -> int:
         causal = s_q > 1
         rec = dict(b=B, s_q=s_q, h_q=h_q, h_kv=1, s_k=s_k, causal=causal)
         try:
-            q, k, bt, sl, seqlens = make_case(B, s_q, h_q, s_k, seed=args.seed)
+            q, k, bt, sl, seqlens = make_case(B, s_q, h_q, s_k, seed=args.seed, device=dev)
             rows_q = s_q * h_q
             sched, ns = compute_schedule(sl, dec._num_sm_parts(q.device, rows_q, 1))
             parts = int(sched.shape[0])
@@ -341,7 +342,7 @@ def main(args) -> int:
             scale = D_QK ** -0.5
             rec.update(parts=parts, grid=grid, m_blocks=m_blocks, tokens=int(sum(seqlens)),
                        flop=2.0 * s_q * sum(seqlens) * h_q * (D_QK + D_V), pieces_total=int(ns[-1].item()))
-            tl = torch.zeros(grid, G.TL_WORDS, dtype=torch.int64, device="cuda")
+            tl = torch.zeros(grid, G.TL_WORDS, dtype=torch.int64, device=dev)
 
             def launcher(outs, timeline=None):
                 return lambda: G.gluon_dense_launch(q, k, bt, sl, sched, ns, scale, causal, *outs,
@@ -436,6 +437,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only-shapes", default=os.environ.get("ONLY_SHAPES"), help="h_q:s_q:s_k,... (env ONLY_SHAPES)")
     p.add_argument("--selftest", action="store_true", help="analyse a synthetic buffer (CPU) and print it")
+    p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)     # CPU dry runs with a mocked launcher
     return p.parse_args(argv)
 
 
