@@ -199,6 +199,28 @@ def test_varlen_huge_max_seqlen_grid_clamped(hint, monkeypatch):
     assert guard.grids == [(b + 2,)]
 
 
+@pytest.mark.reference
+def test_varlen_grid_past_int32_raises_named(monkeypatch):
+    """Even clamped, ``cdiv(max_seqlen_qo, 128) * b * h`` programs can pass 2^31 - 1 (16,384 sequences, 2^20 tokens,
+    h 128 and a lazy hint of total_q: 2^34), which the grid's axis 0 cannot hold (launch failure naming nothing on a
+    GPU; the kernels index programs in int32). A ValueError naming max_seqlen_qo, before any launch; the real
+    longest length (here 64) fits."""
+    rec, guard = _GridRecorder(), _GridRecorder()
+    monkeypatch.setattr(dp, "_dense_prefill_fwd_kernel", rec)
+    monkeypatch.setattr(dp, "_dense_prefill_uncovered_kernel", guard)
+    b, h, total_q = 2 ** 14, 128, 2 ** 20
+    q = torch.empty(1, 1, 128, dtype=torch.bfloat16).expand(total_q, h, 128)       # never touched
+    k = torch.empty(1, 1, 128, dtype=torch.bfloat16).expand(total_q, 1, 128)
+    out = torch.empty(1, 1, 128, dtype=torch.bfloat16).expand(total_q, h, 128)
+    lse = torch.empty(1, 1).expand(h, total_q)
+    cu = torch.arange(b + 1, dtype=torch.int32) * 64
+    with pytest.raises(ValueError, match=r"max_seqlen_qo"):
+        dp._launch_dense_prefill(out, lse, q, k, k, cu, cu, total_q, 0.1, True)
+    assert not rec.grids and not guard.grids
+    dp._launch_dense_prefill(out, lse, q, k, k, cu, cu, 64, 0.1, True)
+    assert rec.grids == [(b * h,)]
+
+
 @pytest.mark.interpret
 def test_varlen_huge_max_seqlen_runs_promptly_and_exactly():
     """Under the interpreter: max_seqlen_qo 10**12 (and the packed forms) gives the exact-hint result."""

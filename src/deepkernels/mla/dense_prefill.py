@@ -228,7 +228,14 @@ def _launch_dense_prefill(out, lse_hm, q, k, v, cu_q, cu_k, max_seqlen_q, softma
     b = cu_q.shape[0] - 1
     if total_q == 0 or h == 0:
         return
-    max_seqlen_q = min(int(max_seqlen_q), total_q)
+    hint, max_seqlen_q = int(max_seqlen_q), min(int(max_seqlen_q), total_q)
+    # both kernels put (row block, sequence, head) on grid axis 0 with int32 program ids (Gluon and Triton use 128
+    # rows per block for every dispatched config; an explicit config with fewer rows only makes the grid larger)
+    n_prog = triton.cdiv(max_seqlen_q, (config or (128,))[0]) * b * h
+    if n_prog > 2 ** 31 - 1:
+        raise ValueError(f"max_seqlen_qo={hint} (used as {max_seqlen_q} <= total_q) with b={b} sequences and h={h} "
+                         f"heads needs {n_prog} programs, more than a grid holds (2^31 - 1): pass the real longest "
+                         "query length, or split the batch")
     covered = 0
     if max_seqlen_q == 0 or b == 0:
         pass
@@ -295,7 +302,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
         leaves query rows past ``ceil(max_seqlen_qo / 128) * 128`` of a longer sequence uncomputed, and those rows
         come back as **NaN** out and lse; rows of q in no sequence (``cu_seqlens_qo[-1] < total_q``, e.g.
         CUDA-graph padding tokens; ``cu_seqlens_qo[0] > 0``) come back as out 0 / lse +inf (they see no key). A
-        guard launch writes both kinds: never stale memory, never a plausible value.
+        guard launch writes both kinds: never stale memory, never a plausible value. Also a ValueError: a
+        ``max_seqlen_qo`` whose grid, ``ceil(min(max_seqlen_qo, total_q) / 128) * b * h`` programs, passes 2^31 - 1.
 
     CUDA tensors (or any under ``TRITON_INTERPRET=1``) run the Triton kernel; CPU tensors run
     :func:`deepkernels.reference.mla_prefill.dense_prefill_ref`. Forward only on every backend: the outputs never
