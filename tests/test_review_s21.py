@@ -356,3 +356,41 @@ def test_get_mla_metadata_op_compiled_bad_ints_named(rows, h_kv, name):
     with pytest.raises(Exception, match=f"{name} must be >= 1") as ei:
         torch.compile(lambda s: op(s, rows, h_kv), fullgraph=True)(sl)
     assert "ZeroDivisionError" not in str(ei.value)
+
+
+# ------------------------------------------------------------------ 6. boolean flags given as strings
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("bad", ["False", "no", b"0", [False], torch.tensor([0, 1])])
+def test_attention_causal_rejects_non_booleans(tier, bad):
+    """``causal="False"`` (a flag read from a config file) was truthy: the call silently ran causal, the opposite
+    of what was asked (upstream's pybind bool conversion rejects a str). Now a TypeError naming causal, on
+    flash_attn_varlen_func (+ packed forms) and both decode paths; bool, NumPy bool, 0 / 1 and None (False, as
+    pybind) still work and mean what they say."""
+    q, k, v, cq, ck = _varlen([3, 9], [20, 30])
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        dk.flash_attn_varlen_func(q, k, v, cq, ck, 9, 30, causal=bad)
+    kv = torch.cat([k, v], -1)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        flash_attn_varlen_kvpacked_func(q, kv, cq, ck, 9, 30, 128, causal=bad)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        dk.flash_mla_with_kvcache(*_dense_case(2, s_q=2), 512, dk.get_mla_metadata()[0], causal=bad)
+    qs, kc, ind = _sparse_case(2)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        dk.flash_mla_with_kvcache(qs, kc, None, None, 512, dk.get_mla_metadata()[0], is_fp8_kvcache=True,
+                                  indices=ind, causal=bad)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_attention_causal_boolean_forms_agree(tier):
+    q, k, v, cq, ck = _varlen([3, 9], [20, 30])
+    rt = dk.flash_attn_varlen_func(q, k, v, cq, ck, 9, 30, causal=True)
+    rf = dk.flash_attn_varlen_func(q, k, v, cq, ck, 9, 30, causal=False)
+    assert not torch.equal(rt[0], rf[0])
+    for flag, ref in ((np.bool_(True), rt), (1, rt), (np.bool_(False), rf), (0, rf), (None, rf)):
+        o, l_ = dk.flash_attn_varlen_func(q, k, v, cq, ck, 9, 30, causal=flag)
+        assert torch.equal(o, ref[0]) and torch.equal(l_, ref[1])
+    case = _dense_case(2, s_q=2)
+    dt = dk.flash_mla_with_kvcache(*case, 512, dk.get_mla_metadata()[0], causal=True)
+    for flag in (np.bool_(True), 1):
+        o, l_ = dk.flash_mla_with_kvcache(*case, 512, dk.get_mla_metadata()[0], causal=flag)
+        assert torch.equal(o, dt[0]) and torch.equal(l_, dt[1])

@@ -5,12 +5,13 @@ import math
 import numbers
 from typing import Iterable, Sequence
 
+import numpy as np
 import torch
 
 __all__ = ["check_tensor", "check_dtype", "check_shape", "check_compiled_dims", "overlaps", "output_aliases",
            "check_no_alias", "check_distinct_elements",
            "check_int32_extent", "check_scale", "rewrite_nonpositive_scale", "check_int", "check_int_tuple",
-           "check_gemm_recipe", "INT32_MAX"]
+           "check_flag", "check_gemm_recipe", "INT32_MAX"]
 
 INT32_MAX = 2**31 - 1
 
@@ -157,6 +158,20 @@ def check_int(name: str, value, *, min_value: int | None = None, exc: type = Typ
     if min_value is not None and v < min_value:
         raise ValueError(f"{name} must be >= {min_value}, got {v}")
     return v
+
+
+def check_flag(name: str, value) -> bool:
+    """A boolean argument (``causal``, ...) as a Python bool, as upstream's pybind ``bool`` conversion takes it: a
+    bool, a NumPy bool, a real number (its truth value) or None (False). Anything else is a TypeError naming the
+    argument: a str above all (``causal="False"`` would be truthy, silently the opposite of what was asked), bytes,
+    containers and tensors."""
+    if isinstance(value, bool):
+        return value
+    if value is None:
+        return False
+    if isinstance(value, (np.bool_, numbers.Real)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
 
 def check_int_tuple(name: str, value, length: int) -> tuple[int, ...]:

@@ -17,7 +17,7 @@ import torch
 
 from .._backend import interpret_mode, use_kernels
 from .._launch import KernelLauncher, cached_launcher, spec_key
-from .._validate import check_dtype, check_int, check_scale, check_tensor, rewrite_nonpositive_scale
+from .._validate import check_dtype, check_flag, check_int, check_scale, check_tensor, rewrite_nonpositive_scale
 from ..gemm import dense as _gemm_dense
 from .metadata import FIXED_OVERHEAD_BLOCKS, SCHED_BLOCK, compute_schedule, resolve_schedule
 
@@ -425,6 +425,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
             row), and **NaN** out / lse for a query row that sees keys (it cannot be computed without a split; a
             plausible-looking wrong value never comes out). Plan such a batch with its real length to get values.
         causal: bottom-right aligned (query i of s_q sees keys ``< seqlen - (s_q-1-i)``); ignored when s_q == 1.
+            A bool (NumPy bool, 0 / 1 and None = False accepted, as upstream's pybind bool); a str is a TypeError.
 
     Sparse path (``indices`` given; ``deepkernels.mla.sparse_decode``, FlashMLA sparse decode, docs/spec/mla.md §1.2):
         q: ``[b, s_q, h_q, d_qk]`` bf16, any strides; ``h_q`` in {16, 32, 64, 128}; ``d_qk`` set by the format.
@@ -470,6 +471,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     """
     if type(head_dim_v) is not int:   # NumPy ints as the int they equal; float / str / bool: TypeError naming it
         head_dim_v = check_int("head_dim_v", head_dim_v)
+    if type(causal) is not bool:      # NumPy bool / 0 / 1 / None as upstream's pybind bool; a str ("False") is a TypeError
+        causal = check_flag("causal", causal)
     if indices is not None:
         if softmax_scale is not None:   # its type here (str, list, multi-element tensor: named error); finiteness there
             softmax_scale = check_scale("softmax_scale", softmax_scale, finite=False)

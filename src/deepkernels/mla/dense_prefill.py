@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .._backend import device_of, interpret_mode, use_kernels
 from .._triton_helpers import rne_bf16 as _rne_bf16
-from .._validate import check_int, check_scale, check_tensor, rewrite_nonpositive_scale
+from .._validate import check_flag, check_int, check_scale, check_tensor, rewrite_nonpositive_scale
 from ..reference.mla_prefill import dense_prefill_ref
 from . import _gluon_dense_prefill as _gdp
 
@@ -286,7 +286,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
         dropout_p: must be 0. softmax_scale: default ``d_qk ** -0.5``; any finite real (as FlashMLA; <= 0 is exact:
             the kernels, whose running max is in raw-score units, run on ``-q`` with ``|scale|``, or on ``q * 0``
             with scale 1 for 0). causal: bottom-right aligned, row i of
-            a sequence sees keys ``j <= i + s_k - s_q``. deterministic: must be False (the forward is
+            a sequence sees keys ``j <= i + s_k - s_q``; a bool (NumPy bool, 0 / 1, None = False; a str: TypeError). deterministic: must be False (the forward is
             deterministic anyway). is_varlen: accepted for compatibility.
 
     Returns:
@@ -330,6 +330,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_qo, cu_seqlens_kv, max_seqlen_qo,
         raise ValueError(f"dropout_p must be 0.0, got {dropout_p}")
     if deterministic:
         raise ValueError("deterministic=True is not supported (upstream asserts it is False)")
+    causal = check_flag("causal", causal)   # a str ("False") would be truthy: TypeError, as upstream's pybind bool
     max_seqlen_qo = check_int("max_seqlen_qo", max_seqlen_qo, min_value=0)
     check_int("max_seqlen_kv", max_seqlen_kv, min_value=0)
     if softmax_scale is None:
