@@ -157,6 +157,21 @@ def _token_counts(b, topk, topk_length, xtopk, extra_topk_length, has_extra, dev
     return ((n + SCHED_BLOCK - 1) // SCHED_BLOCK * SCHED_BLOCK + nx).to(torch.int32)
 
 
+# FlashMLA's greedy split-KV schedule (metadata.compute_schedule(algorithm="greedy"), a device port, exact) for
+# sparse calls planned into a FlashMLASchedMeta (once per decode step) when the batch has at most 2 requests per
+# scheduler part: it then gives a part whole requests (no split pieces, nothing to combine) where the linear schedule
+# splits every request. Measured (H200, session 21, git 5829daf8bdc7, results/mla_sched-h200-2026-11-30-s21.json,
+# public call, CUDA-graph replay, 3 rotated rounds, A/A 0.998-1.003): h_q 128 topk 2048, V3.2 / V4.1 / V4.1+FP4
+# b 64 s_q 1 (0.97 requests per part) 0.930 / 0.914 / 0.917x the time; V3.2 / V4.1 b 128 s_q 1 (1.94) 0.978 /
+# 0.975x; b 128 s_q 2 (3.9 per part) 1.008x -> excluded by the rule. Not measured at h_q 64 (same rule applied).
+# DEEPKERNELS_SPARSE_GREEDY_SCHED=0 keeps the linear schedule everywhere.
+_GREEDY_SCHED = os.environ.get("DEEPKERNELS_SPARSE_GREEDY_SCHED", "1") != "0"
+
+
+def _use_greedy(b: int, parts: int) -> bool:
+    return _GREEDY_SCHED and 0 < b <= 2 * parts
+
+
 def _trivial_schedule(b: int, device):
     """Batch-invariant plan: part i = request i, whole line, one split."""
     meta = torch.zeros(b, 8, dtype=torch.int32, device=device)
@@ -440,16 +455,19 @@ def _sparse_decode_forward(q, k_cache, indices, head_dim_v, tile_scheduler_metad
     config, batch_invariant = plan.config, _BATCH_INVARIANT
     topk, xtopk = cfg.topk, cfg.extra_topk
 
-    def replan():
+    def replan(greedy_ok=True):
         counts = _token_counts(b, topk, topk_length, xtopk, extra_topk_length, has_x, dev)
-        return compute_schedule(counts, _num_sm_parts(dev, s_q, h_q, config), FIXED_OVERHEAD_BLOCKS)
+        parts = _num_sm_parts(dev, s_q, h_q, config)
+        return compute_schedule(counts, parts, FIXED_OVERHEAD_BLOCKS,
+                                algorithm="greedy" if greedy_ok and _use_greedy(b, parts) else "linear")
 
     def legacy(meta):
         # legacy call form (tensors from the old get_mla_metadata, planned without the extra cache): re-planned, so
         # that a plan made for other lengths can never drop tokens. Anything else (None included: FlashMLA requires
-        # the metadata on both paths) is the dense path's TypeError, raised by resolve_schedule before any launch
+        # the metadata on both paths) is the dense path's TypeError, raised by resolve_schedule before any launch.
+        # Re-planned on every call here, so the cheaper linear schedule (the greedy one costs 3-23 us more to plan)
         if isinstance(meta, torch.Tensor):
-            return _trivial_schedule(b, dev) if batch_invariant else replan()
+            return _trivial_schedule(b, dev) if batch_invariant else replan(greedy_ok=False)
         return None
 
     sched, ns = resolve_schedule(tile_scheduler_metadata, num_splits, cfg, replan, legacy, FlashMLASchedMeta, dev)
