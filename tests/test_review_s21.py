@@ -14,7 +14,8 @@
    ``cu_seqlens_kv``): any value gives the right result.
 3. ``max_seqlen_qo`` far larger than ``total_q`` (e.g. 10**12) sized the grid from it: under the interpreter the call
    ran for hours (10**6 took 19 s at total_q 24), on a GPU the grid (cdiv(hint, 128) * b * h programs) passed 2^31
-   and the launch failed naming no argument. The grid hint is now clamped to ``total_q`` (no sequence is longer).
+   and the launch failed naming no argument. The grid hint is now clamped to ``total_q`` (no sequence is longer),
+   and a grid that still passes 2^31 - 1 programs (many sequences, a lazy hint) is a ValueError naming the hint.
 4. MLA decode with empty work (``b == 0``, ``s_q == 0``, dense ``h_q == 0``) returned before looking at
    ``tile_scheduler_metadata``: a ``FlashMLASchedMeta`` filled for another configuration, legacy tensors planned for
    another batch, and ``None`` / any object were all accepted, where the same call with work raises. Now every call
@@ -22,6 +23,8 @@
    ``FlashMLASchedMeta`` stays unfilled, so the next call with work fills it: session 16's rule).
 5. ``torch.ops.deepkernels.get_mla_metadata`` under torch.compile: its fake divided by zero for
    ``num_q_tokens_per_head_k`` / ``num_heads_k`` <= 0 (ZeroDivisionError, naming nothing); now the eager ValueError.
+6. ``causal`` given as a str (``"False"`` from a config) was truthy: the attention ops silently ran causal. Now a
+   TypeError naming it (``_validate.check_flag``: bool, NumPy bool, numbers, None as upstream's pybind bool).
 """
 import math
 
@@ -60,7 +63,7 @@ class _GridRecorder:
         return lambda *a, **k: None
 
 
-# ------------------------------------------------------------------ 1. max_seqlen_qo below the longest sequence
+# ------------------------------------------ 1./2. max_seqlen_qo below the longest sequence; rows in no sequence
 @pytest.mark.interpret
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_small_max_seqlen_never_leaves_rows_unwritten(causal):
@@ -181,7 +184,19 @@ def test_varlen_small_max_seqlen_device_cu_seqlens_gpu():
     assert torch.equal(out[~bad], ro[~bad]) and torch.equal(lse[~bad], rl[~bad])
 
 
-# ------------------------------------------------------------------ 2. max_seqlen_qo far above total_q
+@pytest.mark.gpu
+def test_varlen_padding_rows_device_cu_seqlens_gpu():
+    """The public op on CUDA, q padded past cu_seqlens_qo[-1] (a CUDA-graph batch): padding rows out 0 / lse +inf."""
+    q, k, v, cq, ck = (t.cuda() for t in _varlen([5, 300, 130], [7, 300, 140], h=4, h_k=4))
+    qp = torch.cat([q, torch.randn(64, 4, 128, device="cuda").bfloat16()])
+    out, lse = dk.flash_attn_varlen_func(qp, k, v, cq, ck, 300, 300, causal=True)
+    ro, rl = dk.flash_attn_varlen_func(q, k, v, cq, ck, 300, 300, causal=True)
+    n = q.shape[0]
+    assert (out[n:] == 0).all() and torch.isposinf(lse[n:]).all()
+    assert torch.equal(out[:n], ro) and torch.equal(lse[:n], rl)
+
+
+# ------------------------------------------------------------------ 3. max_seqlen_qo far above total_q
 @pytest.mark.reference
 @pytest.mark.parametrize("hint", [10 ** 12, 2 ** 31, 10 ** 6])
 def test_varlen_huge_max_seqlen_grid_clamped(hint, monkeypatch):
@@ -233,7 +248,7 @@ def test_varlen_huge_max_seqlen_runs_promptly_and_exactly():
     assert torch.equal(o, ro) and torch.equal(l_, rl)
 
 
-# ------------------------------------------------------------------ 3. decode: empty work checks its metadata
+# ------------------------------------------------------------------ 4. decode: empty work checks its metadata
 def _dense_case(b, s_q=1, h_q=16, page=64):
     q = torch.randn(b, s_q, h_q, 576).bfloat16()
     kc = torch.randn(4, page, 1, 576).bfloat16()
@@ -339,7 +354,7 @@ def test_varlen_guard_kernel_compiles_sm90(dtype):
     assert "mul.wide.s32" in c.ptx or "cvt.s64.s32" in c.ptx        # 64-bit token offsets
 
 
-# ------------------------------------------------------------------ 4. torch.compile: get_mla_metadata's fake
+# ------------------------------------------------------------------ 5. torch.compile: get_mla_metadata's fake
 @pytest.mark.reference
 @pytest.mark.parametrize("rows,h_kv,name", [(0, 1, "num_q_tokens_per_head_k"), (16, 0, "num_heads_k"),
                                             (-3, 1, "num_q_tokens_per_head_k")])
