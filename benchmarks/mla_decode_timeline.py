@@ -37,7 +37,7 @@ import torch
 B = 128
 SHAPES = [(128, 1, 4096), (128, 1, 8192), (128, 1, 32768), (128, 2, 4096), (16, 1, 4096), (16, 1, 32768)]
 D_QK, D_V, PAGE = 576, 512, 64
-TL_HEADER, TL_PIECE, TL_MAX_PIECES = 8, 8, 32      # mirrors deepkernels.mla._gluon_dense_decode (checked in main)
+TL_HEADER, TL_PIECE, TL_MAX_PIECES = 8, 16, 32     # mirrors deepkernels.mla._gluon_dense_decode (checked in main)
 
 
 # ------------------------------------------------------------------------------------------------ analysis (CPU)
@@ -54,7 +54,7 @@ def decode(buf: np.ndarray) -> tuple[dict, list]:
             kr, sp = int(r[6]), int(r[7])
             pieces.append(dict(cta=c, p=p, ps=int(r[0]), fk=int(r[1]), le=int(r[2]), pe=int(r[3]), req=int(r[5]),
                                k0=kr & 0xFFFFFFFF, k1=(kr >> 32) & 0xFFFFFFFF, nsp=sp & 0xFFFFFFFF,
-                               split=(sp >> 32) & 0xFFFFFFFF))
+                               split=(sp >> 32) & 0xFFFFFFFF, pf=int(r[8]), os=int(r[10])))
     return hdr, pieces
 
 
@@ -116,6 +116,9 @@ def analyse(buf: np.ndarray, m_blocks: int = 1) -> dict:
     for pc in pieces:
         by_cta.setdefault(pc["cta"], []).append(pc)
     gap, head, head_first, loop_t, per_tile, epi, epi_split, epi_single, waste = [], [], [], [], [], [], [], [], []
+    # finer epilogue stamps (session 21 EPI; 0 = not recorded): offsets from the tile loop's end (le), per kind
+    fine = {k: [] for k in ("pfree_single", "pfree_split", "ostore_single", "ostore_split", "after_ostore_single",
+                            "after_ostore_split")}
     cta_rows = []
     for c in np.nonzero(ok)[0]:
         prev = int(start[c])
@@ -131,6 +134,12 @@ def analyse(buf: np.ndarray, m_blocks: int = 1) -> dict:
             (head_first if pc["p"] == 0 else head).append(h)
             epi.append(ep)
             (epi_split if pc["nsp"] > 1 else epi_single).append(ep)
+            kind = "split" if pc["nsp"] > 1 else "single"
+            if pc.get("pf", 0) > 0:
+                fine["pfree_" + kind].append((pc["pf"] - pc["le"]) / 1e3)     # le -> pfree wait done
+            if pc.get("os", 0) > 0:
+                fine["ostore_" + kind].append((pc["os"] - pc["le"]) / 1e3)    # le -> own O half's stores issued
+                fine["after_ostore_" + kind].append((pc["pe"] - pc["os"]) / 1e3)  # O issued -> piece end
             loop_t.append(lp)
             if nt:
                 per_tile.append(lp / nt)
@@ -151,7 +160,7 @@ def analyse(buf: np.ndarray, m_blocks: int = 1) -> dict:
     out["piece_us"] = dict(gap_before=_stats(gap), head_first_piece=_stats(head_first), head_later=_stats(head),
                            tile_loop=_stats(loop_t), per_tile=_stats(per_tile), epilogue=_stats(epi),
                            epilogue_split=_stats(epi_split), epilogue_single=_stats(epi_single),
-                           waste_tokens=_stats(waste))
+                           waste_tokens=_stats(waste), epi_fine={k: _stats(v) for k, v in fine.items()})
     if cta_rows:
         col = lambda k: np.asarray([r[k] for r in cta_rows], float)   # noqa: E731
         busy_c, end_c, tiles_c, pieces_c = col("busy"), col("end"), col("tiles"), col("pieces")
@@ -212,6 +221,13 @@ KEYS = {"makespan_us": ("makespan_us", ), "ramp_us": ("ramp_us", ), "tail_us": (
         "epilogue_median_us": ("piece_us", "epilogue", "median"),
         "epilogue_split_median_us": ("piece_us", "epilogue_split", "median"),
         "per_tile_median_us": ("piece_us", "per_tile", "median"),
+        "epilogue_single_median_us": ("piece_us", "epilogue_single", "median"),
+        "epi_pfree_single_us": ("piece_us", "epi_fine", "pfree_single", "median"),
+        "epi_pfree_split_us": ("piece_us", "epi_fine", "pfree_split", "median"),
+        "epi_ostore_single_us": ("piece_us", "epi_fine", "ostore_single", "median"),
+        "epi_ostore_split_us": ("piece_us", "epi_fine", "ostore_split", "median"),
+        "epi_after_ostore_single_us": ("piece_us", "epi_fine", "after_ostore_single", "median"),
+        "epi_after_ostore_split_us": ("piece_us", "epi_fine", "after_ostore_split", "median"),
         "fixed_per_cta_mean_us": ("decomposition_us", "mean_fixed"),
         "partial_tiles_per_cta_us": ("decomposition_us", "mean_partial_tiles"),
         "mean_start_offset_us": ("decomposition_us", "mean_start_offset"),
@@ -257,6 +273,8 @@ def synthetic(n_parts=8, m_blocks=2, tile_ns=2000, piece_ns=3000, seed=0) -> np.
                 buf[c, o + 5] = part * 10 + p
                 buf[c, o + 6] = 0 + (ntok << 32)
                 buf[c, o + 7] = (2 if p == 0 else 1)
+                buf[c, o + 8] = buf[c, o + 2] + 100          # finer epilogue stamps: pfree at +0.1 us,
+                buf[c, o + 10] = buf[c, o + 3] - 50          # O stores issued 0.05 us before the piece end
             buf[c, 1] = t + 100
             buf[c, 4] = t + 300
             buf[c, 6] = 1000 + (t + 100 - buf[c, 0]) * 16 // 10        # 1.6 GHz
@@ -417,7 +435,11 @@ def _print_row(rec):
           f"{_f(s['busy_min_us'])}/{_f(s['busy_median_us'])}/{_f(s['busy_max_us'])} <90% {_f(s['below_90'], '%d')} "
           f"<95% {_f(s['below_95'], '%d')} | piece gap {_f(s['gap_median_us'], '%.2f')} head1 "
           f"{_f(s['head_first_median_us'], '%.2f')} head {_f(s['head_later_median_us'], '%.2f')} epi "
-          f"{_f(s['epilogue_median_us'], '%.2f')} (split {_f(s['epilogue_split_median_us'], '%.2f')}) tile "
+          f"{_f(s['epilogue_median_us'], '%.2f')} (split {_f(s['epilogue_split_median_us'], '%.2f')}; le->pfree "
+          f"{_f(s['epi_pfree_single_us'], '%.2f')}/{_f(s['epi_pfree_split_us'], '%.2f')} le->O "
+          f"{_f(s['epi_ostore_single_us'], '%.2f')}/{_f(s['epi_ostore_split_us'], '%.2f')} O->end "
+          f"{_f(s['epi_after_ostore_single_us'], '%.2f')}/{_f(s['epi_after_ostore_split_us'], '%.2f')}"
+          f" single/split) tile "
           f"{_f(s['per_tile_median_us'], '%.3f')} | fixed/CTA {_f(s['fixed_per_cta_mean_us'])} partial "
           f"{_f(s['partial_tiles_per_cta_us'])} start-off {_f(s['mean_start_offset_us'])} imbalance "
           f"{_f(s['imbalance_us'])} | fit tile {_f(s['fit_tile_us'], '%.3f')} piece {_f(s['fit_piece_us'], '%.2f')} "

@@ -87,7 +87,9 @@ def _common(cfg):
     for pat in ("wgmma.mma_async.sync.aligned.m64n64k16", "wgmma.mma_async.sync.aligned.m64n256k16",
                 "mbarrier.init.shared"):
         assert ptx.count(pat) == ptx0.count(pat), pat
-    assert ptx.count("%globaltimer") == 7 and ptx.count("red.global.max.u64") == 7     # 6 softmax + 1 PV stamps
+    # 8 softmax + 1 PV stamps (LLVM may duplicate the stamp after the O stores into both store branches)
+    n_tm = ptx.count("%globaltimer")
+    assert n_tm in (9, 10) and ptx.count("red.global.max.u64") == n_tm
     assert ptx.count("%smid") == 1 and ptx.count("%clock64") == 2
     assert "C7514" not in rep.log, "ptxas serialised the wgmmas"
     assert re.search(r"Used 168 registers", rep.log), rep.log
@@ -146,7 +148,7 @@ def test_timeline_launch_arguments(monkeypatch):
 
 def test_timeline_layout_matches_bench():
     assert (G.TL_HEADER, G.TL_PIECE, G.TL_MAX_PIECES) == (TLB.TL_HEADER, TLB.TL_PIECE, TLB.TL_MAX_PIECES)
-    assert G.TL_WORDS == 264        # the literal in _tl_put / _tl_stamp
+    assert G.TL_WORDS == 520        # the literal in _tl_put / _tl_stamp
 
 
 def test_timeline_analysis_synthetic():
@@ -159,6 +161,9 @@ def test_timeline_analysis_synthetic():
     d = r["decomposition_us"]
     assert d["mean_start_offset"] + d["mean_busy"] + d["imbalance"] == pytest.approx(r["makespan_us"])
     assert r["sm_clock_mhz"]["median"] == pytest.approx(1600, rel=0.01)
+    fine = r["piece_us"]["epi_fine"]
+    assert fine["pfree_split"]["median"] == pytest.approx(0.1) and fine["after_ostore_single"]["median"] == \
+        pytest.approx(0.05)
     s = TLB.summarize([r, r])
     assert s["fit_tile_us"] == pytest.approx(2.0) and s["makespan_us"] == pytest.approx(r["makespan_us"])
 
@@ -227,6 +232,8 @@ def test_gpu_timeline_bitid_and_monotone(h_q, s_q, b, s_k, parts):
             assert pc["nsp"] == int(nsc[req + 1] - nsc[req])
             stamps = [pc["ps"], pc["fk"], pc["le"], pc["pe"]]
             assert min(stamps) >= t and stamps == sorted(stamps), (c, pc, t)
+            # the finer epilogue stamps (pfree wait done, own O half's stores issued) lie inside the epilogue
+            assert pc["le"] <= pc["pf"] <= pc["pe"] and pc["le"] <= pc["os"] <= pc["pe"], (c, pc)
             t = pc["pe"]
         assert int(hdr["end_s"][c]) >= t
     # per request: the token ranges of its pieces cover [0, seqlen) exactly once (row block 0's CTAs)

@@ -227,8 +227,12 @@ GLUON_CANDIDATES = [GLUON_DEFAULT]
 # the first TL_MAX_PIECES pieces: 0 start (its Q in shared memory), 1 first K tile ready (= start without tiles),
 # 2 tile loop done (last P V_L complete), 3 softmax warpgroup's O half + lse stores issued, 4 unused (0: a
 # per-piece PV stamp cost spills), 5 request, 6 k0 | k1 << 32 (token range), 7 nsp | split_index << 32 (nsp > 1:
-# a split piece writing the fp32 accumulators). The literals 264 / 8 / 31 in _tl_put / _tl_stamp are these.
-TL_HEADER, TL_PIECE, TL_MAX_PIECES = 8, 8, 32
+# a split piece writing the fp32 accumulators); finer epilogue stamps of the softmax warpgroup (session 21, "EPI"):
+# 8 its pfree wait done (the PV warpgroup's last P V_R complete), 10 its O half's stores issued (before the lse
+# store); 9, 11-15 unused (a stamp taken once nsplits[req] is in a register -- an asm with the loaded value as an
+# operand -- put 2 spill instructions into the PVR softmax tile loop). With EPI_EARLY the order is 2, 10, 8, 3.
+# The literals 520 / 16 / 31 in _tl_put / _tl_stamp are these.
+TL_HEADER, TL_PIECE, TL_MAX_PIECES = 8, 16, 32
 TL_WORDS = TL_HEADER + TL_PIECE * TL_MAX_PIECES
 
 
@@ -271,9 +275,26 @@ def _g_piece(req, begin_req, end_req, begin_blk, end_blk, begin_split, seqlens_p
 
 
 @_jit
+def _g_piece_nsp(req, begin_req, end_req, begin_blk, end_blk, begin_split, seqlens_ptr, nsplits_ptr, max_pages):
+    """:func:`_g_piece` that also returns ``nsplits[req]`` (the request's first accumulator row) and its split count
+    (EPI_NSP: loaded at the piece's start and kept, instead of reloaded in the epilogue)."""
+    seqlen = gl.maximum(gl.load(seqlens_ptr + req), 0)
+    nblk = (gl.maximum(seqlen - 1, 0) // 64) + 1
+    split = gl.where(req == begin_req, begin_split, 0)
+    base_row = gl.load(nsplits_ptr + req)
+    nsp = gl.load(nsplits_ptr + req + 1) - base_row
+    not_last = split < nsp - 1
+    sb = gl.where(req == begin_req, begin_blk, 0)
+    se = gl.where((req == end_req) & not_last, end_blk, nblk)
+    k0 = gl.maximum(sb, 0) * 64
+    k1 = gl.minimum(gl.minimum(se * 64, seqlen), max_pages * 64)
+    return seqlen, k0, k1, base_row, nsp
+
+
+@_jit
 def _tl_put(tl_ptr, req, begin_req, word, val):
-    """TIMELINE: ``tl_ptr[ctaid, off] = val`` (int64 rows of ``TL_WORDS`` = 264 words per CTA) with ``off = word``
-    for ``req < 0`` (header) and ``8 + min(req - begin_req, 31) * 8 + word`` otherwise (the piece's record), stored by
+    """TIMELINE: ``tl_ptr[ctaid, off] = val`` (int64 rows of ``TL_WORDS`` = 520 words per CTA) with ``off = word``
+    for ``req < 0`` (header) and ``8 + min(req - begin_req, 31) * 16 + word`` otherwise (the piece's record), stored by
     lane 0 of each warp of the calling partition (same value, same address; callers pass values that are
     uniform over the partition). Address, offset and predicate are
     formed inside the asm: as Gluon / LLVM values, the row base, the piece offset (CSE'd between the piece's first
@@ -287,12 +308,12 @@ def _tl_put(tl_ptr, req, begin_req, word, val):
         .reg .pred p, h;
         sub.s32 t, $2, $3;
         min.s32 t, t, 31;
-        mad.lo.s32 t, t, 8, 8;
+        mad.lo.s32 t, t, 16, 8;
         setp.lt.s32 h, $2, 0;
         selp.b32 t, 0, t, h;
         add.s32 t, t, $4;
         mov.u32 c, %ctaid.x;
-        mad.lo.u32 c, c, 264, t;
+        mad.lo.u32 c, c, 520, t;
         mad.wide.u32 a, c, 8, $1;
         mov.u32 t, %laneid;
         setp.eq.u32 p, t, 0;
@@ -317,12 +338,12 @@ def _tl_stamp(tl_ptr, req, begin_req, word):
         mov.u64 g, %globaltimer;
         sub.s32 t, $2, $3;
         min.s32 t, t, 31;
-        mad.lo.s32 t, t, 8, 8;
+        mad.lo.s32 t, t, 16, 8;
         setp.lt.s32 h, $2, 0;
         selp.b32 t, 0, t, h;
         add.s32 t, t, $4;
         mov.u32 c, %ctaid.x;
-        mad.lo.u32 c, c, 264, t;
+        mad.lo.u32 c, c, 520, t;
         mad.wide.u32 a, c, 8, $1;
         mov.u32 t, %laneid;
         setp.eq.u32 p, t, 0;
@@ -525,6 +546,25 @@ def _g_write_half(o, inv, req, split, nsp, rmask, sidx, hidx, out_ptr, oacc_ptr,
 
 
 @_jit
+def _g_lse_store(l_i, m_i, empty, req, split, nsp, rmask_s, sidx_s, hidx_s, lse_ptr, lacc_ptr, s_q, h_q, acc_rows,
+                 sm_scale, sm_scale_log2):
+    """The softmax warpgroup's lse store of a piece (EPI_EARLY's copy of the inline code in :func:`_g_softmax_wg`):
+    natural-log lse + inf when empty to ``lse`` (single split), base-2 ``log2 L + m`` (-inf when empty) to the
+    accumulator row ``split`` otherwise."""
+    sidx64 = sidx_s.to(gl.int64)
+    hidx64 = hidx_s.to(gl.int64)
+    req64 = req.to(gl.int64)
+    if nsp <= 1:
+        lse_n = gl.where(empty, float("inf"), gl.log(gl.where(empty, 1.0, l_i)) + m_i * sm_scale)
+        gl.store(lse_ptr + (req64 * h_q + hidx64) * s_q + sidx64, lse_n, mask=rmask_s)
+    else:
+        acc_row = split.to(gl.int64)
+        ok = (acc_row >= 0) & (acc_row < acc_rows)
+        lse_2 = gl.where(empty, float("-inf"), gl.log2(gl.where(empty, 1.0, l_i)) + m_i * sm_scale_log2)
+        gl.store(lacc_ptr + (acc_row * s_q + sidx64) * h_q + hidx64, lse_2, mask=rmask_s & ok)
+
+
+@_jit
 def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
                   seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                   stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
@@ -532,7 +572,8 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
                   CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, HALF: gl.constexpr = False,
                   QTMA: gl.constexpr = False, TRIM: gl.constexpr = False, qready=None, qempty=None,
                   PVR: gl.constexpr = False, kready_b=None, sissued=None, TIMELINE: gl.constexpr = False,
-                  tl_ptr=None):
+                  tl_ptr=None, EPI_NSP: gl.constexpr = False, EPI_EARLY: gl.constexpr = False,
+                  EPI_SIS: gl.constexpr = False):
     DT: gl.constexpr = k_nope.dtype
     L_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     L_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
@@ -554,8 +595,12 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
     it = 0
     msg = 0
     for req in range(begin_req, end_req + 1):
-        seqlen, k0, k1 = _g_piece(req, begin_req, end_req, begin_blk, end_blk, begin_split, seqlens_ptr,
-                                  nsplits_ptr, max_pages)
+        if EPI_NSP:     # the request's accumulator rows now, not after the tile loop (module docstring "EPI")
+            seqlen, k0, k1, base_row, nsp = _g_piece_nsp(req, begin_req, end_req, begin_blk, end_blk, begin_split,
+                                                         seqlens_ptr, nsplits_ptr, max_pages)
+        else:
+            seqlen, k0, k1 = _g_piece(req, begin_req, end_req, begin_blk, end_blk, begin_split, seqlens_ptr,
+                                      nsplits_ptr, max_pages)
         if QTMA:
             mbarrier.wait(qready, (req - begin_req) & 1)      # Q of this piece, loaded by the producer
         else:
@@ -641,8 +686,9 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
                 mbarrier.arrive(kempty.index(slot))
             it += 1
         if PVR:
-            if n_tiles > 0:
-                mbarrier.arrive(sissued)     # no S_{j+1} after the piece's last tile: release its P V_R now
+            if not EPI_SIS:      # EPI_SIS: the PV warpgroup does not wait for the last tile (no phase for it)
+                if n_tiles > 0:
+                    mbarrier.arrive(sissued)     # no S_{j+1} after the piece's last tile: release its P V_R now
         if QTMA:
             if n_tiles == 0:
                 mbarrier.arrive(qempty)
@@ -652,28 +698,54 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
         # finalise: 1/L to the PV warpgroup, own half + lse
         empty = (l_i == 0.0) | (l_i != l_i)
         inv = gl.where(empty, 0.0, 1.0 / gl.where(empty, 1.0, l_i))
-        mbarrier.wait(pfree, (msg & 1) ^ 1)
-        a_smem.store(inv)
-        gl.thread_barrier()
-        mbarrier.arrive(pready)
-        msg += 1
-
-        base_row = gl.load(nsplits_ptr + req)
-        nsp = gl.load(nsplits_ptr + req + 1) - base_row
-        split = base_row + gl.where(req == begin_req, begin_split, 0)
-        _g_write_half(o, gl.convert_layout(inv, gl.SliceLayout(1, L_O)), req, split, nsp, rmask_o, sidx_o,
-                      hidx_o, out_ptr, oacc_ptr, s_q, h_q, acc_rows, 0, L_O)
-        sidx64 = sidx_s.to(gl.int64)
-        hidx64 = hidx_s.to(gl.int64)
-        req64 = req.to(gl.int64)
-        if nsp <= 1:
-            lse_n = gl.where(empty, float("inf"), gl.log(gl.where(empty, 1.0, l_i)) + m_i * sm_scale)
-            gl.store(lse_ptr + (req64 * h_q + hidx64) * s_q + sidx64, lse_n, mask=rmask_s)
+        if EPI_EARLY:
+            # own O half + lse first (they need neither the PV warpgroup's last P V_R nor the hand-off), then 1/L:
+            # the pfree wait overlaps the stores (module docstring "EPI")
+            if not EPI_NSP:
+                base_row = gl.load(nsplits_ptr + req)
+                nsp = gl.load(nsplits_ptr + req + 1) - base_row
+            split = base_row + gl.where(req == begin_req, begin_split, 0)
+            _g_write_half(o, gl.convert_layout(inv, gl.SliceLayout(1, L_O)), req, split, nsp, rmask_o, sidx_o,
+                          hidx_o, out_ptr, oacc_ptr, s_q, h_q, acc_rows, 0, L_O)
+            if TIMELINE:
+                _tl_stamp(tl_ptr, req, begin_req, 10)
+            _g_lse_store(l_i, m_i, empty, req, split, nsp, rmask_s, sidx_s, hidx_s, lse_ptr, lacc_ptr, s_q, h_q,
+                         acc_rows, sm_scale, sm_scale_log2)
+            mbarrier.wait(pfree, (msg & 1) ^ 1)
+            if TIMELINE:
+                _tl_stamp(tl_ptr, req, begin_req, 8)
+            a_smem.store(inv)
+            gl.thread_barrier()
+            mbarrier.arrive(pready)
+            msg += 1
         else:
-            acc_row = split.to(gl.int64)
-            ok = (acc_row >= 0) & (acc_row < acc_rows)
-            lse_2 = gl.where(empty, float("-inf"), gl.log2(gl.where(empty, 1.0, l_i)) + m_i * sm_scale_log2)
-            gl.store(lacc_ptr + (acc_row * s_q + sidx64) * h_q + hidx64, lse_2, mask=rmask_s & ok)
+            mbarrier.wait(pfree, (msg & 1) ^ 1)
+            if TIMELINE:
+                _tl_stamp(tl_ptr, req, begin_req, 8)
+            a_smem.store(inv)
+            gl.thread_barrier()
+            mbarrier.arrive(pready)
+            msg += 1
+
+            if not EPI_NSP:
+                base_row = gl.load(nsplits_ptr + req)
+                nsp = gl.load(nsplits_ptr + req + 1) - base_row
+            split = base_row + gl.where(req == begin_req, begin_split, 0)
+            _g_write_half(o, gl.convert_layout(inv, gl.SliceLayout(1, L_O)), req, split, nsp, rmask_o, sidx_o,
+                          hidx_o, out_ptr, oacc_ptr, s_q, h_q, acc_rows, 0, L_O)
+            if TIMELINE:
+                _tl_stamp(tl_ptr, req, begin_req, 10)
+            sidx64 = sidx_s.to(gl.int64)
+            hidx64 = hidx_s.to(gl.int64)
+            req64 = req.to(gl.int64)
+            if nsp <= 1:
+                lse_n = gl.where(empty, float("inf"), gl.log(gl.where(empty, 1.0, l_i)) + m_i * sm_scale)
+                gl.store(lse_ptr + (req64 * h_q + hidx64) * s_q + sidx64, lse_n, mask=rmask_s)
+            else:
+                acc_row = split.to(gl.int64)
+                ok = (acc_row >= 0) & (acc_row < acc_rows)
+                lse_2 = gl.where(empty, float("-inf"), gl.log2(gl.where(empty, 1.0, l_i)) + m_i * sm_scale_log2)
+                gl.store(lacc_ptr + (acc_row * s_q + sidx64) * h_q + hidx64, lse_2, mask=rmask_s & ok)
         if TIMELINE:
             _tl_stamp(tl_ptr, req, begin_req, 3)              # piece end: this half's O + lse stores issued
             _tl_put(tl_ptr, req, begin_req, 7, (split - base_row).to(gl.int64) * 4294967296 + nsp.to(gl.int64))
@@ -686,16 +758,23 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
 def _g_pv_wg(k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
              out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
              NUM_STAGES: gl.constexpr, HALF: gl.constexpr = False, PVR: gl.constexpr = False, kready_b=None,
-             kempty_b=None, sissued=None, TIMELINE: gl.constexpr = False, tl_ptr=None):
+             kempty_b=None, sissued=None, TIMELINE: gl.constexpr = False, tl_ptr=None,
+             EPI_NSP: gl.constexpr = False, EPI_SIS: gl.constexpr = False):
     L_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     mb, kvh, part = _g_coords(num_m_blocks, h_kv)
     begin_req, end_req, begin_blk, end_blk, begin_split = _g_record(meta_ptr, part, b)
     rmask_o, sidx_o, hidx_o = _g_out_rows(mb, rows, group, kvh, L_O)
     it = 0
     msg = 0
+    if EPI_SIS:
+        sis = 0      # sissued phases waited (EPI_SIS: none for a piece's last tile)
     for req in range(begin_req, end_req + 1):
-        seqlen, k0, k1 = _g_piece(req, begin_req, end_req, begin_blk, end_blk, begin_split, seqlens_ptr,
-                                  nsplits_ptr, max_pages)
+        if EPI_NSP:
+            seqlen, k0, k1, base_row, nsp = _g_piece_nsp(req, begin_req, end_req, begin_blk, end_blk, begin_split,
+                                                         seqlens_ptr, nsplits_ptr, max_pages)
+        else:
+            seqlen, k0, k1 = _g_piece(req, begin_req, end_req, begin_blk, end_blk, begin_split, seqlens_ptr,
+                                      nsplits_ptr, max_pages)
         o = gl.zeros([64, 256], gl.float32, L_O)
         for t0 in range(k0, k1, 64):
             slot = it % NUM_STAGES
@@ -715,7 +794,14 @@ def _g_pv_wg(k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr,
                 gl.thread_barrier()
             if PVR:
                 # one sissued phase per tile (arrived at S_{j+1}'s issue or after the piece's last P V_L)
-                mbarrier.wait(sissued, it & 1)
+                if EPI_SIS:
+                    # the piece's last tile: no S_{j+1} to queue behind, so P V_R issues at once, beside the
+                    # softmax warpgroup's P V_L (which no longer arrives a phase after its loop)
+                    if t0 + 64 < k1:
+                        mbarrier.wait(sissued, sis & 1)
+                        sis += 1
+                else:
+                    mbarrier.wait(sissued, it & 1)
                 tok = warpgroup_mma(p_smem, v, o, is_async=True)
                 o = warpgroup_mma_wait(0, deps=(tok, ))
                 mbarrier.arrive(pfree)
@@ -735,8 +821,9 @@ def _g_pv_wg(k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr,
         gl.thread_barrier()
         mbarrier.arrive(pfree)
         msg += 1
-        base_row = gl.load(nsplits_ptr + req)
-        nsp = gl.load(nsplits_ptr + req + 1) - base_row
+        if not EPI_NSP:
+            base_row = gl.load(nsplits_ptr + req)
+            nsp = gl.load(nsplits_ptr + req + 1) - base_row
         split = base_row + gl.where(req == begin_req, begin_split, 0)
         _g_write_half(o, inv, req, split, nsp, rmask_o, sidx_o, hidx_o, out_ptr, oacc_ptr, s_q, h_q, acc_rows,
                       256, L_O)
@@ -752,7 +839,9 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
                           kempty, pready, pfree, CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr,
                           PV_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, HALF: gl.constexpr,
                           QTMA: gl.constexpr, qn_desc, qp_desc, TRIM: gl.constexpr = False,
-                          PVR: gl.constexpr = False, kh_desc=None, TIMELINE: gl.constexpr = False, tl_ptr=None):
+                          PVR: gl.constexpr = False, kh_desc=None, TIMELINE: gl.constexpr = False, tl_ptr=None,
+                          EPI_NSP: gl.constexpr = False, EPI_EARLY: gl.constexpr = False,
+                          EPI_SIS: gl.constexpr = False):
     """The opt-in variant's partitions (HALF: 32-token half-tile ready/empty pairs; QTMA: Q loaded by the producer
     with TMA on ``qready``/``qempty``; TRIM: the softmax warpgroup's trimmed per-tile math, :func:`_g_softmax_trim`;
     PVR: column-split slots, ``kready``/``kempty`` then guard part a and ``kready_b``/``kempty_b`` part b, and
@@ -776,10 +865,10 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
                                  pfree, seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                                  stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
                                  h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, False, QTMA, TRIM,
-                                 qready, qempty, PVR, kready_b, sissued, TIMELINE, tl_ptr)),
+                                 qready, qempty, PVR, kready_b, sissued, TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS)),
                 (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr,
                             nsplits_ptr, out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
-                            acc_rows, NUM_STAGES, False, PVR, kready_b, kempty_b, sissued, TIMELINE, tl_ptr)),
+                            acc_rows, NUM_STAGES, False, PVR, kready_b, kempty_b, sissued, TIMELINE, tl_ptr, EPI_NSP, EPI_SIS)),
                 (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
                                nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
                                False, QTMA, qn_desc, qp_desc, q_nope, q_rope, qready, qempty, rows, group, PVR,
@@ -791,10 +880,10 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
                                  pfree, seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                                  stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
                                  h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, HALF, QTMA, TRIM,
-                                 qready, qempty, False, None, None, TIMELINE, tl_ptr)),
+                                 qready, qempty, False, None, None, TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS)),
                 (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr,
                             nsplits_ptr, out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
-                            acc_rows, NUM_STAGES, HALF, False, None, None, None, TIMELINE, tl_ptr)),
+                            acc_rows, NUM_STAGES, HALF, False, None, None, None, TIMELINE, tl_ptr, EPI_NSP, EPI_SIS)),
                 (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
                                nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
                                HALF, QTMA, qn_desc, qp_desc, q_nope, q_rope, qready, qempty, rows, group)),
@@ -805,10 +894,10 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
                              seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                              stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
                              h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, HALF, False, TRIM,
-                             None, None, False, None, None, TIMELINE, tl_ptr)),
+                             None, None, False, None, None, TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS)),
             (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
                         out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
-                        NUM_STAGES, HALF, False, None, None, None, TIMELINE, tl_ptr)),
+                        NUM_STAGES, HALF, False, None, None, None, TIMELINE, tl_ptr, EPI_NSP, EPI_SIS)),
             (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
                            nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
                            HALF)),
@@ -835,7 +924,9 @@ def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_
                              HALF: gl.constexpr = False,
                              QTMA: gl.constexpr = False,
                              TRIM: gl.constexpr = False, CAUSAL: gl.constexpr = False, NUM_STAGES: gl.constexpr = 2,
-                             PV_REGS: gl.constexpr = 232, PRODUCER_REGS: gl.constexpr = 40):
+                             PV_REGS: gl.constexpr = 232, PRODUCER_REGS: gl.constexpr = 40,
+                             EPI_NSP: gl.constexpr = False, EPI_EARLY: gl.constexpr = False,
+                             EPI_SIS: gl.constexpr = False):
     DT: gl.constexpr = kn_desc.dtype
     SL: gl.constexpr = kn_desc.layout
     NSLOT: gl.constexpr = NUM_STAGES * 2 if HALF else NUM_STAGES    # ready/empty pairs (one per half-tile)
@@ -863,17 +954,17 @@ def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_
                               max_pages, num_kv_blocks, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
                               sm_scale, sm_scale_log2, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
                               kempty, pready, pfree, CAUSAL, NUM_STAGES, PV_REGS, PRODUCER_REGS, HALF, QTMA,
-                              qn_desc, qp_desc, TRIM, PVR, kh_desc, TIMELINE, tl_ptr)
+                              qn_desc, qp_desc, TRIM, PVR, kh_desc, TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS)
     else:
         gl.warp_specialize([
             (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
                              seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                              stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
                              acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, False, False, False, None, None,
-                             False, None, None, TIMELINE, tl_ptr)),
+                             False, None, None, TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS)),
             (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
                         out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
-                        NUM_STAGES, False, False, None, None, None, TIMELINE, tl_ptr)),
+                        NUM_STAGES, False, False, None, None, None, TIMELINE, tl_ptr, EPI_NSP, EPI_SIS)),
             (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
                            nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES)),
         ], [4, 1], [PV_REGS, PRODUCER_REGS])
@@ -911,7 +1002,8 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor, rows: int) -> bool:
 
 
 def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
-                       config=None, _spec=None, half_tiles=None, q_tma=None, trim=None, pvr=None, timeline=None):
+                       config=None, _spec=None, half_tiles=None, q_tma=None, trim=None, pvr=None, timeline=None,
+                       epi_nsp=False, epi_early=False, epi_sis=False):
     """Launch the Gluon split-KV kernel (no combine). Arguments as in ``decode._dense_launch`` (q ``[b, s_q, h_q,
     576]``, k_cache ``[num_blocks, 64, h_kv, 576]``, block_table ``[b, *]`` int32 with stride(1) == 1, seqlens
     ``[b]`` int32 contiguous, sched ``[parts, 8]`` / num_splits ``[b + 1]`` int32); outputs allocated by the
@@ -941,7 +1033,13 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     ``timeline``: None (every dispatched launch), or a zeroed int64 CUDA tensor ``[grid, TL_WORDS]`` (contiguous; grid =
     parts * h_kv * 64-row blocks) that the TIMELINE build (constexpr TIMELINE, same math, a handful of extra stores
     per piece) fills with per-CTA / per-piece ``%globaltimer`` stamps (layout at :data:`TL_WORDS`;
-    ``benchmarks/mla_decode_timeline.py``). Raises ValueError on a buffer of another shape / dtype."""
+    ``benchmarks/mla_decode_timeline.py``). Raises ValueError on a buffer of another shape / dtype.
+
+    ``epi_nsp`` / ``epi_early`` / ``epi_sis``: the EPI options (module docstring "EPI"; constexprs EPI_NSP / EPI_EARLY /
+    EPI_SIS, off by default, not dispatched; same math, bit-identical outputs): the split counts loaded at the piece
+    start, the softmax warpgroup's own O half + lse written before its pfree wait / 1-over-L hand-off, and (PVR
+    builds only, else no effect) P V_R of a piece's last tile released right after its P hand-off. Any
+    combination, with every build (a plain build with one of them on launches through the variant path)."""
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
     if pvr is None:      # measured at h_q 64 / 128 (h_kv 1): a gain at 128 heads only; an explicit half_tiles=True wins
         pvr = (DISPATCH_PVR and os.environ.get("DEEPKERNELS_DENSE_DECODE_VARIANT", "") != "0"
@@ -970,7 +1068,8 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
                                  or not timeline.is_contiguous() or timeline.device != q.device):
         raise ValueError(f"timeline must be a contiguous int64 [{grid[0]}, {TL_WORDS}] tensor on {q.device}, got "
                          f"{timeline.dtype} {tuple(timeline.shape)} on {timeline.device}")
-    if not (half_tiles or q_tma or trim or pvr) and timeline is None:
+    epi = (bool(epi_nsp), bool(epi_early), bool(epi_sis))
+    if not (half_tiles or q_tma or trim or pvr or any(epi)) and timeline is None:
         constexprs = (causal_c, stages, pv_regs, prod_regs)
         launcher = cached_launcher(_LAUNCHERS, _mla_decode_gluon_kernel,
                                    (tuple(zip(_CONSTEXPRS, constexprs)), spec_key(*args) if _spec is None else _spec),
@@ -979,7 +1078,7 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
         launcher(grid, *args, scale, scale * _LOG2E)
         return out, lse
     # the variant: every constexpr and the two Q descriptors (None without q_tma) passed by position
-    constexprs = (pvr, half_tiles, q_tma, trim, causal_c, stages, pv_regs, prod_regs)
+    constexprs = (pvr, half_tiles, q_tma, trim, causal_c, stages, pv_regs, prod_regs, *epi)
     qd = _q_descs(q) if q_tma else (None, None)
     if pvr:
         qd = (*qd, TensorDescriptor(k_cache, args[1].shape, args[1].strides, [64, 256], _smem_layout()))
@@ -1040,18 +1139,19 @@ def _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, 
 
 
 _CONSTEXPRS = ("CAUSAL", "NUM_STAGES", "PV_REGS", "PRODUCER_REGS")
-_CONSTEXPRS_VARIANT = ("PVR", "HALF", "QTMA", "TRIM") + _CONSTEXPRS     # parameter order
+_CONSTEXPRS_VARIANT = ("PVR", "HALF", "QTMA", "TRIM") + _CONSTEXPRS + ("EPI_NSP", "EPI_EARLY", "EPI_SIS")  # param order
 _LAUNCHERS: dict = {}   # (kernel, (constexprs, specialisation)) -> KernelLauncher (deepkernels._launch.cached_launcher)
 _LAUNCHER_LIMIT = 1024
 
 
 def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_splits, scale, causal, config=None,
-                        half_tiles=False, q_tma=False, trim=False, pvr=False, timeline=None):
+                        half_tiles=False, q_tma=False, trim=False, pvr=False, timeline=None, epi_nsp=False,
+                        epi_early=False, epi_sis=False):
     """Whole split-KV step on the Gluon kernel: allocate out/lse/accumulators (NaN-poisoned when
     ``decode._POISON_OUTPUTS``), launch, combine (``combine_splits_`` unchanged). Same arguments and results as
     ``decode._dense_launch`` (which dispatches here when :func:`supported`); for tests and benchmarks.
     ``half_tiles`` / ``q_tma`` / ``trim`` / ``pvr``: the opt-in options (:func:`gluon_dense_launch`; None there = the
-    dispatched choice); ``timeline``: the TIMELINE buffer (:func:`gluon_dense_launch`)."""
+    dispatched choice); ``timeline``: the TIMELINE buffer; ``epi_*``: the EPI options (:func:`gluon_dense_launch`)."""
     from . import decode as _dec
     from .combine import combine_splits_
 
@@ -1070,17 +1170,18 @@ def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_split
     if block_table.stride(1) != 1:
         block_table = block_table.contiguous()
     gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
-                       config, half_tiles=half_tiles, q_tma=q_tma, trim=trim, pvr=pvr, timeline=timeline)
+                       config, half_tiles=half_tiles, q_tma=q_tma, trim=trim, pvr=pvr, timeline=timeline,
+                       epi_nsp=epi_nsp, epi_early=epi_early, epi_sis=epi_sis)
     combine_splits_(out, lse, o_acc, l_acc, num_splits, lengths=seqlens, causal=bool(causal and s_q > 1))
     return out, lse
 
 
 def _compile_sm90(config=None, causal=False, dtype="bf16", half_tiles=False, q_tma=False, trim=False, pvr=False,
-                  timeline=False):
+                  timeline=False, epi_nsp=False, epi_early=False, epi_sis=False):
     """Cross-compile the kernel for sm90 (no GPU needed). Returns the CompiledKernel. ``half_tiles`` / ``q_tma`` /
     ``trim`` / ``pvr``: the opt-in options (module docstring); all False compile the default kernel exactly as
     before. ``pvr`` needs ``q_tma`` and excludes ``half_tiles`` (both split the ring slots). ``timeline``: the
-    TIMELINE instrumentation (an ``*i64`` buffer argument)."""
+    TIMELINE instrumentation (an ``*i64`` buffer argument); ``epi_*``: the EPI options (module docstring "EPI")."""
     if pvr and (half_tiles or not q_tma):
         raise ValueError("pvr needs q_tma and replaces half_tiles")
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
@@ -1112,7 +1213,8 @@ def _compile_sm90(config=None, causal=False, dtype="bf16", half_tiles=False, q_t
     consts.update(TIMELINE=bool(timeline))
     consts.update(PVR=bool(pvr), HALF=bool(half_tiles), QTMA=bool(q_tma), TRIM=bool(trim), CAUSAL=causal,
                   NUM_STAGES=stages,
-                  PV_REGS=pv_regs, PRODUCER_REGS=prod_regs)
+                  PV_REGS=pv_regs, PRODUCER_REGS=prod_regs, EPI_NSP=bool(epi_nsp), EPI_EARLY=bool(epi_early),
+                  EPI_SIS=bool(epi_sis))
     div16 = ("q_ptr", "bt_ptr", "seqlens_ptr", "meta_ptr", "nsplits_ptr", "out_ptr", "lse_ptr", "oacc_ptr",
              "lacc_ptr", "stride_qb", "stride_qs", "stride_qh")
     if timeline:
