@@ -126,7 +126,7 @@ def test_timeline_launch_arguments(monkeypatch):
     from test_mla_decode_gluon_ring import launch_case as case, stub_launches
     fn = stub_launches(monkeypatch)
     names = [p.name for p in fn.params]
-    assert names.index("TIMELINE") == names.index("tl_ptr") + 1 == names.index("PVR") - 1
+    assert names.index("TIMELINE") == names.index("tl_ptr") + 4 == names.index("PVR") - 1    # EPI_* in between
     assert names.index("tl_ptr") == names.index("kh_desc") + 1
     G.gluon_dense_launch(*case())
     x = fn.full_args(fn.log[-1])

@@ -920,13 +920,12 @@ def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_
                              stride_qb, stride_qs, stride_qh, stride_btb, max_pages, num_kv_blocks,
                              b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows, sm_scale, sm_scale_log2,
                              qn_desc=None, qp_desc=None, kh_desc=None, tl_ptr=None,
-                             TIMELINE: gl.constexpr = False, PVR: gl.constexpr = False,
+                             EPI_NSP: gl.constexpr = False, EPI_EARLY: gl.constexpr = False,
+                             EPI_SIS: gl.constexpr = False, TIMELINE: gl.constexpr = False, PVR: gl.constexpr = False,
                              HALF: gl.constexpr = False,
                              QTMA: gl.constexpr = False,
                              TRIM: gl.constexpr = False, CAUSAL: gl.constexpr = False, NUM_STAGES: gl.constexpr = 2,
-                             PV_REGS: gl.constexpr = 232, PRODUCER_REGS: gl.constexpr = 40,
-                             EPI_NSP: gl.constexpr = False, EPI_EARLY: gl.constexpr = False,
-                             EPI_SIS: gl.constexpr = False):
+                             PV_REGS: gl.constexpr = 232, PRODUCER_REGS: gl.constexpr = 40):
     DT: gl.constexpr = kn_desc.dtype
     SL: gl.constexpr = kn_desc.layout
     NSLOT: gl.constexpr = NUM_STAGES * 2 if HALF else NUM_STAGES    # ready/empty pairs (one per half-tile)
@@ -1078,7 +1077,7 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
         launcher(grid, *args, scale, scale * _LOG2E)
         return out, lse
     # the variant: every constexpr and the two Q descriptors (None without q_tma) passed by position
-    constexprs = (pvr, half_tiles, q_tma, trim, causal_c, stages, pv_regs, prod_regs, *epi)
+    constexprs = (pvr, half_tiles, q_tma, trim, causal_c, stages, pv_regs, prod_regs)
     qd = _q_descs(q) if q_tma else (None, None)
     if pvr:
         qd = (*qd, TensorDescriptor(k_cache, args[1].shape, args[1].strides, [64, 256], _smem_layout()))
@@ -1086,12 +1085,14 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
         qd = (*qd, None)
     key = (tuple(zip(_CONSTEXPRS_VARIANT, constexprs)),
            spec_key(*args, *qd) if _spec is None else (_spec, "variant"))
+    if any(epi):                # an EPI build: a key of its own (the dispatched key as before)
+        key = (key, tuple(zip(_CONSTEXPRS_EPI, epi)))
     tl = (None, False)
     if timeline is not None:    # the instrumented build: a key of its own
         key, tl = (key, "timeline", spec_key(timeline)), (timeline, True)
     launcher = cached_launcher(_LAUNCHERS, _mla_decode_gluon_kernel, key, dict(num_warps=4), _LAUNCHER_LIMIT,
                                cache_descriptors=True)
-    launcher(grid, *args, scale, scale * _LOG2E, *qd, *tl, *constexprs)
+    launcher(grid, *args, scale, scale * _LOG2E, *qd, tl[0], *epi, tl[1], *constexprs)
     return out, lse
 
 
@@ -1139,7 +1140,8 @@ def _launch_args(q, k_cache, block_table, seqlens, sched, num_splits, out, lse, 
 
 
 _CONSTEXPRS = ("CAUSAL", "NUM_STAGES", "PV_REGS", "PRODUCER_REGS")
-_CONSTEXPRS_VARIANT = ("PVR", "HALF", "QTMA", "TRIM") + _CONSTEXPRS + ("EPI_NSP", "EPI_EARLY", "EPI_SIS")  # param order
+_CONSTEXPRS_VARIANT = ("PVR", "HALF", "QTMA", "TRIM") + _CONSTEXPRS     # parameter order
+_CONSTEXPRS_EPI = ("EPI_NSP", "EPI_EARLY", "EPI_SIS")     # between tl_ptr and TIMELINE
 _LAUNCHERS: dict = {}   # (kernel, (constexprs, specialisation)) -> KernelLauncher (deepkernels._launch.cached_launcher)
 _LAUNCHER_LIMIT = 1024
 
