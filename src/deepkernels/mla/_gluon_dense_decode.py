@@ -162,6 +162,25 @@ s_q 2 (against half tiles) 0.965 / 0.967 / 1.002; h_q 64 s_q 1 8K 1.037 (A/A med
 at h_q 128 s_q 1 8K / 32K: 32K inside, 8K just outside (0.969), not falsified (< 0.975). Dispatched at >= 128 query
 heads per kv head (:data:`DISPATCH_PVR_MIN_HEADS`; h_q 64 keeps the half-tile / TRIM build).
 
+EPI options (session 21; launcher keywords ``epi_nsp`` / ``epi_early`` / ``epi_sis``, constexprs EPI_NSP / EPI_EARLY /
+EPI_SIS, off by default, not dispatched; benchmarks/notes/mla_decode_timeline.md "EPI"). The softmax warpgroup's
+per-piece epilogue (TIMELINE: median 4.6 us from the last P V_L to its stores issued at b 128 h_q 128 s_k 4K) is on
+its critical path: the next piece's first S waits for it. Same math and store values in every option (bit-identical):
+
+* EPI_NSP (a): ``nsplits[req]`` / ``nsplits[req + 1]`` loaded at the piece's start (``_g_piece_nsp``, both
+  consumer warpgroups) and kept, instead of two global loads after the tile loop.
+* EPI_EARLY (b): the softmax warpgroup writes its O half and lse first, then waits ``pfree`` (the PV warpgroup's last
+  P V_R) and hands over 1/L: the wait overlaps the stores (the PV warpgroup's own stores start later).
+* EPI_SIS (PVR builds; no effect elsewhere): the PV warpgroup issues P V_R of a piece's last tile without waiting
+  ``sissued`` (there is no S_{j+1} to queue behind), beside the softmax warpgroup's P V_L; the softmax warpgroup no
+  longer arrives a phase after its loop and the PV warpgroup counts its waited phases itself.
+
+Cross-compile (Triton 3.6.0, bf16): PVR builds with a / b / a+b keep 168 registers, 16 B of spill stores and
+spill-free tile loops; EPI_SIS puts 4 spill instructions into the softmax tile loop (non-causal; causal: 24 B, 1 in
+the producer loop); the plain build (h_q 16) with EPI_NSP: 32 -> 44 B, 2 spill instructions in its softmax loop.
+A 16-B vector store of the O half (``convert_layout`` to 2 rows x 8 columns per thread) goes through shared memory
+in Triton 3.6 (233,872 B > the 232,448 B limit) and was dropped.
+
 Needs: CUDA, bf16/fp16, page_block_size 64, d_qk 576, ``k_cache`` strides ``(64 * s1, s1, 576, 1)`` with 16-B
 aligned rows. No interpreter support (Gluon); cross-compiles on a CPU (:func:`_compile_sm90`).
 """
