@@ -22,7 +22,6 @@ Usage (device): python benchmarks/mla_sched_sweep.py [--rounds 3] [--json out.js
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import statistics
@@ -49,28 +48,36 @@ SPARSE = ["v32 b=64 s_q=1 h_q=128", "v41 b=128 s_q=1 h_q=128", "v32 b=128 s_q=2 
 # b 64 s_q 1 h_q 128, and three dense h_q 128 rows
 ROWS_GREEDY_SPARSE = [f"{f} {r} h_q=128 " for f in ("v32", "v41") for r in ("b=64 s_q=1", "b=128 s_q=1", "b=128 s_q=2")]
 ROWS_GREEDY_SPARSE.append("v41+fp4 b=64 s_q=1 h_q=128 ")
+# h_q 64 (the dispatch rule b <= 2 x parts applies there too: 132 parts at s_q 1): measured after the dispatch
+ROWS_GREEDY_SPARSE += [f"{f} {r} h_q=64 " for f in ("v32", "v41") for r in ("b=64 s_q=1", "b=128 s_q=1", "b=128 s_q=2")]
 ROWS_GREEDY_DENSE = ["s_q=1 h_q=128 s_k~4096", "s_q=1 h_q=128 s_k~8192", "s_q=2 h_q=128 s_k~4096"]
 VARIANTS = {"lin5": 5, "lin5b": 5, "lin10": 10, "lin16": 16, "lin24": 24, "fm5": "flashmla", "greedy": "greedy"}
 _ORIG = md.compute_schedule
 
 
-def _flashmla_on_device(counts, parts, fixed_overhead=md.FIXED_OVERHEAD_BLOCKS):
+def _flashmla_on_device(counts, parts, fixed_overhead=md.FIXED_OVERHEAD_BLOCKS, algorithm=None):
     meta, ns = flashmla_schedule(counts.cpu(), int(parts), fixed_overhead)
     return meta.to(counts.device), ns.to(counts.device)
 
 
+def _forced(algorithm, overhead=None):
+    """compute_schedule with the algorithm (and overhead) fixed, whatever the decode path asks for (the sparse path
+    asks for "greedy" at b <= 2 x parts since session 21: a "lin" variant must stay linear)."""
+    def sched(counts, parts, fixed_overhead=md.FIXED_OVERHEAD_BLOCKS, algorithm_asked=None, **_kw):
+        return _ORIG(counts, parts, fixed_overhead if overhead is None else overhead, algorithm=algorithm)
+    return sched
+
+
 def set_variant(v) -> None:
-    """Point both decode paths' schedule at variant ``v`` (an overhead in blocks, or "flashmla")."""
+    """Point both decode paths' schedule at variant ``v`` (an overhead in blocks for the linear schedule,
+    "flashmla" (host port) or "greedy" (device port)), overriding the sparse path's own choice."""
     if v == "flashmla":
         dec.compute_schedule = sdec.compute_schedule = _flashmla_on_device
-        sdec.FIXED_OVERHEAD_BLOCKS = md.FIXED_OVERHEAD_BLOCKS
     elif v == "greedy":
-        dec.compute_schedule = sdec.compute_schedule = functools.partial(_ORIG, algorithm="greedy")
-        sdec.FIXED_OVERHEAD_BLOCKS = md.FIXED_OVERHEAD_BLOCKS
+        dec.compute_schedule = sdec.compute_schedule = _forced("greedy")
     else:
-        dec.compute_schedule = functools.partial(_ORIG, fixed_overhead=v)
-        sdec.compute_schedule = _ORIG
-        sdec.FIXED_OVERHEAD_BLOCKS = v
+        dec.compute_schedule = sdec.compute_schedule = _forced("linear", v)
+    sdec.FIXED_OVERHEAD_BLOCKS = md.FIXED_OVERHEAD_BLOCKS
 
 
 def graph_of(case, t):
@@ -205,7 +212,7 @@ def main() -> int:
             row["err"][k] = [float((o - ref[0]).abs().max()), float((lse - ref[1]).abs()[fin].max()),
                              bool(torch.isfinite(o).all())]
             graphs[k] = g
-        set_variant(md.FIXED_OVERHEAD_BLOCKS)
+        dec.compute_schedule = sdec.compute_schedule = _ORIG     # the library's own choice again
         if "greedy" in scheds and "fm5" in scheds:
             sg, sf = scheds["greedy"], scheds["fm5"]
             row["greedy_eq_fm5"] = bool(torch.equal(sg.tile_scheduler_metadata.cpu(), sf.tile_scheduler_metadata.cpu())
