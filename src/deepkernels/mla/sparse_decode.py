@@ -163,7 +163,9 @@ def _token_counts(b, topk, topk_length, xtopk, extra_topk_length, has_extra, dev
 # splits every request. Measured (H200, session 21, git 5829daf8bdc7, results/mla_sched-h200-2026-11-30-s21.json,
 # public call, CUDA-graph replay, 3 rotated rounds, A/A 0.998-1.003): h_q 128 topk 2048, V3.2 / V4.1 / V4.1+FP4
 # b 64 s_q 1 (0.97 requests per part) 0.930 / 0.914 / 0.917x the time; V3.2 / V4.1 b 128 s_q 1 (1.94) 0.978 /
-# 0.975x; b 128 s_q 2 (3.9 per part) 1.008x -> excluded by the rule. Not measured at h_q 64 (same rule applied).
+# 0.975x; b 128 s_q 2 (3.9 per part) 1.008x -> excluded by the rule. h_q 64 (132 parts at s_q 1, 66 at s_q 2: every
+# bench row inside the rule; git 1dab19d5a473, results/mla_sched_h64-h200-2026-11-30-s21.json, A/A 0.998-1.001):
+# V3.2 / V4.1 b 64 s_q 1 0.977 / 0.981x, b 128 s_q 1 0.934 / 0.931x, b 128 s_q 2 0.975 / 0.967x.
 # DEEPKERNELS_SPARSE_GREEDY_SCHED=0 keeps the linear schedule everywhere.
 _GREEDY_SCHED = os.environ.get("DEEPKERNELS_SPARSE_GREEDY_SCHED", "1") != "0"
 
