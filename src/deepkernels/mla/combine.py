@@ -172,30 +172,37 @@ def _mla_decode_combine_kernel(oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr
         optr = out_ptr + ((bi * s_q + si) * h_q + heads)[:, None] * D_V + dv[None, :]
         tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=hm[:, None])
     elif nsp <= 0:
-        # no split planned for this request (num_splits of a smaller batch, padded): empty if it has no key,
-        # else NaN (it cannot be computed here; never a plausible-looking wrong value)
-        n = si * 0
-        if HAS_LEN:
-            n = tl.load(len_ptr + bi).to(tl.int64)
-        if TOPK_LEN:
-            if HAS_LEN:
-                n = tl.minimum(tl.maximum(n, 0), topk)
-            else:
-                n = n + topk
-        if CAUSAL:
-            n = n - (s_q - 1 - si)
-        if HAS_EXTRA:
-            nx = si * 0 + xtopk
-            if HAS_XLEN:
-                nx = tl.minimum(tl.maximum(tl.load(xlen_ptr + bi).to(tl.int64), 0), xtopk)
-            n = n + nx
-        bad = n > 0
-        tl.store(lse_ptr + lse_off, tl.zeros([HEADS], tl.float32) + tl.where(bad, float("nan"), float("inf")),
-                 mask=hm)
         dv = tl.arange(0, D_V)
-        o = tl.zeros([HEADS, D_V], tl.float32) + tl.where(bad, float("nan"), 0.0)
         optr = out_ptr + ((bi * s_q + si) * h_q + heads)[:, None] * D_V + dv[None, :]
-        tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=hm[:, None])
+        _no_split_row(optr, lse_ptr, lse_off, len_ptr, xlen_ptr, bi, si, s_q, topk, xtopk, hm, HEADS, D_V, HAS_LEN,
+                      TOPK_LEN, CAUSAL, HAS_EXTRA, HAS_XLEN)
+
+
+@triton.jit
+def _no_split_row(optr, lse_ptr, lse_off, len_ptr, xlen_ptr, bi, si, s_q, topk, xtopk, hm, HEADS: tl.constexpr,
+                  D_V: tl.constexpr, HAS_LEN: tl.constexpr, TOPK_LEN: tl.constexpr, CAUSAL: tl.constexpr,
+                  HAS_EXTRA: tl.constexpr, HAS_XLEN: tl.constexpr):
+    """A request with no split planned (num_splits of a smaller batch, padded), both kernels: out 0 / lse +inf if its
+    query row has no key, else NaN (it cannot be computed here; never a plausible-looking wrong value)."""
+    n = si * 0
+    if HAS_LEN:
+        n = tl.load(len_ptr + bi).to(tl.int64)
+    if TOPK_LEN:
+        if HAS_LEN:
+            n = tl.minimum(tl.maximum(n, 0), topk)
+        else:
+            n = n + topk
+    if CAUSAL:
+        n = n - (s_q - 1 - si)
+    if HAS_EXTRA:
+        nx = si * 0 + xtopk
+        if HAS_XLEN:
+            nx = tl.minimum(tl.maximum(tl.load(xlen_ptr + bi).to(tl.int64), 0), xtopk)
+        n = n + nx
+    bad = n > 0
+    tl.store(lse_ptr + lse_off, tl.zeros([HEADS], tl.float32) + tl.where(bad, float("nan"), float("inf")), mask=hm)
+    o = tl.zeros([HEADS, D_V], tl.float32) + tl.where(bad, float("nan"), 0.0)
+    tl.store(optr, o.to(optr.dtype.element_ty), mask=hm[:, None])
 
 
 @triton.jit
@@ -381,27 +388,8 @@ def _fast_row(pid, oacc_ptr, lacc_ptr, nsplits_ptr, out_ptr, lse_ptr, sink_ptr, 
             acc = _rne_bf16(acc)
         tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=hm[:, None])
     elif nsp <= 0:
-        # the current kernel's no-split rows: empty if the query row has no key, else NaN
-        n = si * 0
-        if HAS_LEN:
-            n = tl.load(len_ptr + bi).to(tl.int64)
-        if TOPK_LEN:
-            if HAS_LEN:
-                n = tl.minimum(tl.maximum(n, 0), topk)
-            else:
-                n = n + topk
-        if CAUSAL:
-            n = n - (s_q - 1 - si)
-        if HAS_EXTRA:
-            nx = si * 0 + xtopk
-            if HAS_XLEN:
-                nx = tl.minimum(tl.maximum(tl.load(xlen_ptr + bi).to(tl.int64), 0), xtopk)
-            n = n + nx
-        bad = n > 0
-        tl.store(lse_ptr + lse_off, tl.zeros([HEADS], tl.float32) + tl.where(bad, float("nan"), float("inf")),
-                 mask=hm)
-        o = tl.zeros([HEADS, D_V], tl.float32) + tl.where(bad, float("nan"), 0.0)
-        tl.store(optr, o.to(out_ptr.dtype.element_ty), mask=hm[:, None])
+        _no_split_row(optr, lse_ptr, lse_off, len_ptr, xlen_ptr, bi, si, s_q, topk, xtopk, hm, HEADS, D_V, HAS_LEN,
+                      TOPK_LEN, CAUSAL, HAS_EXTRA, HAS_XLEN)
 
 
 def combine_splits_(out: torch.Tensor, lse: torch.Tensor, o_accum: torch.Tensor, lse_accum: torch.Tensor,
