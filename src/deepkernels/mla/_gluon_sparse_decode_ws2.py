@@ -125,8 +125,99 @@ def dispatch_on(fmt: str) -> bool:
 
 _LOG2E = 1.4426950408889634
 
+# TIMELINE instrumentation of the 2-CTA cluster kernel (``_gluon_sparse_decode_ws3``, launcher keyword ``timeline``:
+# a ZEROED int64 [CTAs, TL_WORDS] buffer; constexpr TIMELINE of ``_w2_softmax_wg`` / ``_w2_pv_wg`` /
+# ``_w3_producer``, off by default, never dispatched; notes benchmarks/notes/sparse_decode_timeline.md). Modelled on
+# the dense decode kernel's (``_gluon_dense_decode._tl_put`` / ``_tl_stamp``): a stamp is ``%globaltimer`` (ns) by
+# lane 0 of each warp of the partition as ``red.global.max.u64`` (the time the LAST warp got there), address formed
+# inside the asm (nothing live across the loops). Per CTA (row = ``%ctaid.x``) a header of TL_HEADER words:
+# 0 softmax warpgroup entry, 1 its start cluster barrier passed (metadata read), 2 its request loop done, 3 its end
+# cluster barrier passed, 4 PV warpgroup's request loop done, 5 producer's start cluster barrier passed, 6 producer's
+# request loop done, 7 %smid, 8 %cluster_ctarank, 9 pieces (end_req - begin_req + 1), 10 / 11 %clock64 at softmax
+# entry / loop done, 12 hb | si << 32 (64-head block, query position), 13-15 unused; then TL_PIECE words for each of
+# the first TL_MAX_PIECES request pieces (later pieces overwrite the last record) of the softmax warpgroup: 0 piece
+# start (top of the request iteration), 1 its Q in shared memory, 2 first K block ready (its ``ready`` wait; = 1
+# without blocks), 3 token loop done (last block's P V_L complete), 4 epilogue done (lse + own O half's stores
+# issued), 5 request, 6 t_lo | t_end << 32 (positions), 7 nsp | split << 32. The literals 256 / 8 / 16 / 29 in
+# _s_tl_put / _s_tl_stamp are these.
+TL_HEADER, TL_PIECE, TL_MAX_PIECES = 16, 8, 30
+TL_WORDS = TL_HEADER + TL_PIECE * TL_MAX_PIECES
+
 
 # ----------------------------------------------------------------------------------------------- device code
+
+@_jit
+def _s_tl_put(tl_ptr, req, begin_req, word, val):
+    """TIMELINE: ``tl_ptr[ctaid, off] = val`` (rows of ``TL_WORDS`` = 256 int64) with ``off = word`` for ``req < 0``
+    (header) and ``16 + min(req - begin_req, 29) * 8 + word`` otherwise, stored by lane 0 of each warp of the calling
+    partition (callers pass partition-uniform values). Address, offset and predicate inside the asm, ``%laneid`` not
+    ``%tid.x`` (the dense kernel's lessons, ``_gluon_dense_decode._tl_put``)."""
+    return gl.inline_asm_elementwise(
+        asm="""{
+        .reg .b64 a;
+        .reg .b32 c, t;
+        .reg .pred p, h;
+        sub.s32 t, $2, $3;
+        min.s32 t, t, 29;
+        mad.lo.s32 t, t, 8, 16;
+        setp.lt.s32 h, $2, 0;
+        selp.b32 t, 0, t, h;
+        add.s32 t, t, $4;
+        mov.u32 c, %ctaid.x;
+        mad.lo.u32 c, c, 256, t;
+        mad.wide.u32 a, c, 8, $1;
+        mov.u32 t, %laneid;
+        setp.eq.u32 p, t, 0;
+        @p st.global.b64 [a], $5;
+        mov.u32 $0, 0;
+        }""", constraints="=r,l,r,r,r,l", args=[tl_ptr.to(gl.int64, bitcast=True), req, begin_req, word,
+                                                val.to(gl.int64)],
+        dtype=gl.int32, is_pure=False, pack=1)
+
+
+@_jit
+def _s_tl_stamp(tl_ptr, req, begin_req, word):
+    """TIMELINE: ``%globaltimer`` (ns, read inside the asm) into the word :func:`_s_tl_put` addresses, as
+    ``red.global.max.u64`` over the partition's warps (the buffer starts zeroed): stamps of events in program order
+    are monotone."""
+    return gl.inline_asm_elementwise(
+        asm="""{
+        .reg .b64 a, g;
+        .reg .b32 c, t;
+        .reg .pred p, h;
+        mov.u64 g, %globaltimer;
+        sub.s32 t, $2, $3;
+        min.s32 t, t, 29;
+        mad.lo.s32 t, t, 8, 16;
+        setp.lt.s32 h, $2, 0;
+        selp.b32 t, 0, t, h;
+        add.s32 t, t, $4;
+        mov.u32 c, %ctaid.x;
+        mad.lo.u32 c, c, 256, t;
+        mad.wide.u32 a, c, 8, $1;
+        mov.u32 t, %laneid;
+        setp.eq.u32 p, t, 0;
+        @p red.global.max.u64 [a], g;
+        mov.u32 $0, 0;
+        }""", constraints="=r,l,r,r,r", args=[tl_ptr.to(gl.int64, bitcast=True), req, begin_req, word],
+        dtype=gl.int32, is_pure=False, pack=1)
+
+
+@_jit
+def _s_tl_sreg(tl_ptr, word, WHICH: gl.constexpr):
+    """TIMELINE: a special register into header word ``word``: ``WHICH`` 0 ``%smid``, 1 ``%cluster_ctarank``,
+    2 ``%clock64``."""
+    if WHICH == 0:
+        v = gl.inline_asm_elementwise(asm="mov.u32 $0, %smid;", constraints="=r,r", args=[gl.program_id(0)],
+                                      dtype=gl.int32, is_pure=False, pack=1).to(gl.int64)
+    elif WHICH == 1:
+        v = gl.inline_asm_elementwise(asm="mov.u32 $0, %cluster_ctarank;", constraints="=r,r",
+                                      args=[gl.program_id(0)], dtype=gl.int32, is_pure=False, pack=1).to(gl.int64)
+    else:
+        v = gl.inline_asm_elementwise(asm="mov.u64 $0, %clock64;", constraints="=l,r", args=[gl.program_id(0)],
+                                      dtype=gl.int64, is_pure=False, pack=1)
+    return _s_tl_put(tl_ptr, -1, 0, word, v)
+
 
 @_jit
 def _w2_write_half(o, inv, hb, req64, si64, nsp, base_row, split, out_ptr, oacc_ptr, s_q, h_q, acc_rows,
@@ -195,7 +286,7 @@ def _w2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pr
                    HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr, FMT: gl.constexpr,
                    empty_off=0, CLUSTER: gl.constexpr = False, xlen_ptr=None, xtopk=None,
                    HAS_EXTRA: gl.constexpr = False, HAS_XLEN: gl.constexpr = False, Q_ASYNC: gl.constexpr = False,
-                   Q_AHEAD: gl.constexpr = False):
+                   Q_AHEAD: gl.constexpr = False, TIMELINE: gl.constexpr = False, tl_ptr=None):
     """Default partition (4 warps): Q, the full S = Q K^T, the online softmax, P + alpha to the PV warpgroup,
     O[:, :256] += P V[:, :256]; per request the output scale to the PV warpgroup, its half of the output and lse.
     ``CLUSTER`` (the 2-CTA cluster kernel, ``_gluon_sparse_decode_ws3``): cluster barriers at the partition's start
@@ -208,17 +299,28 @@ def _w2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pr
     every later one's right after the previous request's token loop, before its epilogue (the copies overlap it;
     ``q_n`` is free there: every S wgmma of the request completed, and a 128-thread barrier makes that true for the
     four warps); the request top waits for them. Every cp.async group is waited for (no issue without a request
-    after it)."""
+    after it). ``TIMELINE`` (``CLUSTER`` only; ``tl_ptr`` the buffer): header words 0, 1, 2, 3, 7-12 and every
+    piece record (:data:`TL_WORDS`); the first K block's ``ready`` wait is done once early, for its stamp (waiting
+    a completed phase again returns at once)."""
     D_V: gl.constexpr = 512
     S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     LP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     LS: gl.constexpr = gl.SliceLayout(0, S_L)
+    if TIMELINE:
+        _s_tl_stamp(tl_ptr, -1, 0, 0)                           # header: softmax warpgroup entry
+        _s_tl_sreg(tl_ptr, 10, 2)
     hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
     if CLUSTER:
         _c_sync()
         lane = _c_lane()
         gs = _c_smem_base()
+    if TIMELINE:
+        _s_tl_stamp(tl_ptr, -1, 0, 1)                           # start cluster barrier passed
+        _s_tl_sreg(tl_ptr, 7, 0)
+        _s_tl_sreg(tl_ptr, 8, 1)
+        _s_tl_put(tl_ptr, -1, 0, 9, end_req - begin_req + 1)
+        _s_tl_put(tl_ptr, -1, 0, 12, hb.to(gl.int64) + (si.to(gl.int64) << 32))
     si64 = si.to(gl.int64)
     hq = hb * 64 + gl.arange(0, 64, gl.SliceLayout(1, LP))
     dq = gl.arange(0, 64, gl.SliceLayout(0, LP))
@@ -230,6 +332,8 @@ def _w2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pr
             _w2_q_issue(q_n, q_p, q_ptr, begin_req, si64, hq, dq, stride_qb, stride_qs, stride_qh, FMT)
     for req in range(begin_req, end_req + 1):
         req64 = req.to(gl.int64)
+        if TIMELINE:
+            _s_tl_stamp(tl_ptr, req, begin_req, 0)              # piece start
         if Q_AHEAD:
             async_copy.wait_group(0)   # this request's Q: issued before the loop or during the previous epilogue
         else:
@@ -245,6 +349,8 @@ def _w2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pr
                     q_p.store(gl.load(q_rows + (D_V + dq)[None, :]))
         fence_async_shared()
         gl.thread_barrier()
+        if TIMELINE:
+            _s_tl_stamp(tl_ptr, req, begin_req, 1)              # Q in shared memory
         n, base_row, nsp, split, t_lo, _, t_end = _g_req_range(req, begin_req, end_req, begin_blk, end_blk,
                                                                begin_split, len_ptr, nsplits_ptr, topk, HAS_LEN,
                                                                SBLOCK)
@@ -252,6 +358,13 @@ def _w2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pr
         if HAS_EXTRA:
             x_lo, x_end = _w_xrange(req, end_req, end_blk, split, nsp, n, t_lo, xlen_ptr, xtopk, HAS_XLEN, SBLOCK)
             nblocks += gl.maximum(x_end - x_lo + 63, 0) // 64
+        if TIMELINE:
+            if nblocks > 0:
+                mbarrier.wait(ready.index(it % 2), (it // 2) & 1)
+            _s_tl_stamp(tl_ptr, req, begin_req, 2)              # first K block ready
+            _s_tl_put(tl_ptr, req, begin_req, 5, req)
+            _s_tl_put(tl_ptr, req, begin_req, 6, t_lo.to(gl.int64) + (t_end.to(gl.int64) << 32))
+            _s_tl_put(tl_ptr, req, begin_req, 7, nsp.to(gl.int64) + (split.to(gl.int64) << 32))
         m_i = gl.full([64], float("-inf"), gl.float32, gl.SliceLayout(1, S_L))   # running max of raw q.k
         l_i = gl.zeros([64], gl.float32, gl.SliceLayout(1, S_L))
         acc = gl.zeros([64, 256], gl.float32, O_L)
@@ -276,6 +389,8 @@ def _w2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pr
             if CLUSTER:
                 _c_remote_arrive(lane, gs, empty_off, slot * 8)
             it += 1
+        if TIMELINE:
+            _s_tl_stamp(tl_ptr, req, begin_req, 3)              # token loop done
         if Q_AHEAD:   # the next request's Q, in flight during this epilogue (after the whole warpgroup's last S)
             if req < end_req:
                 gl.thread_barrier()
@@ -291,18 +406,25 @@ def _w2_softmax_wg(q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pr
         msg += 1
         _w2_write_half(acc, gl.convert_layout(inv, gl.SliceLayout(1, O_L)), hb, req64, si64, nsp, base_row, split,
                        out_ptr, oacc_ptr, s_q, h_q, acc_rows, 0, O_L)
+        if TIMELINE:
+            _s_tl_stamp(tl_ptr, req, begin_req, 4)              # epilogue's stores issued
+    if TIMELINE:
+        _s_tl_stamp(tl_ptr, -1, 0, 2)                           # request loop done
+        _s_tl_sreg(tl_ptr, 11, 2)
     if CLUSTER:
         _c_sync()
+    if TIMELINE:
+        _s_tl_stamp(tl_ptr, -1, 0, 3)                           # end cluster barrier passed
 
 
 @_jit
 def _w2_pv_wg(kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr, oacc_ptr,
               b, s_q, h_q, topk, acc_rows, HAS_LEN: gl.constexpr, SBLOCK: gl.constexpr, empty_off=0,
               CLUSTER: gl.constexpr = False, xlen_ptr=None, xtopk=None, HAS_EXTRA: gl.constexpr = False,
-              HAS_XLEN: gl.constexpr = False):
+              HAS_XLEN: gl.constexpr = False, TIMELINE: gl.constexpr = False, tl_ptr=None):
     """Worker partition (4 warps): O[:, 256:] = O[:, 256:] * alpha + P V[:, 256:] per block; per request the
     output scale from the softmax warpgroup and its half of the output. ``CLUSTER`` / ``HAS_EXTRA``: as
-    :func:`_w2_softmax_wg`."""
+    :func:`_w2_softmax_wg`; ``TIMELINE``: header word 4 (its request loop done)."""
     O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
     if CLUSTER:
@@ -349,6 +471,8 @@ def _w2_pv_wg(kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_p
                                                                SBLOCK)
         _w2_write_half(acc, inv, hb, req64, si.to(gl.int64), nsp, base_row, split, out_ptr, oacc_ptr, s_q, h_q,
                        acc_rows, 256, O_L)
+    if TIMELINE:
+        _s_tl_stamp(tl_ptr, -1, 0, 4)                           # header: PV warpgroup's request loop done
     if CLUSTER:
         _c_sync()
 

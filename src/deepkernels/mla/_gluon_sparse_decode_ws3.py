@@ -373,7 +373,7 @@ from . import _gluon_sparse_decode_ws as _ws
 from . import _gluon_sparse_decode_ws2 as _ws2
 from ._gluon_sparse_decode_ws import (WS_FMTS, WS_MAXNREG, _w_dequant_store,
                                       _w_dequant_store41, _w_dequant_store_fp4, _w_xrange)
-from ._gluon_sparse_decode_ws2 import WS2_PV_REGS, _w2_pv_wg, _w2_softmax_wg
+from ._gluon_sparse_decode_ws2 import TL_WORDS, WS2_PV_REGS, _s_tl_stamp, _w2_pv_wg, _w2_softmax_wg
 from ._gluon_cluster import (_c_expect_tx, _c_init_fence, _c_lane, _c_peer_rank, _c_push, _c_remote_arrive,  # noqa: F401
                              _c_smem_base, _c_sync)
 
@@ -720,17 +720,21 @@ def _w3_producer(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
                  ROW_LANES: gl.constexpr = False, xkv_ptr=None, xidx_ptr=None, xlen_ptr=None, stride_xkb=None,
                  xpage=None, xnum_tok=None, stride_xib=None, stride_xis=None, xtopk=None,
                  HAS_EXTRA: gl.constexpr = False, HAS_XLEN: gl.constexpr = False, XPAGE_SHIFT: gl.constexpr = 0,
-                 XFMT: gl.constexpr = 0, IDX_AHEAD: gl.constexpr = False, PF_LINES: gl.constexpr = False):
+                 XFMT: gl.constexpr = 0, IDX_AHEAD: gl.constexpr = False, PF_LINES: gl.constexpr = False,
+                 TIMELINE: gl.constexpr = False, tl_ptr=None):
     """Worker partition (4 warps): this CTA's half of every block of its (request, block) line (:func:`_w3_blocks`).
     ``HAS_EXTRA`` (the ``x*`` arguments; their defaults without): after a request's main blocks its extra-cache blocks
     (:func:`_gluon_sparse_decode_ws._w_xrange`) of format ``XFMT`` through the same helper, the ring counter running
-    on (module docstring, "Extra cache")."""
+    on (module docstring, "Extra cache"). ``TIMELINE``: header words 5 / 6 (``_gluon_sparse_decode_ws2.TL_WORDS``;
+    outside the loops)."""
     if ROPE_ROWS:
         LP4: gl.constexpr = gl.BlockedLayout([4, 8], [4, 8], [4, 1], [1, 0])   # the RoPE gather's (module docstring)
     else:
         LP4: gl.constexpr = gl.BlockedLayout([1, 32], [16, 2], [4, 1], [0, 1] if ROW_LANES else [1, 0])
     hb, si, begin_req, end_req, begin_blk, end_blk, begin_split = _g_part(meta_ptr, b, s_q, h_q)
     _c_sync()
+    if TIMELINE:
+        _s_tl_stamp(tl_ptr, -1, 0, 5)                       # header: producer's start cluster barrier passed
     lane = _c_lane()
     gs = _c_smem_base()
     peer = _c_peer_rank()
@@ -749,6 +753,8 @@ def _w3_producer(kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_
             it = _w3_blocks(kv8, kv_p, vmask, ready, empty, xkv_ptr, xidx_ptr, req, si64, stride_xib, stride_xis, x_lo,
                             x_end, xnum_tok, xpage, stride_xkb, it, dr, hb, ring_off, ready_off, lane, gs, peer,
                             XPAGE_SHIFT, XFMT, DEQ_ASM, False, ROPE_ROWS, ROW_LANES, IDX_AHEAD)
+    if TIMELINE:
+        _s_tl_stamp(tl_ptr, -1, 0, 6)                       # header: producer's request loop done
     _c_sync()
 
 
@@ -802,19 +808,61 @@ def _sparse_decode_gluon_ws3_kernel(
 ):
     """WS2's arguments + the shared offsets of the ring / ``ready`` / ``empty`` (:func:`smem_offsets`). Launched as
     2-CTA clusters only (:func:`launch_sparse_decode_gluon_ws3`)."""
+    _w3_body(q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+             stride_qb, stride_qs, stride_qh, stride_kb, page, num_tok, stride_ib, stride_is,
+             b, s_q, h_q, topk, acc_rows, sm_scale_log2, ring_off, ready_off, empty_off,
+             PAGE_SHIFT, HAS_LEN, HAS_SINK, SBLOCK, PRODUCER_REGS, FMT, DEQ_ASM, PV_REGS, PF_L2, Q_AHEAD, ROPE_ROWS,
+             ROW_LANES, IDX_AHEAD, PF_LINES, Q_ASYNC)
+
+
+@_jit(do_not_specialize=_NO_SPEC)
+def _sparse_decode_gluon_ws3_tl_kernel(
+    q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+    stride_qb, stride_qs, stride_qh, stride_kb, page, num_tok, stride_ib, stride_is,
+    b, s_q, h_q, topk, acc_rows, sm_scale_log2, ring_off, ready_off, empty_off,
+    PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PV_REGS: gl.constexpr,
+    PF_L2: gl.constexpr, Q_AHEAD: gl.constexpr, ROPE_ROWS: gl.constexpr, ROW_LANES: gl.constexpr,
+    IDX_AHEAD: gl.constexpr = False, PF_LINES: gl.constexpr = False, Q_ASYNC: gl.constexpr = False,
+    tl_ptr=None,
+):
+    """TIMELINE entry (opt-in, never dispatched; launcher keyword ``timeline``, :class:`_ClusterLauncherTL`):
+    :func:`_sparse_decode_gluon_ws3_kernel`'s parameters + the int64 buffer ``tl_ptr`` (last; layout
+    ``_gluon_sparse_decode_ws2.TL_WORDS``), the same body with TIMELINE on. A separate entry, so the dispatched
+    kernel's parameters and PTX are untouched."""
+    _w3_body(q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+             stride_qb, stride_qs, stride_qh, stride_kb, page, num_tok, stride_ib, stride_is,
+             b, s_q, h_q, topk, acc_rows, sm_scale_log2, ring_off, ready_off, empty_off,
+             PAGE_SHIFT, HAS_LEN, HAS_SINK, SBLOCK, PRODUCER_REGS, FMT, DEQ_ASM, PV_REGS, PF_L2, Q_AHEAD, ROPE_ROWS,
+             ROW_LANES, IDX_AHEAD, PF_LINES, Q_ASYNC, True, tl_ptr)
+
+
+@_jit
+def _w3_body(q_ptr, kv_ptr, idx_ptr, len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+             stride_qb, stride_qs, stride_qh, stride_kb, page, num_tok, stride_ib, stride_is,
+             b, s_q, h_q, topk, acc_rows, sm_scale_log2, ring_off, ready_off, empty_off,
+             PAGE_SHIFT: gl.constexpr, HAS_LEN: gl.constexpr, HAS_SINK: gl.constexpr, SBLOCK: gl.constexpr,
+             PRODUCER_REGS: gl.constexpr, FMT: gl.constexpr, DEQ_ASM: gl.constexpr, PV_REGS: gl.constexpr,
+             PF_L2: gl.constexpr, Q_AHEAD: gl.constexpr, ROPE_ROWS: gl.constexpr, ROW_LANES: gl.constexpr,
+             IDX_AHEAD: gl.constexpr, PF_LINES: gl.constexpr, Q_ASYNC: gl.constexpr,
+             TIMELINE: gl.constexpr = False, tl_ptr=None):
+    """The no-extra kernel's body (shared by the dispatched entry and the TIMELINE entry)."""
     q_n, q_p, kv_n, kv8, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree = _w3_smem(FMT)
     _c_init_fence(h_q)
     gl.warp_specialize([
         (_w2_softmax_wg, (q_n, q_p, kv_n, kv_p, p_smem, a_smem, vmask, ready, empty, pready, pfree, q_ptr,
                           len_ptr, sink_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                           stride_qb, stride_qs, stride_qh, b, s_q, h_q, topk, acc_rows, sm_scale_log2, HAS_LEN,
-                          HAS_SINK, SBLOCK, FMT, empty_off, True, None, None, False, False, Q_ASYNC, Q_AHEAD)),
+                          HAS_SINK, SBLOCK, FMT, empty_off, True, None, None, False, False, Q_ASYNC, Q_AHEAD,
+                          TIMELINE, tl_ptr)),
         (_w2_pv_wg, (kv_n, p_smem, a_smem, ready, empty, pready, pfree, len_ptr, meta_ptr, nsplits_ptr, out_ptr,
-                     oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK, empty_off, True)),
+                     oacc_ptr, b, s_q, h_q, topk, acc_rows, HAS_LEN, SBLOCK, empty_off, True, None, None, False,
+                     False, TIMELINE, tl_ptr)),
         (_w3_producer, (kv8, kv_p, vmask, ready, empty, kv_ptr, idx_ptr, len_ptr, meta_ptr, nsplits_ptr,
                         stride_kb, page, num_tok, stride_ib, stride_is, b, s_q, h_q, topk, ring_off, ready_off,
                         PAGE_SHIFT, HAS_LEN, SBLOCK, FMT, DEQ_ASM, PF_L2, ROPE_ROWS, ROW_LANES, None, None, None,
-                        None, None, None, None, None, None, False, False, 0, 0, IDX_AHEAD, PF_LINES)),
+                        None, None, None, None, None, None, False, False, 0, 0, IDX_AHEAD, PF_LINES, TIMELINE,
+                        tl_ptr)),
     ], [4, 4], [PV_REGS, PRODUCER_REGS])
 
 
@@ -955,22 +1003,39 @@ class _ClusterLauncher:
         subclasses for other cluster kernels override this only)."""
         return _sparse_decode_gluon_ws3_kernel
 
-    def __call__(self, gx: int, args: tuple, scale_log2: float):
+    def __call__(self, gx: int, args: tuple, scale_log2: float, timeline=None):
         """Launch ``2 x gx`` CTAs: ``args`` = the kernel's runtime arguments before ``sm_scale_log2``; the shared
-        offsets (``ring_off``, ``ready_off``, ``empty_off``) follow it, then the constexprs of ``meta``."""
+        offsets (``ring_off``, ``ready_off``, ``empty_off``) follow it, then the constexprs of ``meta`` (parameters
+        after them that ``meta`` does not name -- ``tl_ptr`` / ``TIMELINE`` -- take their defaults). ``timeline``
+        (:class:`_ClusterLauncherTL` only): this call's buffer, passed as ``tl_ptr``."""
         fn = self._jit_kernel()
         if self.kernel is None:
-            k = fn.warmup(*args, scale_log2, 0, 0, 0, grid=(gx, ), **self.meta)
+            extra = {} if timeline is None else {"tl_ptr": timeline}
+            k = fn.warmup(*args, scale_log2, 0, 0, 0, grid=(gx, ), **self.meta, **extra)
             self.offsets = _offset_args(k.asm["ttgir"])
             self.packed = (k.metadata.num_warps, 2, k.metadata.shared)
-            names = [p.name for p in fn.params]
-            self.tail = tuple(self.meta[n] for n in names[len(args) + 4:])
+            params = fn.params[len(args) + 4:]
+            self.tail = tuple(self.meta[p.name] if p.name in self.meta else getattr(p, "default", None)
+                              for p in params)
             self.run = k.run
             self.function = k.function
             self.kernel = k
         stream = torch.cuda.current_stream().cuda_stream
+        tail = self.tail
+        if timeline is not None:     # tl_ptr: the TIMELINE entry's last parameter
+            tail = tail[:-1] + (timeline, )
         self.run(gx, 1, 1, stream, self.function, self.packed, None, None, None, *args, scale_log2, *self.offsets,
-                 *self.tail)
+                 *tail)
+
+
+class _ClusterLauncherTL(_ClusterLauncher):
+    """:class:`_ClusterLauncher` of the TIMELINE entry :func:`_sparse_decode_gluon_ws3_tl_kernel` (same arguments,
+    then ``tl_ptr``: each call passes its buffer as ``timeline``)."""
+
+    __slots__ = ()
+
+    def _jit_kernel(self):
+        return _sparse_decode_gluon_ws3_tl_kernel
 
 
 class _ClusterLauncherX(_ClusterLauncher):
@@ -1040,7 +1105,7 @@ _CONSTEXPRS_X = _CONSTEXPRS + ("XPAGE_SHIFT", "HAS_XLEN", "XFMT")
 
 def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt, attn_sink=None,
                                    extra_k_cache=None, extra_indices=None, xfmt=None, topk_length=None,
-                                   extra_topk_length=None, config=None, _spec=None, *, pv_regs=None,
+                                   extra_topk_length=None, config=None, _spec=None, *, timeline=None, pv_regs=None,
                                    producer_regs=None, maxnreg=None, deq_asm=None, pf_l2=None, q_ahead=None,
                                    rope_rows=None, row_lanes=None, idx_ahead=None, pf_lines=None, q_async=None):
     """Drop-in for ``launch_sparse_decode_gluon_ws2`` (same arguments and outputs; ``config`` ignored). ``h_q`` not
@@ -1055,7 +1120,10 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
     first (V4.1: ``q_ahead``, ``deq_asm`` and producer registers 144). With an extra cache (dispatched for :data:`DISPATCH_EXTRA_PAIRS`; module
     docstring, "Extra cache"):
     the pairs :data:`WS3_EXTRA_PAIRS` run on :func:`_sparse_decode_gluon_ws3_x_kernel` (h_q not a multiple of 128:
-    on the WS kernel's extra-cache entry), any other pair raises ValueError."""
+    on the WS kernel's extra-cache entry), any other pair raises ValueError. ``timeline``: None (every dispatched
+    call), or a ZEROED contiguous int64 CUDA tensor ``[CTAs, TL_WORDS]`` (CTAs = parts * s_q * h_q / 64; layout
+    ``_gluon_sparse_decode_ws2.TL_WORDS``) that the TIMELINE build (same math, a few stamps per request piece) fills;
+    no extra cache, h_q a multiple of 128 (else ValueError)."""
     from .combine import combine_splits_
     from .metadata import SCHED_BLOCK
 
@@ -1070,6 +1138,8 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
         raise ValueError(f"launch_sparse_decode_gluon_ws3: main cache {fmt!r}, extra cache {xf!r}: V3.2 or V4.1 main "
                          f"cache, no extra cache or {WS3_EXTRA_PAIRS} only")
     b, s_q, h_q, _ = q.shape
+    if timeline is not None and (h_q % 128 or has_x):
+        raise ValueError("timeline: the no-extra cluster kernel only (h_q a multiple of 128, no extra cache)")
     if h_q % 128:
         if has_x:
             return _ws.launch_sparse_decode_gluon_ws(out, lse_buf, q, k_cache, indices, sched, num_splits, scale, fmt,
@@ -1102,17 +1172,29 @@ def launch_sparse_decode_gluon_ws3(out, lse_buf, q, k_cache, indices, sched, num
                   _rope_rows(fmt, rope_rows), _row_lanes(fmt, row_lanes), _idx_ahead(fmt, idx_ahead),
                   _pf_lines(fmt, pf_lines), _q_async(fmt, q_async, q))
     names, cls = _CONSTEXPRS, _ClusterLauncher
+    if timeline is not None:
+        ctas = parts * s_q * (h_q // BLOCK_H)
+        if (has_x or timeline.dtype != torch.int64 or tuple(timeline.shape) != (ctas, TL_WORDS)
+                or not timeline.is_contiguous() or timeline.device != q.device):
+            raise ValueError(f"timeline must be a contiguous int64 [{ctas}, {TL_WORDS}] tensor on {q.device} (no "
+                             f"extra cache), got {timeline.dtype} {tuple(timeline.shape)} on {timeline.device}")
+        cls = _ClusterLauncherTL
     if has_x:
         names, cls = _CONSTEXPRS_X, _ClusterLauncherX
         constexprs += (_page_shift(xkv.shape[1]), extra_topk_length is not None, _XFMT_CODES[xf])
     opts = (WS3_NUM_WARPS, maxnreg or WS_MAXNREG)
     key = (names, constexprs, opts, spec, _launch_device(q))
+    if timeline is not None:
+        key += ("timeline", )
     launcher = _LAUNCHERS.get(key)
     if launcher is None:
         if len(_LAUNCHERS) >= _LAUNCHER_LIMIT:
             _LAUNCHERS.clear()
         launcher = _LAUNCHERS[key] = cls(dict(zip(names, constexprs), num_warps=opts[0], maxnreg=opts[1]))
-    launcher(parts * s_q * (h_q // BLOCK_H) // 2, (*ptrs, *ints), scale * _ws2._LOG2E)
+    if timeline is None:
+        launcher(parts * s_q * (h_q // BLOCK_H) // 2, (*ptrs, *ints), scale * _ws2._LOG2E)
+    else:
+        launcher(parts * s_q * (h_q // BLOCK_H) // 2, (*ptrs, *ints), scale * _ws2._LOG2E, timeline)
     combine_splits_(out, lse_buf.transpose(1, 2), o_acc, l_acc, num_splits, attn_sink=attn_sink,
                     lengths=topk_length, topk=topk, extra_lengths=extra_topk_length if has_x else None,
                     extra_topk=xtopk if has_x else None, rne=False, _spec=_spec)
@@ -1123,10 +1205,19 @@ def compile_sm90_ws3(fmt: str = "v32", page_shift: int = 6, has_len: bool = True
                      rope_rows=None, row_lanes=None, idx_ahead=None, pf_lines=None, q_async=None):
     """Cross-compile the kernel for sm90 (no GPU needed), the launch's divisibility facts. Returns the
     CompiledKernel (``.asm['ptx']``, ``.asm['ttgir']``, ``.metadata.shared``). With an extra cache:
-    :func:`compile_sm90_ws3_extra`."""
+    :func:`compile_sm90_ws3_extra`; the TIMELINE entry: :func:`compile_sm90_ws3_tl`."""
     return _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, maxnreg, deq_asm, pf_l2,
                         rope_rows, row_lanes, idx_ahead=idx_ahead, pf_lines=pf_lines, q_async=q_async,
                         q_ahead=q_ahead)
+
+
+def compile_sm90_ws3_tl(fmt: str = "v32", page_shift: int = 6, has_len: bool = True, has_sink: bool = True,
+                        **knobs):
+    """:func:`compile_sm90_ws3` (same knobs) of the TIMELINE entry :func:`_sparse_decode_gluon_ws3_tl_kernel`."""
+    return _compile_ws3(fmt, page_shift, has_len, has_sink, knobs.pop("pv_regs", None),
+                        knobs.pop("producer_regs", None), knobs.pop("maxnreg", None), knobs.pop("deq_asm", None),
+                        knobs.pop("pf_l2", None), knobs.pop("rope_rows", None), knobs.pop("row_lanes", None),
+                        timeline=True, **knobs)
 
 
 def compile_sm90_ws3_extra(fmt: str = "v41", xfmt: str = "fp4", page_shift: int = 6, has_len: bool = True,
@@ -1143,7 +1234,7 @@ def compile_sm90_ws3_extra(fmt: str = "v41", xfmt: str = "fp4", page_shift: int 
 
 def _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, maxnreg, deq_asm, pf_l2, rope_rows,
                  row_lanes, xfmt=None, xpage_shift=6, has_xlen=True, idx_ahead=None, pf_lines=None, q_async=None,
-                 q_ahead=None):
+                 q_ahead=None, timeline=False):
     if xfmt is not None:
         fn = _sparse_decode_gluon_ws3_x_kernel
         sig = dict(q_ptr="*bf16", kv_ptr="*u8", idx_ptr="*i32", len_ptr="*i32", xkv_ptr="*u8", xidx_ptr="*i32",
@@ -1173,4 +1264,11 @@ def _compile_ws3(fmt, page_shift, has_len, has_sink, pv_regs, producer_regs, max
     if xfmt is not None:
         consts.update(XPAGE_SHIFT=xpage_shift, HAS_XLEN=has_xlen, XFMT=_XFMT_CODES[xfmt])
         hinted += ["stride_xkb", "stride_xib", "stride_xis"]
+    if timeline:        # the TIMELINE entry: a runtime *i64 after the constexprs (parameter order kept)
+        if xfmt is not None:
+            raise ValueError("TIMELINE: the no-extra kernel only")
+        fn = _sparse_decode_gluon_ws3_tl_kernel
+        sig["tl_ptr"] = "*i64"
+        hinted += ["tl_ptr"]
+        sig = {n: sig.get(n, "constexpr") for n in fn.arg_names if n in sig or n in consts}
     return _compile_sm90_gluon(fn, sig, consts, hinted, num_warps=WS3_NUM_WARPS, maxnreg=maxnreg or WS_MAXNREG)
