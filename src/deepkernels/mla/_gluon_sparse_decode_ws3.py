@@ -354,6 +354,14 @@ multiples keeps the build without it (:func:`_q_ahead`, the ``Q_ASYNC`` gate).
   the softmax warpgroup's boundary phase (the bench's ``qa`` column, Q_ASYNC alone, tells "latency of the Q load"
   from "Q on the boundary at all" apart). Bench: ``benchmarks/sparse_decode_s20.py``; device run:
   ``GIT_SHA=<sha> PYTHONPATH=$PWD/src OUT=$OUT bash benchmarks/device_sparse_decode_s20.sh``.
+
+Timeline (session 21, opt-in, never dispatched; benchmarks/notes/sparse_decode_timeline.md): launcher keyword
+``timeline=`` (a zeroed int64 ``[CTAs, _gluon_sparse_decode_ws2.TL_WORDS]`` tensor) runs the TIMELINE entry
+:func:`_sparse_decode_gluon_ws3_tl_kernel` (:class:`_ClusterLauncherTL`; both entries call :func:`_w3_body`), whose
+softmax warpgroup stamps ``%globaltimer`` per CTA (entry, start / end cluster barrier, loop done; ``%smid``, cluster
+rank) and per request piece (start, Q ready, first K block ready, token loop done, epilogue done), the PV warpgroup
+and the producer their loop ends. The dispatched entry's cleaned PTX is unchanged (pinned in
+tests/test_sparse_decode_timeline.py); the TIMELINE build keeps every token loop's SASS and its 0 spills.
 """
 from __future__ import annotations
 
