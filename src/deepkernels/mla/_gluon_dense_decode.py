@@ -387,15 +387,96 @@ def _tl_smid():
 
 
 @_jit
+def _dq_fetch(dyn_ptr, last):
+    """DYN_QUEUE: the next work item, ``atomicAdd(dyn_ptr, 1)`` by lane 0 of the (one-warp) producer, broadcast to
+    the warp. The fetch that returns ``last`` (= items + grid - 1: every CTA ends with exactly one fetch past the
+    items, so this is the launch's last access to the counter) stores 0 back: the counter is zero again for the next
+    launch (stream order) without a memset or a host sync, also inside a CUDA graph."""
+    return gl.inline_asm_elementwise(
+        asm="""{
+        .reg .pred p, q;
+        .reg .b32 t, l;
+        mov.u32 l, %laneid;
+        setp.eq.u32 p, l, 0;
+        mov.u32 t, 0;
+        @p atom.global.add.u32 t, [$1], 1;
+        shfl.sync.idx.b32 $0, t, 0, 31, -1;
+        setp.eq.and.s32 q, $0, $2, p;
+        mov.u32 t, 0;
+        @q st.global.u32 [$1], t;
+        }""", constraints="=r,l,r", args=[dyn_ptr.to(gl.int64, bitcast=True), last],
+        dtype=gl.int32, is_pure=False, pack=1)
+
+
+@_jit
+def _dq_publish(wid, widready, widempty, n, w):
+    """DYN_QUEUE: the producer hands its ``n``-th work item id ``w`` to both consumer warpgroups (ring slot
+    ``n % 2``, ``widready`` count 1; the slot is free again once both warpgroups arrived ``widempty``, count 2)."""
+    slot = n % 2
+    mbarrier.wait(widempty.index(slot), ((n // 2) & 1) ^ 1)     # fresh barrier: phase 1 counts as done
+    wid.index(slot).store(gl.full([1], w, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
+    gl.thread_barrier()
+    mbarrier.arrive(widready.index(slot))
+
+
+@_jit
+def _dq_recv(wid, widready, widempty, n):
+    """DYN_QUEUE: a consumer warpgroup's ``n``-th work item id (see :func:`_dq_publish`); the slot is released after
+    every thread of the warpgroup has read it."""
+    slot = n % 2
+    mbarrier.wait(widready.index(slot), (n // 2) & 1)
+    w = gl.max(wid.index(slot).load(gl.BlockedLayout([1], [32], [4], [0])), 0)
+    gl.thread_barrier()
+    mbarrier.arrive(widempty.index(slot))
+    return w
+
+
+@_jit
 def _g_producer(kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr, nsplits_ptr,
                 stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES: gl.constexpr,
                 HALF: gl.constexpr = False, QTMA: gl.constexpr = False, qn_desc=None, qp_desc=None, q_nope=None,
                 q_rope=None, qready=None, qempty=None, rows=None, group=None, PVR: gl.constexpr = False,
-                kready_b=None, kempty_b=None, kh_desc=None):
-    mb, kvh, part = _g_coords(num_m_blocks, h_kv)
+                kready_b=None, kempty_b=None, kh_desc=None, DYN_QUEUE: gl.constexpr = False, dyn_ptr=None,
+                n_items=None, wid=None, widready=None, widempty=None):
+    if DYN_QUEUE:
+        # DYN_QUEUE (module docstring): take work items (part, kv head, row block) from the global counter until
+        # none are left; each id is handed to the consumer warpgroups through the shared ring ``wid``, and the
+        # next one is taken right after the current item's last K load was issued (its loads then follow the ring)
+        last = n_items + gl.num_programs(0) - 1
+        w = _dq_fetch(dyn_ptr, last)
+        it = w * 0
+        pc = w * 0
+        n = w * 0
+        _dq_publish(wid, widready, widempty, n, w)
+        while w < n_items:
+            mb = w % num_m_blocks
+            tmp = w // num_m_blocks
+            it, pc = _g_producer_part(mb, tmp % h_kv, tmp // h_kv, it, pc, kn_desc, kp_desc, k_nope, k_rope,
+                                      kready, kempty, bt_ptr, seqlens_ptr, meta_ptr, nsplits_ptr, stride_btb,
+                                      max_pages, num_kv_blocks, b, NUM_STAGES, HALF, QTMA, qn_desc, qp_desc, q_nope,
+                                      q_rope, qready, qempty, rows, group, PVR, kready_b, kempty_b, kh_desc, h_kv)
+            n += 1
+            w = _dq_fetch(dyn_ptr, last)
+            _dq_publish(wid, widready, widempty, n, w)
+    else:
+        mb, kvh, part = _g_coords(num_m_blocks, h_kv)
+        it = 0      # locals (tensors), not constexpr arguments: loop-carried inside
+        pc = 0
+        _g_producer_part(mb, kvh, part, it, pc, kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr,
+                         meta_ptr, nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, NUM_STAGES, HALF, QTMA,
+                         qn_desc, qp_desc, q_nope, q_rope, qready, qempty, rows, group, PVR, kready_b, kempty_b,
+                         kh_desc, h_kv)
+
+
+@_jit
+def _g_producer_part(mb, kvh, part, it, pc, kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr,
+                     meta_ptr, nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, NUM_STAGES: gl.constexpr,
+                     HALF: gl.constexpr, QTMA: gl.constexpr, qn_desc, qp_desc, q_nope, q_rope, qready, qempty, rows,
+                     group, PVR: gl.constexpr, kready_b, kempty_b, kh_desc, h_kv):
+    """The producer's work for one scheduler part of (row block ``mb``, kv head ``kvh``); ``it`` / ``pc``: K tiles /
+    pieces this partition has already done (ring and Q-barrier phases). Returns the updated ``(it, pc)``."""
     begin_req, end_req, begin_blk, end_blk, begin_split = _g_record(meta_ptr, part, b)
     col = kvh * 576
-    it = 0
     for req in range(begin_req, end_req + 1):
         seqlen, k0, k1 = _g_piece(req, begin_req, end_req, begin_blk, end_blk, begin_split, seqlens_ptr,
                                   nsplits_ptr, max_pages)
@@ -403,7 +484,7 @@ def _g_producer(kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlen
         if QTMA:
             # Q of this piece (rows contiguous in q seen as [b * s_q * h_q, 576]: h_kv == 1 or s_q == 1, checked
             # by the launcher) once the softmax warpgroup's last S of the previous piece has completed
-            mbarrier.wait(qempty, ((req - begin_req) & 1) ^ 1)
+            mbarrier.wait(qempty, ((req - begin_req + pc) & 1) ^ 1)
             mbarrier.expect(qready, qn_desc.block_type.nbytes + qp_desc.block_type.nbytes)
             qrow = req * (rows * h_kv) + kvh * group + mb * 64
             tma.async_copy_global_to_shared(qn_desc, [qrow, 0], qready, q_nope)
@@ -438,6 +519,7 @@ def _g_producer(kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlen
                 tma.async_copy_global_to_shared(kn_desc, [page * 64, col], bar, k_nope.index(slot))
                 tma.async_copy_global_to_shared(kp_desc, [page * 64, col + 512], bar, k_rope.index(slot))
             it += 1
+    return it, pc + gl.maximum(end_req - begin_req + 1, 0)
 
 
 @_jit
@@ -592,12 +674,51 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
                   QTMA: gl.constexpr = False, TRIM: gl.constexpr = False, qready=None, qempty=None,
                   PVR: gl.constexpr = False, kready_b=None, sissued=None, TIMELINE: gl.constexpr = False,
                   tl_ptr=None, EPI_NSP: gl.constexpr = False, EPI_EARLY: gl.constexpr = False,
-                  EPI_SIS: gl.constexpr = False):
+                  EPI_SIS: gl.constexpr = False, DYN_QUEUE: gl.constexpr = False, n_items=None, wid=None,
+                  widready=None, widempty=None):
+    if DYN_QUEUE:
+        w = _dq_recv(wid, widready, widempty, 0)
+        it = w * 0
+        msg = w * 0
+        pc = w * 0
+        n = w * 0
+        while w < n_items:
+            mb = w % num_m_blocks
+            tmp = w // num_m_blocks
+            it, msg, pc = _g_softmax_part(mb, tmp % h_kv, tmp // h_kv, it, msg, pc, q_ptr, k_nope, k_rope, q_nope,
+                                          q_rope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr,
+                                          nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs,
+                                          stride_qh, max_pages, b, s_q, h_q, group, rows, acc_rows, sm_scale,
+                                          sm_scale_log2, CAUSAL, NUM_STAGES, HALF, QTMA, TRIM, qready, qempty, PVR,
+                                          kready_b, sissued, TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS)
+            n += 1
+            w = _dq_recv(wid, widready, widempty, n)
+    else:
+        mb, kvh, part = _g_coords(num_m_blocks, h_kv)
+        it = 0
+        msg = 0
+        pc = 0
+        _g_softmax_part(mb, kvh, part, it, msg, pc, q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty,
+                        pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                        stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, acc_rows, sm_scale,
+                        sm_scale_log2, CAUSAL, NUM_STAGES, HALF, QTMA, TRIM, qready, qempty, PVR, kready_b, sissued,
+                        TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS)
+
+
+@_jit
+def _g_softmax_part(mb, kvh, part, it, msg, pc, q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty,
+                    pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                    stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, acc_rows, sm_scale,
+                    sm_scale_log2, CAUSAL: gl.constexpr, NUM_STAGES: gl.constexpr, HALF: gl.constexpr,
+                    QTMA: gl.constexpr, TRIM: gl.constexpr, qready, qempty, PVR: gl.constexpr, kready_b, sissued,
+                    TIMELINE: gl.constexpr, tl_ptr, EPI_NSP: gl.constexpr, EPI_EARLY: gl.constexpr,
+                    EPI_SIS: gl.constexpr):
+    """The softmax warpgroup's work for one scheduler part (row block ``mb``, kv head ``kvh``); ``it`` / ``msg`` /
+    ``pc``: K tiles / P hand-offs / pieces already done by this partition. Returns the updated ``(it, msg, pc)``."""
     DT: gl.constexpr = k_nope.dtype
     L_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     L_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
     L_Q: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    mb, kvh, part = _g_coords(num_m_blocks, h_kv)
     begin_req, end_req, begin_blk, end_blk, begin_split = _g_record(meta_ptr, part, b)
     # query rows of this block (FlashMLA's flattened row = s_q_idx * group + head_in_group)
     rmask_q, sidx_q, hidx_q = _g_out_rows(mb, rows, group, kvh, L_Q)
@@ -611,8 +732,6 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
         _tl_put(tl_ptr, -1, 0, 2, _tl_smid())
         _tl_put(tl_ptr, -1, 0, 3, end_req - begin_req + 1)
         _tl_put(tl_ptr, -1, 0, 5, _tl_clock())
-    it = 0
-    msg = 0
     for req in range(begin_req, end_req + 1):
         if EPI_NSP:     # the request's accumulator rows now, not after the tile loop (module docstring "EPI")
             seqlen, k0, k1, base_row, nsp = _g_piece_nsp(req, begin_req, end_req, begin_blk, end_blk, begin_split,
@@ -621,7 +740,7 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
             seqlen, k0, k1 = _g_piece(req, begin_req, end_req, begin_blk, end_blk, begin_split, seqlens_ptr,
                                       nsplits_ptr, max_pages)
         if QTMA:
-            mbarrier.wait(qready, (req - begin_req) & 1)      # Q of this piece, loaded by the producer
+            mbarrier.wait(qready, (req - begin_req + pc) & 1)     # Q of this piece, loaded by the producer
         else:
             # Q of this piece -> shared memory (every wgmma of the previous piece has completed)
             q_base = q_ptr + req.to(gl.int64) * stride_qb + q_row
@@ -771,6 +890,7 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
     if TIMELINE:
         _tl_stamp(tl_ptr, -1, 0, 1)                        # CTA end (softmax warpgroup)
         _tl_put(tl_ptr, -1, 0, 6, _tl_clock())
+    return it, msg, pc + gl.maximum(end_req - begin_req + 1, 0)
 
 
 @_jit
@@ -778,15 +898,45 @@ def _g_pv_wg(k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr,
              out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
              NUM_STAGES: gl.constexpr, HALF: gl.constexpr = False, PVR: gl.constexpr = False, kready_b=None,
              kempty_b=None, sissued=None, TIMELINE: gl.constexpr = False, tl_ptr=None,
-             EPI_NSP: gl.constexpr = False, EPI_SIS: gl.constexpr = False):
+             EPI_NSP: gl.constexpr = False, EPI_SIS: gl.constexpr = False, DYN_QUEUE: gl.constexpr = False,
+             n_items=None, wid=None, widready=None, widempty=None):
+    if DYN_QUEUE:
+        w = _dq_recv(wid, widready, widempty, 0)
+        it = w * 0
+        msg = w * 0
+        sis = w * 0
+        n = w * 0
+        while w < n_items:
+            mb = w % num_m_blocks
+            tmp = w // num_m_blocks
+            it, msg, sis = _g_pv_part(mb, tmp % h_kv, tmp // h_kv, it, msg, sis, k_nope, p_smem, a_smem, kready,
+                                      kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, oacc_ptr,
+                                      max_pages, b, s_q, h_q, group, rows, acc_rows, NUM_STAGES, HALF, PVR, kready_b,
+                                      kempty_b, sissued, EPI_NSP, EPI_SIS)
+            n += 1
+            w = _dq_recv(wid, widready, widempty, n)
+    else:
+        mb, kvh, part = _g_coords(num_m_blocks, h_kv)
+        it = 0
+        msg = 0
+        sis = 0
+        _g_pv_part(mb, kvh, part, it, msg, sis, k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr,
+                   meta_ptr, nsplits_ptr, out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, acc_rows,
+                   NUM_STAGES, HALF, PVR, kready_b, kempty_b, sissued, EPI_NSP, EPI_SIS)
+        if TIMELINE:
+            _tl_stamp(tl_ptr, -1, 0, 4)                             # CTA end (PV warpgroup)
+
+
+@_jit
+def _g_pv_part(mb, kvh, part, it, msg, sis, k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr,
+               meta_ptr, nsplits_ptr, out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, acc_rows,
+               NUM_STAGES: gl.constexpr, HALF: gl.constexpr, PVR: gl.constexpr, kready_b, kempty_b, sissued,
+               EPI_NSP: gl.constexpr, EPI_SIS: gl.constexpr):
+    """The PV warpgroup's work for one scheduler part (row block ``mb``, kv head ``kvh``); ``it`` / ``msg`` / ``sis``:
+    K tiles / P hand-offs / sissued phases (EPI_SIS) already done. Returns the updated ``(it, msg, sis)``."""
     L_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
-    mb, kvh, part = _g_coords(num_m_blocks, h_kv)
     begin_req, end_req, begin_blk, end_blk, begin_split = _g_record(meta_ptr, part, b)
     rmask_o, sidx_o, hidx_o = _g_out_rows(mb, rows, group, kvh, L_O)
-    it = 0
-    msg = 0
-    if EPI_SIS:
-        sis = 0      # sissued phases waited (EPI_SIS: none for a piece's last tile)
     for req in range(begin_req, end_req + 1):
         if EPI_NSP:
             seqlen, k0, k1, base_row, nsp = _g_piece_nsp(req, begin_req, end_req, begin_blk, end_blk, begin_split,
@@ -846,8 +996,7 @@ def _g_pv_wg(k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr,
         split = base_row + gl.where(req == begin_req, begin_split, 0)
         _g_write_half(o, inv, req, split, nsp, rmask_o, sidx_o, hidx_o, out_ptr, oacc_ptr, s_q, h_q, acc_rows,
                       256, L_O)
-    if TIMELINE:
-        _tl_stamp(tl_ptr, -1, 0, 4)                                 # CTA end (PV warpgroup)
+    return it, msg, sis
 
 
 @_jit
@@ -860,12 +1009,24 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
                           QTMA: gl.constexpr, qn_desc, qp_desc, TRIM: gl.constexpr = False,
                           PVR: gl.constexpr = False, kh_desc=None, TIMELINE: gl.constexpr = False, tl_ptr=None,
                           EPI_NSP: gl.constexpr = False, EPI_EARLY: gl.constexpr = False,
-                          EPI_SIS: gl.constexpr = False):
+                          EPI_SIS: gl.constexpr = False, DYN_QUEUE: gl.constexpr = False, dyn_ptr=None,
+                          n_items=None):
     """The opt-in variant's partitions (HALF: 32-token half-tile ready/empty pairs; QTMA: Q loaded by the producer
     with TMA on ``qready``/``qempty``; TRIM: the softmax warpgroup's trimmed per-tile math, :func:`_g_softmax_trim`;
     PVR: column-split slots, ``kready``/``kempty`` then guard part a and ``kready_b``/``kempty_b`` part b, and
     ``sissued`` lets the PV warpgroup issue P V_R_j once S_{j+1} is issued). Kept out of the kernel body so the
-    default's IR is built as before."""
+    default's IR is built as before. DYN_QUEUE: the work-item ring (``wid``, 2 slots) and its barriers."""
+    if DYN_QUEUE:
+        wid = gl.allocate_shared_memory(gl.int32, [2, 1], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        widready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        widempty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(widready.index(i), count=1)      # the producer
+            mbarrier.init(widempty.index(i), count=2)      # both consumer warpgroups
+    else:
+        wid: gl.constexpr = None
+        widready: gl.constexpr = None
+        widempty: gl.constexpr = None
     if QTMA:
         qready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         qempty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -884,14 +1045,16 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
                                  pfree, seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                                  stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
                                  h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, False, QTMA, TRIM,
-                                 qready, qempty, PVR, kready_b, sissued, TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS)),
+                                 qready, qempty, PVR, kready_b, sissued, TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS,
+                                 DYN_QUEUE, n_items, wid, widready, widempty)),
                 (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr,
                             nsplits_ptr, out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
-                            acc_rows, NUM_STAGES, False, PVR, kready_b, kempty_b, sissued, TIMELINE, tl_ptr, EPI_NSP, EPI_SIS)),
+                            acc_rows, NUM_STAGES, False, PVR, kready_b, kempty_b, sissued, TIMELINE, tl_ptr, EPI_NSP, EPI_SIS,
+                            DYN_QUEUE, n_items, wid, widready, widempty)),
                 (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
                                nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
                                False, QTMA, qn_desc, qp_desc, q_nope, q_rope, qready, qempty, rows, group, PVR,
-                               kready_b, kempty_b, kh_desc)),
+                               kready_b, kempty_b, kh_desc, DYN_QUEUE, dyn_ptr, n_items, wid, widready, widempty)),
             ], [4, 1], [PV_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
@@ -899,13 +1062,16 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
                                  pfree, seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                                  stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
                                  h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, HALF, QTMA, TRIM,
-                                 qready, qempty, False, None, None, TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS)),
+                                 qready, qempty, False, None, None, TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS,
+                                 DYN_QUEUE, n_items, wid, widready, widempty)),
                 (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr,
                             nsplits_ptr, out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
-                            acc_rows, NUM_STAGES, HALF, False, None, None, None, TIMELINE, tl_ptr, EPI_NSP, EPI_SIS)),
+                            acc_rows, NUM_STAGES, HALF, False, None, None, None, TIMELINE, tl_ptr, EPI_NSP, EPI_SIS,
+                            DYN_QUEUE, n_items, wid, widready, widempty)),
                 (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
                                nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
-                               HALF, QTMA, qn_desc, qp_desc, q_nope, q_rope, qready, qempty, rows, group)),
+                               HALF, QTMA, qn_desc, qp_desc, q_nope, q_rope, qready, qempty, rows, group, False,
+                               None, None, None, DYN_QUEUE, dyn_ptr, n_items, wid, widready, widempty)),
             ], [4, 1], [PV_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
@@ -913,20 +1079,23 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
                              seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                              stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
                              h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, HALF, False, TRIM,
-                             None, None, False, None, None, TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS)),
+                             None, None, False, None, None, TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS,
+                             DYN_QUEUE, n_items, wid, widready, widempty)),
             (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
                         out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
-                        NUM_STAGES, HALF, False, None, None, None, TIMELINE, tl_ptr, EPI_NSP, EPI_SIS)),
+                        NUM_STAGES, HALF, False, None, None, None, TIMELINE, tl_ptr, EPI_NSP, EPI_SIS, DYN_QUEUE,
+                        n_items, wid, widready, widempty)),
             (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
                            nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
-                           HALF)),
+                           HALF, False, None, None, None, None, None, None, None, None, False, None, None, None,
+                           DYN_QUEUE, dyn_ptr, n_items, wid, widready, widempty)),
         ], [4, 1], [PV_REGS, PRODUCER_REGS])
 
 
 # Integer arguments that vary per call are not specialised (no recompile when b, h_q, ... become 1 or a multiple
 # of 16); the q strides stay specialised (16-byte Q loads; unspecialised they add ~70 B of ptxas spills).
 _NO_SPEC = ["stride_btb", "max_pages", "num_kv_blocks", "b", "s_q", "h_q",
-            "group", "rows", "num_m_blocks", "h_kv", "acc_rows"]
+            "group", "rows", "num_m_blocks", "h_kv", "acc_rows", "n_items"]
 
 
 def _jit_kernel(fn):
@@ -938,6 +1107,7 @@ def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_
                              out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
                              stride_qb, stride_qs, stride_qh, stride_btb, max_pages, num_kv_blocks,
                              b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows, sm_scale, sm_scale_log2,
+                             dyn_ptr=None, n_items=None, DYN_QUEUE: gl.constexpr = False,
                              qn_desc=None, qp_desc=None, kh_desc=None, tl_ptr=None,
                              EPI_NSP: gl.constexpr = False, EPI_EARLY: gl.constexpr = False,
                              EPI_SIS: gl.constexpr = False, TIMELINE: gl.constexpr = False, PVR: gl.constexpr = False,
@@ -966,13 +1136,14 @@ def _mla_decode_gluon_kernel(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_
             mbarrier.init(kempty.index(i), count=2)  # one arrive per consumer warpgroup
     mbarrier.init(pready, count=1)
     mbarrier.init(pfree, count=1)
-    if HALF or QTMA or TRIM or PVR:
+    if HALF or QTMA or TRIM or PVR or DYN_QUEUE:
         _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr, nsplits_ptr,
                               out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs, stride_qh, stride_btb,
                               max_pages, num_kv_blocks, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
                               sm_scale, sm_scale_log2, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
                               kempty, pready, pfree, CAUSAL, NUM_STAGES, PV_REGS, PRODUCER_REGS, HALF, QTMA,
-                              qn_desc, qp_desc, TRIM, PVR, kh_desc, TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS)
+                              qn_desc, qp_desc, TRIM, PVR, kh_desc, TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS,
+                              DYN_QUEUE, dyn_ptr, n_items)
     else:
         gl.warp_specialize([
             (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
@@ -1021,7 +1192,8 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor, rows: int) -> bool:
 
 def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
                        config=None, _spec=None, half_tiles=None, q_tma=None, trim=None, pvr=None, timeline=None,
-                       epi_nsp=False, epi_early=False, epi_sis=False):
+                       epi_nsp=False, epi_early=False, epi_sis=False, dyn_queue=False, dyn_ctas=None,
+                       dyn_counter=None):
     """Launch the Gluon split-KV kernel (no combine). Arguments as in ``decode._dense_launch`` (q ``[b, s_q, h_q,
     576]``, k_cache ``[num_blocks, 64, h_kv, 576]``, block_table ``[b, *]`` int32 with stride(1) == 1, seqlens
     ``[b]`` int32 contiguous, sched ``[parts, 8]`` / num_splits ``[b + 1]`` int32); outputs allocated by the
@@ -1057,7 +1229,15 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
     EPI_SIS, off by default, not dispatched; same math, bit-identical outputs): the split counts loaded at the piece
     start, the softmax warpgroup's own O half + lse written before its pfree wait / 1-over-L hand-off, and (PVR
     builds only, else no effect) P V_R of a piece's last tile released right after its P hand-off. Any
-    combination, with every build (a plain build with one of them on launches through the variant path)."""
+    combination, with every build (a plain build with one of them on launches through the variant path).
+
+    ``dyn_queue``: the DYN_QUEUE option (module docstring "DYN_QUEUE"; off by default, not dispatched): launch
+    ``min(items, dyn_ctas)`` persistent CTAs (``dyn_ctas`` None: one per SM, ``decode._num_sms``) that take the
+    work items (scheduler part, kv head, 64-row block) of ``sched`` from a global int32 counter (``dyn_counter``:
+    a zeroed int32 CUDA tensor of >= 1 element, left zeroed by the kernel; None: one per device, :func:`_dyn_counter`;
+    launches that may run concurrently on several streams need counters of their own). Same records, same math:
+    outputs bit-identical to the static launch of the same ``sched``. Any combination with the other options
+    except ``timeline``. The number of parts per SM is the caller's schedule (:func:`dyn_parts`)."""
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
     if pvr is None:      # measured at h_q 64 / 128 (h_kv 1): a gain at 128 heads only; an explicit half_tiles=True wins
         pvr = (DISPATCH_PVR and os.environ.get("DEEPKERNELS_DENSE_DECODE_VARIANT", "") != "0"
@@ -1087,7 +1267,23 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
         raise ValueError(f"timeline must be a contiguous int64 [{grid[0]}, {TL_WORDS}] tensor on {q.device}, got "
                          f"{timeline.dtype} {tuple(timeline.shape)} on {timeline.device}")
     epi = (bool(epi_nsp), bool(epi_early), bool(epi_sis))
-    if not (half_tiles or q_tma or trim or pvr or any(epi)) and timeline is None:
+    dyn = (None, None, False)
+    if dyn_queue:
+        if timeline is not None:
+            raise ValueError("dyn_queue does not combine with timeline (per-CTA records of static parts)")
+        if dyn_counter is None:
+            dyn_counter = _dyn_counter(q.device)
+        elif (dyn_counter.dtype != torch.int32 or dyn_counter.numel() < 1 or dyn_counter.device != q.device
+              or not dyn_counter.is_contiguous()):
+            raise ValueError(f"dyn_counter must be a contiguous int32 tensor of >= 1 element on {q.device}, got "
+                             f"{dyn_counter.dtype} {tuple(dyn_counter.shape)} on {dyn_counter.device}")
+        n_items = grid[0]
+        ctas = _dyn_num_ctas(q.device) if dyn_ctas is None else int(dyn_ctas)
+        if ctas < 1:
+            raise ValueError(f"dyn_ctas must be >= 1, got {dyn_ctas}")
+        grid = (min(n_items, ctas), )
+        dyn = (dyn_counter, n_items, True)
+    if not (half_tiles or q_tma or trim or pvr or any(epi) or dyn_queue) and timeline is None:
         constexprs = (causal_c, stages, pv_regs, prod_regs)
         launcher = cached_launcher(_LAUNCHERS, _mla_decode_gluon_kernel,
                                    (tuple(zip(_CONSTEXPRS, constexprs)), spec_key(*args) if _spec is None else _spec),
@@ -1106,13 +1302,45 @@ def gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scal
            spec_key(*args, *qd) if _spec is None else (_spec, "variant"))
     if any(epi):                # an EPI build: a key of its own (the dispatched key as before)
         key = (key, tuple(zip(_CONSTEXPRS_EPI, epi)))
+    if dyn_queue:               # a DYN_QUEUE build: a key of its own
+        key = (key, "dyn", spec_key(dyn[0]))
     tl = (None, False)
     if timeline is not None:    # the instrumented build: a key of its own
         key, tl = (key, "timeline", spec_key(timeline)), (timeline, True)
     launcher = cached_launcher(_LAUNCHERS, _mla_decode_gluon_kernel, key, dict(num_warps=4), _LAUNCHER_LIMIT,
                                cache_descriptors=True)
-    launcher(grid, *args, scale, scale * _LOG2E, *qd, tl[0], *epi, tl[1], *constexprs)
+    launcher(grid, *args, scale, scale * _LOG2E, *dyn, *qd, tl[0], *epi, tl[1], *constexprs)
     return out, lse
+
+
+DYN_PARTS_PER_SM = 2     # the schedule the static launch uses at < 64 rows (decode._CONFIGS: 2 parts per SM)
+_DYN_COUNTERS: dict = {}
+
+
+def _dyn_counter(device) -> torch.Tensor:
+    """DYN_QUEUE's default work counter of ``device``: one zeroed int32, allocated once (outside any graph capture
+    when the first dyn launch of the device is not captured; the kernel leaves it zeroed after every launch)."""
+    dev = torch.device(device)
+    key = (dev.type, dev.index if dev.index is not None else torch.cuda.current_device())
+    c = _DYN_COUNTERS.get(key)
+    if c is None:
+        c = _DYN_COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=dev)
+    return c
+
+
+def _dyn_num_ctas(device) -> int:
+    from .decode import _num_sms
+    return _num_sms(torch.device(device))
+
+
+def dyn_parts(device, rows: int, h_kv: int, parts_per_sm: int = DYN_PARTS_PER_SM) -> int:
+    """Scheduler parts for a DYN_QUEUE launch with ``parts_per_sm`` work items per SM (the knob: 2 = the static
+    launch's schedule at < 64 rows, 3 / 4 finer): ``max(num_sms * parts_per_sm // h_kv // m_blocks, 1)``, as
+    ``decode._num_sm_parts`` (64-row blocks). Pass it to ``metadata.compute_schedule``."""
+    if parts_per_sm < 1:
+        raise ValueError(f"parts_per_sm must be >= 1, got {parts_per_sm}")
+    m_blocks = -(-rows // BLOCK_M)
+    return max(_dyn_num_ctas(device) * parts_per_sm // h_kv // m_blocks, 1)
 
 
 def q_tma_supported(q: torch.Tensor, h_kv: int) -> bool:
@@ -1167,12 +1395,13 @@ _LAUNCHER_LIMIT = 1024
 
 def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_splits, scale, causal, config=None,
                         half_tiles=False, q_tma=False, trim=False, pvr=False, timeline=None, epi_nsp=False,
-                        epi_early=False, epi_sis=False):
+                        epi_early=False, epi_sis=False, dyn_queue=False):
     """Whole split-KV step on the Gluon kernel: allocate out/lse/accumulators (NaN-poisoned when
     ``decode._POISON_OUTPUTS``), launch, combine (``combine_splits_`` unchanged). Same arguments and results as
     ``decode._dense_launch`` (which dispatches here when :func:`supported`); for tests and benchmarks.
     ``half_tiles`` / ``q_tma`` / ``trim`` / ``pvr``: the opt-in options (:func:`gluon_dense_launch`; None there = the
-    dispatched choice); ``timeline``: the TIMELINE buffer; ``epi_*``: the EPI options (:func:`gluon_dense_launch`)."""
+    dispatched choice); ``timeline``: the TIMELINE buffer; ``epi_*``: the EPI options, ``dyn_queue``: the work queue
+    (:func:`gluon_dense_launch`)."""
     from . import decode as _dec
     from .combine import combine_splits_
 
@@ -1192,17 +1421,18 @@ def gluon_dense_forward(q, k_cache, block_table, cache_seqlens, sched, num_split
         block_table = block_table.contiguous()
     gluon_dense_launch(q, k_cache, block_table, seqlens, sched, num_splits, scale, causal, out, lse, o_acc, l_acc,
                        config, half_tiles=half_tiles, q_tma=q_tma, trim=trim, pvr=pvr, timeline=timeline,
-                       epi_nsp=epi_nsp, epi_early=epi_early, epi_sis=epi_sis)
+                       epi_nsp=epi_nsp, epi_early=epi_early, epi_sis=epi_sis, dyn_queue=dyn_queue)
     combine_splits_(out, lse, o_acc, l_acc, num_splits, lengths=seqlens, causal=bool(causal and s_q > 1))
     return out, lse
 
 
 def _compile_sm90(config=None, causal=False, dtype="bf16", half_tiles=False, q_tma=False, trim=False, pvr=False,
-                  timeline=False, epi_nsp=False, epi_early=False, epi_sis=False):
+                  timeline=False, epi_nsp=False, epi_early=False, epi_sis=False, dyn_queue=False):
     """Cross-compile the kernel for sm90 (no GPU needed). Returns the CompiledKernel. ``half_tiles`` / ``q_tma`` /
     ``trim`` / ``pvr``: the opt-in options (module docstring); all False compile the default kernel exactly as
     before. ``pvr`` needs ``q_tma`` and excludes ``half_tiles`` (both split the ring slots). ``timeline``: the
-    TIMELINE instrumentation (an ``*i64`` buffer argument); ``epi_*``: the EPI options (module docstring "EPI")."""
+    TIMELINE instrumentation (an ``*i64`` buffer argument); ``epi_*``: the EPI options (module docstring "EPI");
+    ``dyn_queue``: the DYN_QUEUE work queue (an ``*i32`` counter and the item count)."""
     if pvr and (half_tiles or not q_tma):
         raise ValueError("pvr needs q_tma and replaces half_tiles")
     stages, pv_regs, prod_regs = config or GLUON_DEFAULT
@@ -1227,6 +1457,12 @@ def _compile_sm90(config=None, causal=False, dtype="bf16", half_tiles=False, q_t
         sig["kh_desc"] = f"tensordesc<{dtype}[64, 256],{lay}>"
     else:
         consts.update(kh_desc=None)
+    if dyn_queue:
+        sig["dyn_ptr"] = "*i32"
+        sig["n_items"] = "i32"
+    else:
+        consts.update(dyn_ptr=None, n_items=None)
+    consts.update(DYN_QUEUE=bool(dyn_queue))
     if timeline:
         sig["tl_ptr"] = "*i64"
     else:
