@@ -1321,7 +1321,7 @@ def _dyn_counter(device) -> torch.Tensor:
     """DYN_QUEUE's default work counter of ``device``: one zeroed int32, allocated once (outside any graph capture
     when the first dyn launch of the device is not captured; the kernel leaves it zeroed after every launch)."""
     dev = torch.device(device)
-    key = (dev.type, dev.index if dev.index is not None else torch.cuda.current_device())
+    key = (dev.type, dev.index if dev.index is not None or dev.type != "cuda" else torch.cuda.current_device())
     c = _DYN_COUNTERS.get(key)
     if c is None:
         c = _DYN_COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=dev)
