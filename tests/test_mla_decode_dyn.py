@@ -220,3 +220,30 @@ def test_gpu_dyn_cuda_graph(h_q, s_q):
         assert not o1[0].isnan().any() and not o1[1].isnan().any(), r
         for a, c in zip(o0[:2], o1[:2]):
             assert torch.equal(a, c), r
+
+
+def test_dyn_bench_cli_cpu(tmp_path, capsys):
+    """The bench's argument parsing, variant schedules, its no-CUDA path and its printer (what the device script
+    calls)."""
+    import mla_decode_dyn as DB
+    a = DB.parse_args([str(tmp_path / "x.json"), "--rounds", "3", "--only-shapes", "16:1:4096", "--variants",
+                       "dyn_same,dyn3"])
+    assert a.rounds == 3 and a.variants == "dyn_same,dyn3"
+    assert set(DB.VARIANTS) == {"dyn_same", "dyn2", "dyn3", "dyn4"}
+    per = {2: 264, 3: 396, 4: 528}
+    assert DB.variant_parts(264, per.get, list(DB.VARIANTS)) == {"dyn_same": 264, "dyn3": 396, "dyn4": 528}
+    assert DB.variant_parts(66, {2: 132, 3: 198, 4: 264}.get, list(DB.VARIANTS)) == \
+        {"dyn_same": 66, "dyn2": 132, "dyn3": 198, "dyn4": 264}
+    assert DB.variant_parts(264, per.get, ["dyn2"]) == {"dyn2": 264}
+    assert len(DB.SHAPES) == 14 and (128, 1, 32768) in DB.SHAPES
+    if not torch.cuda.is_available():
+        assert DB.main(a) == 0
+    st = dict(ms=0.18, gbps=3300.0, paired_time_ratio_median=0.95, paired_time_ratio_min=0.94,
+              paired_time_ratio_max=0.96)
+    DB._print_row(dict(h_q=16, s_q=1, s_k=4096, static_parts=264, variant_parts={"dyn_same": 264, "dyn3": 396},
+                       bit_identical={"dyn_same": True, "dyn3": False},
+                       timing={"static": st, "static_again": st, "dyn_same": st, "dyn3": st}))
+    DB._print_row(dict(h_q=16, s_q=1, s_k=4096, failed="x"))
+    out = capsys.readouterr().out
+    assert "SUMMARY h_q= 16" in out and "A/A 0.950" in out and "dyn3(396) 0.950" in out and "NOT-BITID" in out
+    assert "FAILED" in out
