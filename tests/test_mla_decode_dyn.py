@@ -152,16 +152,16 @@ def test_gpu_dyn_bitid(case):
     q, k, bt, sl, sched, ns, parts = _gpu_case(*case)
     s_q = q.shape[1]
     causal = s_q > 1
-    ctr = torch.zeros(4, dtype=torch.int32, device="cuda")
+    ctr = torch.zeros(8, dtype=torch.int32, device="cuda")   # slot 4 (16-B aligned: the default's specialisation)
     scale = 576 ** -0.5
     o0 = TLB.alloc_outs(q, parts, poison=True)
     G.gluon_dense_launch(q, k, bt, sl, sched, ns, scale, causal, *o0)            # the static (dispatched) build
     for rep in range(2):                                                           # twice: the counter was reset
         o1 = TLB.alloc_outs(q, parts, poison=True)
         G.gluon_dense_launch(q, k, bt, sl, sched, ns, scale, causal, *o1, dyn_queue=True, dyn_ctas=case[5],
-                             dyn_counter=ctr[1:2])
+                             dyn_counter=ctr[4:5])
         torch.cuda.synchronize()
-        assert ctr.tolist() == [0, 0, 0, 0], (rep, ctr.tolist())
+        assert ctr.tolist() == [0] * 8, (rep, ctr.tolist())     # reset, neighbours untouched
         _same(o0, o1)
     nsp = (ns[1:] - ns[:-1]).cpu()
     single = (nsp <= 1).nonzero().flatten().tolist()
@@ -217,9 +217,9 @@ def test_gpu_dyn_cuda_graph(h_q, s_q):
         step(o0, False)
         torch.cuda.synchronize()
         assert int(ctr.item()) == 0, r
-        assert not o1[0].isnan().any() and not o1[1].isnan().any(), r
-        for a, c in zip(o0[:2], o1[:2]):
-            assert torch.equal(a, c), r
+        for a, c in zip(o0[:2], o1[:2]):          # out / lse after the combine (NaN-aware: same elements)
+            assert torch.equal(a.isnan(), c.isnan()) and torch.equal(a.nan_to_num(1234.5), c.nan_to_num(1234.5)), r
+        print(f"h_q {h_q} s_q {s_q} replay {r}: NaN in out {int(o1[0].isnan().sum())}, lse {int(o1[1].isnan().sum())}")
 
 
 def test_dyn_bench_cli_cpu(tmp_path, capsys):

@@ -181,6 +181,21 @@ the producer loop); the plain build (h_q 16) with EPI_NSP: 32 -> 44 B, 2 spill i
 A 16-B vector store of the O half (``convert_layout`` to 2 rows x 8 columns per thread) goes through shared memory
 in Triton 3.6 (233,872 B > the 232,448 B limit) and was dropped.
 
+DYN_QUEUE option (session 21; launcher keyword ``dyn_queue``, constexpr DYN_QUEUE, off by default, not dispatched;
+benchmarks/notes/mla_decode_dyn.md). At < 64 query rows the schedule has 2 parts per SM (``decode._num_sm_parts``) but
+one CTA per SM fits (~230 KB shared memory): the static grid runs as two waves, each CTA paying its start-up and
+first-tile latency. With the option the launcher starts ``min(items, num_sms)`` persistent CTAs (items = the static
+grid: part x kv head x 64-row block, taken in pid order); the producer warp takes the next item from a global int32
+counter (:func:`_dq_fetch`, right after issuing the current item's last K load, so the next item's K tiles load
+while the consumers finish) and hands its id to both consumer warpgroups through a 2-slot shared ring
+(:func:`_dq_publish` / :func:`_dq_recv`; ``widready`` count 1, ``widempty`` count 2). Each item runs the unchanged
+per-part code (``_g_producer_part`` / ``_g_softmax_part`` / ``_g_pv_part``: the partition bodies, ring / hand-off /
+Q-barrier / sissued phases carried across items): outputs bit-identical to the static launch of the same schedule.
+Every CTA ends with exactly one fetch past the items, so the fetch returning ``items + grid - 1`` is the launch's
+last access to the counter and stores 0 back (no memset, no host sync; CUDA-graph safe). :func:`dyn_parts` builds
+finer schedules (parts per SM). Cross-compile: +112 B shared memory, 168 registers, no new spill instruction in the
+tile loops of the plain / q_tma / half-tile builds; the PVR builds' softmax loop gets 2 (notes).
+
 Needs: CUDA, bf16/fp16, page_block_size 64, d_qk 576, ``k_cache`` strides ``(64 * s1, s1, 576, 1)`` with 16-B
 aligned rows. No interpreter support (Gluon); cross-compiles on a CPU (:func:`_compile_sm90`).
 """
