@@ -694,20 +694,21 @@ def _g_softmax_wg(q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready,
     if DYN_QUEUE:
         w = _dq_recv(wid, widready, widempty, 0)
         it = w * 0
-        msg = w * 0
-        pc = w * 0
-        n = w * 0
+        # one register for the item count and the piece parity: np = 2 * items done + (pieces done & 1); the
+        # P hand-offs (msg) = tiles + pieces, and every phase only needs parities (fewer values live across the
+        # tile loops: the PVR build's softmax loop spilled with four counters)
+        np = w * 0
         while w < n_items:
             mb = w % num_m_blocks
             tmp = w // num_m_blocks
-            it, msg, pc = _g_softmax_part(mb, tmp % h_kv, tmp // h_kv, it, msg, pc, q_ptr, k_nope, k_rope, q_nope,
+            it, msg, pc = _g_softmax_part(mb, tmp % h_kv, tmp // h_kv, it, it + np, np, q_ptr, k_nope, k_rope, q_nope,
                                           q_rope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr,
                                           nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr, stride_qb, stride_qs,
                                           stride_qh, max_pages, b, s_q, h_q, group, rows, acc_rows, sm_scale,
                                           sm_scale_log2, CAUSAL, NUM_STAGES, HALF, QTMA, TRIM, qready, qempty, PVR,
                                           kready_b, sissued, TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS)
-            n += 1
-            w = _dq_recv(wid, widready, widempty, n)
+            np = (np | 1) + 1 + (pc & 1)
+            w = _dq_recv(wid, widready, widempty, np >> 1)
     else:
         mb, kvh, part = _g_coords(num_m_blocks, h_kv)
         it = 0
