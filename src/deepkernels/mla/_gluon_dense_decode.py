@@ -1043,12 +1043,19 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
         wid: gl.constexpr = None
         widready: gl.constexpr = None
         widempty: gl.constexpr = None
+    # PVR needs Q by TMA (without QTMA it is off) and replaces HALF; the producer sees the Q operands only with QTMA
     if QTMA:
         qready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         qempty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(qready, count=1)
         mbarrier.init(qempty, count=1)
+        pq_nope = q_nope
+        pq_rope = q_rope
+        p_rows = rows
+        p_group = group
         if PVR:
+            pvr: gl.constexpr = True
+            half: gl.constexpr = False
             kready_b = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
             kempty_b = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
             sissued = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -1056,56 +1063,44 @@ def _g_variant_partitions(q_ptr, kn_desc, kp_desc, bt_ptr, seqlens_ptr, meta_ptr
                 mbarrier.init(kready_b.index(i), count=1)
                 mbarrier.init(kempty_b.index(i), count=1)    # the PV warpgroup only (V_R)
             mbarrier.init(sissued, count=1)
-            gl.warp_specialize([
-                (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready,
-                                 pfree, seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
-                                 stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
-                                 h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, False, QTMA, TRIM,
-                                 qready, qempty, PVR, kready_b, sissued, TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS,
-                                 DYN_QUEUE, n_items, wid, widready, widempty)),
-                (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr,
-                            nsplits_ptr, out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
-                            acc_rows, NUM_STAGES, False, PVR, kready_b, kempty_b, sissued, TIMELINE, tl_ptr, EPI_NSP, EPI_SIS,
-                            DYN_QUEUE, n_items, wid, widready, widempty)),
-                (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
-                               nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
-                               False, QTMA, qn_desc, qp_desc, q_nope, q_rope, qready, qempty, rows, group, PVR,
-                               kready_b, kempty_b, kh_desc, DYN_QUEUE, dyn_ptr, n_items, wid, widready, widempty)),
-            ], [4, 1], [PV_REGS, PRODUCER_REGS])
+            p_kh_desc = kh_desc
         else:
-            gl.warp_specialize([
-                (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready,
-                                 pfree, seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
-                                 stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
-                                 h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, HALF, QTMA, TRIM,
-                                 qready, qempty, False, None, None, TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS,
-                                 DYN_QUEUE, n_items, wid, widready, widempty)),
-                (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr,
-                            nsplits_ptr, out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv,
-                            acc_rows, NUM_STAGES, HALF, False, None, None, None, TIMELINE, tl_ptr, EPI_NSP, EPI_SIS,
-                            DYN_QUEUE, n_items, wid, widready, widempty)),
-                (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
-                               nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
-                               HALF, QTMA, qn_desc, qp_desc, q_nope, q_rope, qready, qempty, rows, group, False,
-                               None, None, None, DYN_QUEUE, dyn_ptr, n_items, wid, widready, widempty)),
-            ], [4, 1], [PV_REGS, PRODUCER_REGS])
+            pvr: gl.constexpr = False
+            half: gl.constexpr = HALF
+            kready_b: gl.constexpr = None
+            kempty_b: gl.constexpr = None
+            sissued: gl.constexpr = None
+            p_kh_desc: gl.constexpr = None
     else:
-        gl.warp_specialize([
-            (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
-                             seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
-                             stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
-                             h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, HALF, False, TRIM,
-                             None, None, False, None, None, TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS,
-                             DYN_QUEUE, n_items, wid, widready, widempty)),
-            (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
-                        out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
-                        NUM_STAGES, HALF, False, None, None, None, TIMELINE, tl_ptr, EPI_NSP, EPI_SIS, DYN_QUEUE,
-                        n_items, wid, widready, widempty)),
-            (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
-                           nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
-                           HALF, False, None, None, None, None, None, None, None, None, False, None, None, None,
-                           DYN_QUEUE, dyn_ptr, n_items, wid, widready, widempty)),
-        ], [4, 1], [PV_REGS, PRODUCER_REGS])
+        pvr: gl.constexpr = False
+        half: gl.constexpr = HALF
+        qready: gl.constexpr = None
+        qempty: gl.constexpr = None
+        pq_nope: gl.constexpr = None
+        pq_rope: gl.constexpr = None
+        p_rows: gl.constexpr = None
+        p_group: gl.constexpr = None
+        kready_b: gl.constexpr = None
+        kempty_b: gl.constexpr = None
+        sissued: gl.constexpr = None
+        p_kh_desc: gl.constexpr = None
+    gl.warp_specialize([
+        (_g_softmax_wg, (q_ptr, k_nope, k_rope, q_nope, q_rope, p_smem, a_smem, kready, kempty, pready, pfree,
+                         seqlens_ptr, meta_ptr, nsplits_ptr, out_ptr, lse_ptr, oacc_ptr, lacc_ptr,
+                         stride_qb, stride_qs, stride_qh, max_pages, b, s_q, h_q, group, rows, num_m_blocks,
+                         h_kv, acc_rows, sm_scale, sm_scale_log2, CAUSAL, NUM_STAGES, half, QTMA, TRIM,
+                         qready, qempty, pvr, kready_b, sissued, TIMELINE, tl_ptr, EPI_NSP, EPI_EARLY, EPI_SIS,
+                         DYN_QUEUE, n_items, wid, widready, widempty)),
+        (_g_pv_wg, (k_nope, p_smem, a_smem, kready, kempty, pready, pfree, seqlens_ptr, meta_ptr, nsplits_ptr,
+                    out_ptr, oacc_ptr, max_pages, b, s_q, h_q, group, rows, num_m_blocks, h_kv, acc_rows,
+                    NUM_STAGES, half, pvr, kready_b, kempty_b, sissued, TIMELINE, tl_ptr, EPI_NSP, EPI_SIS, DYN_QUEUE,
+                    n_items, wid, widready, widempty)),
+        (_g_producer, (kn_desc, kp_desc, k_nope, k_rope, kready, kempty, bt_ptr, seqlens_ptr, meta_ptr,
+                       nsplits_ptr, stride_btb, max_pages, num_kv_blocks, b, num_m_blocks, h_kv, NUM_STAGES,
+                       half, QTMA, qn_desc if QTMA else None, qp_desc if QTMA else None, pq_nope, pq_rope, qready,
+                       qempty, p_rows, p_group, pvr, kready_b, kempty_b, p_kh_desc, DYN_QUEUE, dyn_ptr, n_items,
+                       wid, widready, widempty)),
+    ], [4, 1], [PV_REGS, PRODUCER_REGS])
 
 
 # Integer arguments that vary per call are not specialised (no recompile when b, h_q, ... become 1 or a multiple
