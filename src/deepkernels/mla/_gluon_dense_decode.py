@@ -213,6 +213,7 @@ from .._launch import cached_launcher, spec_key
 from .._gluon import (IMPORT_ERROR as _IMPORT_ERROR, available, gl, fence_async_shared, mbarrier, tma,
                       warpgroup_mma, warpgroup_mma_wait, TensorDescriptor)
 from .._gluon import compile_sm90 as _compile_sm90_gluon, jit as _jit
+from ._gluon_timeline import put_asm, stamp_asm, tl_put, tl_stamp
 
 __all__ = ["available", "supported", "gluon_dense_launch", "gluon_dense_forward", "GLUON_DEFAULT"]
 
@@ -265,9 +266,11 @@ GLUON_CANDIDATES = [GLUON_DEFAULT]
 # 8 its pfree wait done (the PV warpgroup's last P V_R complete), 10 its O half's stores issued (before the lse
 # store); 9, 11-15 unused (a stamp taken once nsplits[req] is in a register -- an asm with the loaded value as an
 # operand -- put 2 spill instructions into the PVR softmax tile loop). With EPI_EARLY the order is 2, 10, 8, 3.
-# The literals 520 / 16 / 31 in _tl_put / _tl_stamp are these.
+# _tl_put / _tl_stamp address this layout (asm from deepkernels.mla._gluon_timeline).
 TL_HEADER, TL_PIECE, TL_MAX_PIECES = 8, 16, 32
 TL_WORDS = TL_HEADER + TL_PIECE * TL_MAX_PIECES
+_TL_PUT_ASM = gl.constexpr(put_asm(TL_HEADER, TL_PIECE, TL_MAX_PIECES, TL_WORDS))
+_TL_STAMP_ASM = gl.constexpr(stamp_asm(TL_HEADER, TL_PIECE, TL_MAX_PIECES, TL_WORDS))
 
 
 # ----------------------------------------------------------------------------------------------- device code
@@ -327,64 +330,16 @@ def _g_piece_nsp(req, begin_req, end_req, begin_blk, end_blk, begin_split, seqle
 
 @_jit
 def _tl_put(tl_ptr, req, begin_req, word, val):
-    """TIMELINE: ``tl_ptr[ctaid, off] = val`` (int64 rows of ``TL_WORDS`` = 520 words per CTA) with ``off = word``
-    for ``req < 0`` (header) and ``8 + min(req - begin_req, 31) * 16 + word`` otherwise (the piece's record), stored by
-    lane 0 of each warp of the calling partition (same value, same address; callers pass values that are
-    uniform over the partition). Address, offset and predicate are
-    formed inside the asm: as Gluon / LLVM values, the row base, the piece offset (CSE'd between the piece's first
-    and last stamp) and the store's thread predicate stayed live across the tile loop and added ptxas spills
-    (4 - 28 B, spill instructions in the producer and softmax tile loops); ``%tid.x`` read in the asm made ptxas stop
-    keeping the wgmma descriptors in uniform registers (+400 B spills), ``%laneid`` does not."""
-    return gl.inline_asm_elementwise(
-        asm="""{
-        .reg .b64 a;
-        .reg .b32 c, t;
-        .reg .pred p, h;
-        sub.s32 t, $2, $3;
-        min.s32 t, t, 31;
-        mad.lo.s32 t, t, 16, 8;
-        setp.lt.s32 h, $2, 0;
-        selp.b32 t, 0, t, h;
-        add.s32 t, t, $4;
-        mov.u32 c, %ctaid.x;
-        mad.lo.u32 c, c, 520, t;
-        mad.wide.u32 a, c, 8, $1;
-        mov.u32 t, %laneid;
-        setp.eq.u32 p, t, 0;
-        @p st.global.b64 [a], $5;
-        mov.u32 $0, 0;
-        }""", constraints="=r,l,r,r,r,l", args=[tl_ptr.to(gl.int64, bitcast=True), req, begin_req, word,
-                                                val.to(gl.int64)],
-        dtype=gl.int32, is_pure=False, pack=1)
+    """TIMELINE: ``tl_ptr[ctaid, off] = val`` in this kernel's layout (``off = word`` for ``req < 0``, else
+    ``8 + min(req - begin_req, 31) * 16 + word``); :func:`deepkernels.mla._gluon_timeline.tl_put`."""
+    return tl_put(tl_ptr, req, begin_req, word, val, _TL_PUT_ASM)
 
 
 @_jit
 def _tl_stamp(tl_ptr, req, begin_req, word):
-    """TIMELINE: ``%globaltimer`` (ns, read inside the asm) into the word :func:`_tl_put` addresses, as an atomic max
-    over the partition's warps (``red.global.max.u64``; the buffer starts zeroed): the stamp is the time the LAST warp
-    of the partition reached the event, so stamps of events in program order are monotone (plain stores from 4 warps
-    would leave whichever warp stored last, which can invert two close events)."""
-    return gl.inline_asm_elementwise(
-        asm="""{
-        .reg .b64 a, g;
-        .reg .b32 c, t;
-        .reg .pred p, h;
-        mov.u64 g, %globaltimer;
-        sub.s32 t, $2, $3;
-        min.s32 t, t, 31;
-        mad.lo.s32 t, t, 16, 8;
-        setp.lt.s32 h, $2, 0;
-        selp.b32 t, 0, t, h;
-        add.s32 t, t, $4;
-        mov.u32 c, %ctaid.x;
-        mad.lo.u32 c, c, 520, t;
-        mad.wide.u32 a, c, 8, $1;
-        mov.u32 t, %laneid;
-        setp.eq.u32 p, t, 0;
-        @p red.global.max.u64 [a], g;
-        mov.u32 $0, 0;
-        }""", constraints="=r,l,r,r,r", args=[tl_ptr.to(gl.int64, bitcast=True), req, begin_req, word],
-        dtype=gl.int32, is_pure=False, pack=1)
+    """TIMELINE: ``%globaltimer`` as an atomic max over the partition's warps into the word :func:`_tl_put`
+    addresses; :func:`deepkernels.mla._gluon_timeline.tl_stamp`."""
+    return tl_stamp(tl_ptr, req, begin_req, word, _TL_STAMP_ASM)
 
 
 @_jit

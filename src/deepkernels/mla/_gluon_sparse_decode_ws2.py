@@ -94,6 +94,7 @@ from .._launch import cached_launcher
 from ._gluon_sparse_decode import GLUON_FMTS, _g_part, _g_req_range, _page_shift, supported
 from . import _gluon_sparse_decode_ws as _ws
 from ._gluon_cluster import _c_lane, _c_remote_arrive, _c_smem_base, _c_sync
+from ._gluon_timeline import put_asm, stamp_asm, tl_put, tl_stamp
 from ._gluon_sparse_decode_ws import (WS_FMTS, WS_MAXNREG, WS_PRODUCER_FENCE, WS_PRODUCER_REGS,
                                       WS_PRODUCER_REGS_V41, _w_block_softmax, _w_producer, _w_producer41, _w_xrange)
 
@@ -138,69 +139,28 @@ _LOG2E = 1.4426950408889634
 # the first TL_MAX_PIECES request pieces (later pieces overwrite the last record) of the softmax warpgroup: 0 piece
 # start (top of the request iteration), 1 its Q in shared memory, 2 first K block ready (its ``ready`` wait; = 1
 # without blocks), 3 token loop done (last block's P V_L complete), 4 epilogue done (lse + own O half's stores
-# issued), 5 request, 6 t_lo | t_end << 32 (positions), 7 nsp | split << 32. The literals 256 / 8 / 16 / 29 in
-# _s_tl_put / _s_tl_stamp are these.
+# issued), 5 request, 6 t_lo | t_end << 32 (positions), 7 nsp | split << 32. _s_tl_put / _s_tl_stamp address
+# this layout (asm from deepkernels.mla._gluon_timeline).
 TL_HEADER, TL_PIECE, TL_MAX_PIECES = 16, 8, 30
 TL_WORDS = TL_HEADER + TL_PIECE * TL_MAX_PIECES
+_TL_PUT_ASM = gl.constexpr(put_asm(TL_HEADER, TL_PIECE, TL_MAX_PIECES, TL_WORDS))
+_TL_STAMP_ASM = gl.constexpr(stamp_asm(TL_HEADER, TL_PIECE, TL_MAX_PIECES, TL_WORDS))
 
 
 # ----------------------------------------------------------------------------------------------- device code
 
 @_jit
 def _s_tl_put(tl_ptr, req, begin_req, word, val):
-    """TIMELINE: ``tl_ptr[ctaid, off] = val`` (rows of ``TL_WORDS`` = 256 int64) with ``off = word`` for ``req < 0``
-    (header) and ``16 + min(req - begin_req, 29) * 8 + word`` otherwise, stored by lane 0 of each warp of the calling
-    partition (callers pass partition-uniform values). Address, offset and predicate inside the asm, ``%laneid`` not
-    ``%tid.x`` (the dense kernel's lessons, ``_gluon_dense_decode._tl_put``)."""
-    return gl.inline_asm_elementwise(
-        asm="""{
-        .reg .b64 a;
-        .reg .b32 c, t;
-        .reg .pred p, h;
-        sub.s32 t, $2, $3;
-        min.s32 t, t, 29;
-        mad.lo.s32 t, t, 8, 16;
-        setp.lt.s32 h, $2, 0;
-        selp.b32 t, 0, t, h;
-        add.s32 t, t, $4;
-        mov.u32 c, %ctaid.x;
-        mad.lo.u32 c, c, 256, t;
-        mad.wide.u32 a, c, 8, $1;
-        mov.u32 t, %laneid;
-        setp.eq.u32 p, t, 0;
-        @p st.global.b64 [a], $5;
-        mov.u32 $0, 0;
-        }""", constraints="=r,l,r,r,r,l", args=[tl_ptr.to(gl.int64, bitcast=True), req, begin_req, word,
-                                                val.to(gl.int64)],
-        dtype=gl.int32, is_pure=False, pack=1)
+    """TIMELINE: ``tl_ptr[ctaid, off] = val`` in this kernel's layout (``off = word`` for ``req < 0``, else
+    ``16 + min(req - begin_req, 29) * 8 + word``); :func:`deepkernels.mla._gluon_timeline.tl_put`."""
+    return tl_put(tl_ptr, req, begin_req, word, val, _TL_PUT_ASM)
 
 
 @_jit
 def _s_tl_stamp(tl_ptr, req, begin_req, word):
-    """TIMELINE: ``%globaltimer`` (ns, read inside the asm) into the word :func:`_s_tl_put` addresses, as
-    ``red.global.max.u64`` over the partition's warps (the buffer starts zeroed): stamps of events in program order
-    are monotone."""
-    return gl.inline_asm_elementwise(
-        asm="""{
-        .reg .b64 a, g;
-        .reg .b32 c, t;
-        .reg .pred p, h;
-        mov.u64 g, %globaltimer;
-        sub.s32 t, $2, $3;
-        min.s32 t, t, 29;
-        mad.lo.s32 t, t, 8, 16;
-        setp.lt.s32 h, $2, 0;
-        selp.b32 t, 0, t, h;
-        add.s32 t, t, $4;
-        mov.u32 c, %ctaid.x;
-        mad.lo.u32 c, c, 256, t;
-        mad.wide.u32 a, c, 8, $1;
-        mov.u32 t, %laneid;
-        setp.eq.u32 p, t, 0;
-        @p red.global.max.u64 [a], g;
-        mov.u32 $0, 0;
-        }""", constraints="=r,l,r,r,r", args=[tl_ptr.to(gl.int64, bitcast=True), req, begin_req, word],
-        dtype=gl.int32, is_pure=False, pack=1)
+    """TIMELINE: ``%globaltimer`` as an atomic max into the word :func:`_s_tl_put` addresses;
+    :func:`deepkernels.mla._gluon_timeline.tl_stamp`."""
+    return tl_stamp(tl_ptr, req, begin_req, word, _TL_STAMP_ASM)
 
 
 @_jit
