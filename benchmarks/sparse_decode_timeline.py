@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
-import statistics
 import sys
 
 import numpy as np
@@ -43,6 +41,10 @@ H_SMID, H_RANK, H_PIECES, H_CLK0, H_CLK1, H_HBSI = 7, 8, 9, 10, 11, 12
 
 
 # ------------------------------------------------------------------------------------------------ analysis (CPU)
+# the generic helpers of the dense decode timeline bench (same statistics / fit / formatting)
+from mla_decode_timeline import _f, _lstsq, _med, _stats  # noqa: E402
+
+
 def decode(buf: np.ndarray) -> tuple[dict, list]:
     """Raw ``[CTAs, TL_WORDS]`` int64 buffer -> (header arrays, pieces: one dict per recorded piece)."""
     buf = np.asarray(buf, dtype=np.int64)
@@ -60,30 +62,6 @@ def decode(buf: np.ndarray) -> tuple[dict, list]:
                                req=int(r[5]), t_lo=t_lo, t_end=t_end, blocks=max(-(-(t_end - t_lo) // 64), 0),
                                nsp=sp & 0xFFFFFFFF, split=(sp >> 32) & 0xFFFFFFFF))
     return hdr, pieces
-
-
-def _stats(x) -> dict:
-    x = [float(v) for v in x if v is not None and math.isfinite(v)]
-    if not x:
-        return dict(n=0)
-    a = np.asarray(x)
-    return dict(n=len(x), min=float(a.min()), p10=float(np.percentile(a, 10)), median=float(np.median(a)),
-                mean=float(a.mean()), p90=float(np.percentile(a, 90)), max=float(a.max()))
-
-
-def _lstsq(y, cols: dict) -> dict:
-    """y ~ a + sum_k coef_k * x_k (least squares): coefficients, R^2; None where degenerate."""
-    names = [k for k, v in cols.items() if np.asarray(v, float).std() > 0]
-    y = np.asarray(y, float)
-    if len(y) < len(names) + 2:
-        return dict(fit=None)
-    X = np.column_stack([np.ones(len(y))] + [np.asarray(cols[k], float) for k in names])
-    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
-    res = y - X @ coef
-    ss = float(((y - y.mean()) ** 2).sum())
-    out = dict(intercept=float(coef[0]), r2=(1 - float((res ** 2).sum()) / ss) if ss > 0 else None)
-    out.update({k: float(c) for k, c in zip(names, coef[1:])})
-    return out
 
 
 def analyse(buf: np.ndarray) -> dict:
@@ -219,17 +197,6 @@ def monotone_violations(buf: np.ndarray) -> list:
             if not (0 < hdr[k][c] <= hdr["end"][c]):
                 bad.append((c, f"{k}={hdr[k][c]} vs end={hdr['end'][c]}"))
     return bad
-
-
-def _med(reps: list, path: tuple):
-    vals = []
-    for r in reps:
-        v = r
-        for k in path:
-            v = v.get(k) if isinstance(v, dict) else None
-        if isinstance(v, (int, float)) and v is not None and math.isfinite(v):
-            vals.append(float(v))
-    return statistics.median(vals) if vals else None
 
 
 KEYS = {"makespan_us": ("makespan_us", ), "ramp_us": ("ramp_us", ), "tail_us": ("tail_us", ),
@@ -446,10 +413,6 @@ def main(args) -> int:
             json.dump(dict(provenance=prov, rows=rows), f, indent=1)
         print("sparse_decode_timeline: no row selected", flush=True)
     return 0
-
-
-def _f(v, fmt="%.1f"):
-    return "-" if v is None else fmt % v
 
 
 def _print_row(rec):
