@@ -137,18 +137,10 @@ def _combine_launch(args, kw, variant):
 
 
 def _graph(fn, n: int):
+    from deepkernels.bench.runner import capture_graph
     fn()
     torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            res = fn()
-    return g, res
+    return capture_graph(fn, n)
 
 
 def _time_graph(g, reps: int) -> float:

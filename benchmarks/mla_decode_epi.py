@@ -47,15 +47,9 @@ def parse_args(argv=None):
 
 
 def _graph(fn):
-    """fn captured in a CUDA graph (warmed on a side stream first)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
+    """fn captured in a CUDA graph (:func:`deepkernels.bench.runner.capture_graph`)."""
+    from deepkernels.bench.runner import capture_graph
+    g, _ = capture_graph(fn)
     torch.cuda.synchronize()
     return g
 

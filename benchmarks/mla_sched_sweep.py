@@ -38,6 +38,7 @@ import deepkernels.mla.decode as dec  # noqa: E402
 import deepkernels.mla.metadata as md  # noqa: E402
 import deepkernels.mla.sparse_decode as sdec  # noqa: E402
 from deepkernels.bench.cases import build_cases  # noqa: E402
+from deepkernels.bench.runner import capture_graph  # noqa: E402
 from deepkernels.reference.mla import flashmla_schedule  # noqa: E402
 
 DENSE = ["s_q=1 h_q=128 s_k~4096", "s_q=1 h_q=128 s_k~8192", "s_q=1 h_q=128 s_k~16384", "s_q=2 h_q=128 s_k~8192",
@@ -83,15 +84,7 @@ def set_variant(v) -> None:
 def graph_of(case, t):
     case.ours(t)                      # fills the fresh schedule object outside the capture
     torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        case.ours(t)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        res = case.ours(t)
-    return g, res
+    return capture_graph(lambda: case.ours(t))
 
 
 SCHED_BS = (1, 64, 128, 1024, 8192)

@@ -12,7 +12,7 @@ import torch
 from .cases import Case
 from .roofline import H200, roofline_time_us
 
-__all__ = ["run_case", "provenance", "analytical_rows"]
+__all__ = ["run_case", "provenance", "analytical_rows", "capture_graph"]
 
 
 def _time_us(fn) -> float:
@@ -21,20 +21,31 @@ def _time_us(fn) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e3
 
 
+def capture_graph(fn, n: int = 1):
+    """``(graph, result)``: ``fn`` run once on a side stream (warm-up, as CUDA-graph capture requires), then ``n``
+    calls captured into one ``torch.cuda.CUDAGraph``; ``result`` is the last captured call's return value (its
+    tensors live in the graph's pool: each replay rewrites them). Whatever ``fn`` reads (inputs, metadata) must
+    outlive the graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    res = None
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            res = fn()
+    return g, res
+
+
 def _time_graph_us(fn) -> float | None:
     """Median time of one call replayed from a CUDA graph (no host launch overhead; L2 flushed by do_bench
     before every replay, so it is not a warm-cache number). None when the call cannot be captured."""
     import triton.testing
 
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
+        g, _ = capture_graph(fn)
         return float(triton.testing.do_bench(g.replay, warmup=25, rep=100, return_mode="median")) * 1e3
     except Exception:
         torch.cuda.synchronize()
