@@ -64,7 +64,7 @@ def _flashmla_on_device(counts, parts, fixed_overhead=md.FIXED_OVERHEAD_BLOCKS, 
 def _forced(algorithm, overhead=None):
     """compute_schedule with the algorithm (and overhead) fixed, whatever the decode path asks for (the sparse path
     asks for "greedy" at b <= 2 x parts since session 21: a "lin" variant must stay linear)."""
-    def sched(counts, parts, fixed_overhead=md.FIXED_OVERHEAD_BLOCKS, algorithm_asked=None, **_kw):
+    def sched(counts, parts, fixed_overhead=md.FIXED_OVERHEAD_BLOCKS, **_asked):   # the caller's algorithm= ignored
         return _ORIG(counts, parts, fixed_overhead if overhead is None else overhead, algorithm=algorithm)
     return sched
 
